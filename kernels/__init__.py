@@ -1,0 +1,29 @@
+"""Token-level kernels for the sampler: Triton implementations + pure-torch references.
+
+Every public kernel dispatches on the tensor's device: Triton on CUDA (when importable),
+the Triton interpreter on CPU when ``TRITON_INTERPRET=1`` and ``use_triton=True``, and
+the pure-torch reference otherwise. The references double as test oracles.
+"""
+
+from kernels._backend import interpreter_enabled, select_backend, triton_kernels
+from kernels.bitmask import (
+    apply_token_bitmask_inplace,
+    apply_token_bitmask_inplace_reference,
+    unpack_bitmask,
+)
+from kernels.dfa import dfa_advance, dfa_advance_reference, dfa_apply_mask_inplace
+from kernels.penalties import apply_penalties_inplace, apply_penalties_reference
+
+__all__ = [
+    "apply_penalties_inplace",
+    "apply_penalties_reference",
+    "apply_token_bitmask_inplace",
+    "apply_token_bitmask_inplace_reference",
+    "dfa_advance",
+    "dfa_advance_reference",
+    "dfa_apply_mask_inplace",
+    "interpreter_enabled",
+    "select_backend",
+    "triton_kernels",
+    "unpack_bitmask",
+]

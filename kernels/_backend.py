@@ -1,0 +1,52 @@
+"""Backend selection shared by all kernels: Triton when it can run, pure torch otherwise.
+
+Triton is imported lazily and guarded: a machine without a usable Triton backend (no
+package, no GPU, broken toolchain) silently gets the pure-torch reference path.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from types import ModuleType
+from typing import Literal
+
+import torch
+
+Backend = Literal["triton", "reference"]
+
+
+def interpreter_enabled() -> bool:
+    """True when ``TRITON_INTERPRET=1`` is set (Triton kernels run on CPU via numpy)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
+@functools.cache
+def triton_kernels() -> ModuleType | None:
+    """The module holding the ``@triton.jit`` kernels, or None when Triton cannot be imported.
+
+    Note: Triton decides between compiled and interpreted kernels when the module is first
+    imported (decoration time), so ``TRITON_INTERPRET`` must be set before the first call.
+    """
+    try:
+        from kernels import _triton_kernels
+    except Exception:  # ImportError, or a broken backend raising at import
+        return None
+    return _triton_kernels
+
+
+def select_backend(t: torch.Tensor, use_triton: bool | None = None) -> Backend:
+    """Which implementation a kernel call on tensor ``t`` runs.
+
+    * ``use_triton=False``: reference.
+    * CUDA tensor and ``use_triton`` None/True: Triton if importable, else reference.
+    * Otherwise (CPU tensor, or interpreter mode): Triton only if ``use_triton=True`` and
+      ``TRITON_INTERPRET=1`` (the interpreter runs the kernels on the host), else reference.
+    """
+    if use_triton is False:
+        return "reference"
+    if t.is_cuda and not interpreter_enabled():
+        return "triton" if triton_kernels() is not None else "reference"
+    if use_triton and interpreter_enabled() and triton_kernels() is not None:
+        return "triton"
+    return "reference"

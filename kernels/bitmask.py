@@ -1,0 +1,117 @@
+"""Apply a packed token bitmask (xgrammar layout) to logits rows in place."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels._backend import select_backend, triton_kernels
+
+_SHIFTS: dict[torch.device, torch.Tensor] = {}
+
+
+def _bit_shifts(device: torch.device) -> torch.Tensor:
+    """[32] int32 tensor 0..31 on ``device`` (cached)."""
+    shifts = _SHIFTS.get(device)
+    if shifts is None:
+        shifts = _SHIFTS[device] = torch.arange(32, dtype=torch.int32, device=device)
+    return shifts
+
+
+def unpack_bitmask(words: torch.Tensor, n_cols: int) -> torch.Tensor:
+    """Packed int32 words [R, W] -> bool allowed [R, n_cols].
+
+    Bit ``t % 32`` of word ``t // 32`` set means token ``t`` is allowed; columns past
+    ``W * 32`` are not allowed.
+    """
+    n_rows, n_words = words.shape
+    bits = (words.unsqueeze(-1) >> _bit_shifts(words.device)) & 1  # [R, W, 32]
+    allowed = bits.view(n_rows, n_words * 32).bool()  # [R, W*32]
+    if n_words * 32 >= n_cols:
+        return allowed[:, :n_cols]
+    pad = allowed.new_zeros(n_rows, n_cols - n_words * 32)
+    return torch.cat([allowed, pad], dim=1)
+
+
+def _mask_rows_reference(
+    logits: torch.Tensor,
+    words: torch.Tensor,
+    word_rows: torch.Tensor | None,
+    dst_rows: torch.Tensor | None,
+) -> None:
+    """Pure-torch twin of the Triton ``mask_rows`` launcher (no host sync)."""
+    live = None
+    if word_rows is not None:
+        live = word_rows >= 0  # [R]; negative word rows leave their logits row untouched
+        words = words[word_rows.clamp(min=0).long()]  # [R, W]
+    banned = ~unpack_bitmask(words, logits.shape[1])  # [R, V]
+    if live is not None:
+        banned &= live.unsqueeze(1)
+    if dst_rows is None:
+        n = banned.shape[0]
+        logits[:n].masked_fill_(banned, float("-inf"))
+        return
+    dst_rows = dst_rows.long()
+    logits[dst_rows] = logits[dst_rows].masked_fill(banned, float("-inf"))
+
+
+def mask_rows(
+    logits: torch.Tensor,
+    words: torch.Tensor,
+    word_rows: torch.Tensor | None,
+    dst_rows: torch.Tensor | None,
+    n_rows: int,
+    use_triton: bool | None = None,
+) -> None:
+    """Shared dispatcher of the bitmask and DFA masks (see the public functions)."""
+    if n_rows == 0 or logits.shape[1] == 0:
+        return
+    if select_backend(logits, use_triton) == "triton" and logits.stride(1) == 1:
+        triton_kernels().mask_rows(logits, words, word_rows, dst_rows, n_rows)
+    else:
+        _mask_rows_reference(logits, words, word_rows, dst_rows)
+
+
+def _check(logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None) -> None:
+    if logits.dim() != 2 or bitmask.dim() != 2:
+        raise ValueError("logits must be [B, V] and bitmask [R, W]")
+    if bitmask.dtype != torch.int32:
+        raise TypeError(f"bitmask must be int32, got {bitmask.dtype}")
+    if bitmask.device != logits.device:
+        raise ValueError("bitmask and logits must be on the same device")
+    if indices is None and bitmask.shape[0] > logits.shape[0]:
+        raise ValueError("bitmask has more rows than logits and no indices were given")
+    if indices is not None and indices.shape != (bitmask.shape[0],):
+        raise ValueError("indices must be [R], one logits row per bitmask row")
+
+
+def apply_token_bitmask_inplace_reference(
+    logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None = None
+) -> None:
+    """Pure-torch reference of :func:`apply_token_bitmask_inplace` (the CPU path)."""
+    _check(logits, bitmask, indices)
+    if bitmask.shape[0] and logits.shape[1]:
+        _mask_rows_reference(logits, bitmask, None, indices)
+
+
+def apply_token_bitmask_inplace(
+    logits: torch.Tensor,
+    bitmask: torch.Tensor,
+    indices: torch.Tensor | None = None,
+    *,
+    use_triton: bool | None = None,
+) -> None:
+    """Set ``logits[row, t] = -inf`` for every token ``t`` the bitmask bans.
+
+    Args:
+        logits: [B, V] float tensor, modified in place.
+        bitmask: [R, W] int32; bit ``t % 32`` of word ``t // 32`` set = token ``t`` allowed
+            (xgrammar's layout). Columns ``>= W * 32`` are banned on masked rows; bits past
+            ``V`` are ignored.
+        indices: [R] long/int; bitmask row ``r`` masks logits row ``indices[r]``. Other rows
+            are untouched. None means row ``r`` masks logits row ``r`` (``R <= B``).
+            Indices must be unique.
+        use_triton: None = Triton on CUDA; True also runs it on CPU when
+            ``TRITON_INTERPRET=1``; False forces the torch reference.
+    """
+    _check(logits, bitmask, indices)
+    mask_rows(logits, bitmask, None, indices, bitmask.shape[0], use_triton)
