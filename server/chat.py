@@ -1,0 +1,267 @@
+"""``POST /v1/chat/completions``: request → prompt + constraint → engine → response or SSE."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import msgspec
+
+from server import tools as tool_calls
+from server.errors import APIError, bad_request
+from server.generation import GenerationStream, SequenceSpec, new_request_id, with_seed
+from server.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionRequest,
+    ChoiceLogprobs,
+    FunctionCall,
+    Usage,
+)
+from server.requests import (
+    decode_request,
+    logprob_settings,
+    reject_unimplemented,
+    resolve_max_tokens,
+    sampling_params,
+    stop_strings,
+)
+from server.sse import done_event, sse_event, stream_error_event
+from server.state import ServerState
+from server.structured import compile_constraint, constraint_spec
+
+
+@dataclass
+class ChatJob:
+    """A validated chat request, ready to run."""
+
+    req: ChatCompletionRequest
+    request_id: str
+    prompt_ids: list[int]
+    specs: list[SequenceSpec]
+    tool_plan: object | None
+    echo_prefix: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
+    req, wire = decode_request(body, ChatCompletionRequest)
+    check_model(state, req.model)
+    reject_unimplemented(req)
+    plan = tool_calls.plan_tools(req)
+    want_logprobs, top = logprob_settings(req.logprobs, req.top_logprobs, chat=True)
+    params = sampling_params(
+        req, vocab_size=state.vocab_size, eos_token_ids=state.eos_token_ids, logprobs=want_logprobs, top_logprobs=top
+    )
+    stop_strings(req.stop)
+    prompt_ids = render_prompt(state, req, plan)
+    requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    max_tokens = resolve_max_tokens(requested, len(prompt_ids), state.settings.max_model_len, param)
+    spec = constraint_spec(wire, plan)
+    compiled = await compile_constraint(state, spec)
+    specs = [
+        SequenceSpec(
+            prompt_token_ids=prompt_ids,
+            params=with_seed(params, i),
+            max_tokens=max_tokens,
+            matcher=compiled.new_matcher() if compiled else None,
+        )
+        for i in range(req.n)
+    ]
+    echo = _echo_prefix(req)
+    return ChatJob(req, new_request_id("chatcmpl"), prompt_ids, specs, plan, echo)
+
+
+def check_model(state: ServerState, model: str | None) -> None:
+    if model is not None and model != state.model_name:
+        raise APIError(f"The model `{model}` does not exist.", status=404, param="model", code="model_not_found")
+
+
+def render_prompt(state: ServerState, req: ChatCompletionRequest, plan) -> list[int]:
+    """Apply the chat template (request overrides first) and tokenize."""
+    if not req.messages:
+        raise bad_request("'messages' must contain at least one message", param="messages")
+    if req.continue_final_message and req.add_generation_prompt:
+        if req.messages[-1].role != "assistant":
+            raise bad_request("continue_final_message needs a final assistant message", param="messages")
+    supports_tools = tool_calls.template_supports_tools(state.tokenizer, req.chat_template)
+    messages, tools = tool_calls.render_messages(req.messages, plan, supports_tools)
+    kwargs = dict(req.chat_template_kwargs or {})
+    if tools is not None:
+        kwargs["tools"] = tools
+    add_generation_prompt = req.add_generation_prompt and not req.continue_final_message
+    try:
+        text = state.tokenizer.apply_chat_template(
+            messages,
+            chat_template=req.chat_template,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=req.continue_final_message,
+            tokenize=False,
+            **kwargs,
+        )
+    except Exception as exc:  # jinja errors, template raise_exception(...)
+        param = "chat_template" if req.chat_template else "messages"
+        raise bad_request(f"the chat template could not render these messages: {exc}", param=param) from exc
+    return list(state.tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def _echo_prefix(req: ChatCompletionRequest) -> str:
+    if not req.echo or not req.messages:
+        return ""
+    last = req.messages[-1]
+    if last.role != "assistant" or not isinstance(last.content, str):
+        return ""
+    return last.content
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _submit(state: ServerState, job: ChatJob) -> GenerationStream:
+    stream = GenerationStream(state.engine, job.request_id)
+    req = job.req
+    stream.submit(
+        job.specs,
+        stop=stop_strings(req.stop),
+        stop_token_ids=frozenset(req.stop_token_ids or ()),
+        eos_token_ids=state.eos_token_ids,
+        ignore_eos=req.ignore_eos,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        skip_special_tokens=req.skip_special_tokens,
+    )
+    return stream
+
+
+@dataclass
+class _ChoiceState:
+    text: list[str] = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    completion_tokens: int = 0
+
+
+async def run_chat(state: ServerState, job: ChatJob) -> ChatCompletion:
+    """Generate all choices and build the non-streamed response."""
+    stream = _submit(state, job)
+    choices = [_ChoiceState() for _ in job.specs]
+    try:
+        async for index, delta in stream:
+            if delta.finish_reason == "error":
+                raise APIError(delta.error or "generation failed", status=500, code="generation_error")
+            choice = choices[index]
+            choice.text.append(delta.text)
+            if delta.logprobs:
+                choice.logprobs.extend(delta.logprobs)
+            choice.completion_tokens = delta.completion_tokens
+            if delta.finish_reason:
+                choice.finish_reason, choice.stop_reason = delta.finish_reason, delta.stop_reason
+    finally:
+        stream.close()
+    return ChatCompletion(
+        id=job.request_id,
+        created=job.created,
+        model=state.model_name,
+        choices=[_chat_choice(state, job, i, c) for i, c in enumerate(choices)],
+        usage=_usage(job, sum(c.completion_tokens for c in choices)),
+    )
+
+
+def _chat_choice(state: ServerState, job: ChatJob, index: int, choice: _ChoiceState) -> ChatChoice:
+    text = job.echo_prefix + "".join(choice.text)
+    finish = choice.finish_reason
+    message = AssistantMessage(content=text)
+    if job.tool_plan is not None:
+        content, calls = tool_calls.parse_tool_output(text, job.tool_plan)
+        message, finish = _tool_message(job.tool_plan, content, calls, finish)
+    logprobs = None
+    if job.req.logprobs:
+        logprobs = ChoiceLogprobs(content=state.token_texts.chat_entries(choice.logprobs))
+    return ChatChoice(
+        index=index, message=message, logprobs=logprobs, finish_reason=finish, stop_reason=choice.stop_reason
+    )
+
+
+def _tool_message(plan, content, calls, finish):
+    if not calls:
+        return AssistantMessage(content=content), finish
+    if plan.legacy:
+        call = calls[0].function
+        return AssistantMessage(content=content, function_call=FunctionCall(call.name, call.arguments)), "function_call"
+    return AssistantMessage(content=content, tool_calls=calls), "tool_calls"
+
+
+def _usage(job: ChatJob, completion_tokens: int) -> Usage:
+    prompt = len(job.prompt_ids)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion_tokens, total_tokens=prompt + completion_tokens)
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+async def stream_chat(state: ServerState, job: ChatJob) -> AsyncIterator[bytes]:
+    """SSE chunks in OpenAI's format, ending with ``data: [DONE]``."""
+    stream = _submit(state, job)
+    options = job.req.stream_options
+    include_usage = bool(options and options.include_usage)
+    continuous = bool(options and options.continuous_usage_stats)
+    streamers = [tool_calls.ToolCallStreamer(job.tool_plan) if job.tool_plan else None for _ in job.specs]
+    completion_tokens = [0] * len(job.specs)
+    try:
+        for index in range(len(job.specs)):
+            first = {"role": "assistant", "content": job.echo_prefix}
+            yield sse_event(_chunk(state, job, index, first, None, None))
+        async for index, delta in stream:
+            if delta.finish_reason == "error":
+                yield stream_error_event(delta.error or "generation failed")
+                break
+            completion_tokens[index] = delta.completion_tokens
+            usage = _usage(job, sum(completion_tokens)) if continuous else None
+            for chunk in _delta_chunks(state, job, index, delta, streamers[index], usage):
+                yield sse_event(chunk)
+        if include_usage:
+            usage_chunk = _base_chunk(state, job)
+            usage_chunk["choices"] = []
+            usage_chunk["usage"] = msgspec.to_builtins(_usage(job, sum(completion_tokens)))
+            yield sse_event(usage_chunk)
+        yield done_event()
+    finally:
+        stream.close()
+
+
+def _delta_chunks(state, job, index, delta, streamer, usage):
+    logprobs = None
+    if job.req.logprobs and delta.logprobs:
+        logprobs = {"content": msgspec.to_builtins(state.token_texts.chat_entries(delta.logprobs))}
+    pieces = [{"content": delta.text}] if delta.text else []
+    finish = delta.finish_reason
+    if streamer is not None:
+        pieces = streamer.feed(delta.text) if delta.text else []
+        if finish:
+            pieces += streamer.finish()
+            if streamer.has_calls:
+                finish = "function_call" if job.tool_plan.legacy else "tool_calls"
+    if not pieces and (logprobs or finish):
+        pieces = [{}]
+    for i, piece in enumerate(pieces):
+        last = i == len(pieces) - 1
+        yield _chunk(state, job, index, piece, logprobs if i == 0 else None, finish if last else None,
+                     stop_reason=delta.stop_reason if last and finish else None, usage=usage)
+
+
+def _base_chunk(state: ServerState, job: ChatJob) -> dict:
+    return {"id": job.request_id, "object": "chat.completion.chunk", "created": job.created, "model": state.model_name}
+
+
+def _chunk(state, job, index, delta, logprobs, finish, *, stop_reason=None, usage=None) -> dict:
+    chunk = _base_chunk(state, job)
+    choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+    if finish is not None:
+        choice["stop_reason"] = stop_reason
+    chunk["choices"] = [choice]
+    if usage is not None:
+        chunk["usage"] = msgspec.to_builtins(usage)
+    return chunk

@@ -1,0 +1,165 @@
+"""``POST /v1/completions``: raw prompts (text or token ids), one choice per prompt × n."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import msgspec
+
+from server.chat import check_model
+from server.errors import APIError, bad_request
+from server.generation import GenerationStream, SequenceSpec, new_request_id, with_seed
+from server.protocol import Completion, CompletionChoice, CompletionRequest, Usage
+from server.requests import (
+    decode_request,
+    logprob_settings,
+    reject_unimplemented,
+    resolve_max_tokens,
+    sampling_params,
+    stop_strings,
+)
+from server.sse import done_event, sse_event, stream_error_event
+from server.state import ServerState
+from server.structured import compile_constraint, constraint_spec
+
+
+@dataclass
+class CompletionJob:
+    req: CompletionRequest
+    request_id: str
+    prompts: list[list[int]]
+    specs: list[SequenceSpec]  # prompt-major: choice index = prompt * n + j
+    echo_texts: list[str]
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def _prompts(state: ServerState, req: CompletionRequest) -> list[list[int]]:
+    prompt = req.prompt
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if not prompt:
+        raise bad_request("'prompt' must not be empty", param="prompt")
+    if all(isinstance(p, int) for p in prompt):
+        prompt = [prompt]
+    out: list[list[int]] = []
+    for i, item in enumerate(prompt):
+        if isinstance(item, str):
+            out.append(list(state.tokenizer(item, add_special_tokens=req.add_special_tokens).input_ids))
+        else:
+            bad = [t for t in item if not 0 <= t < state.vocab_size]
+            if bad or not item:
+                raise bad_request(f"prompt[{i}] holds invalid token ids", param="prompt")
+            out.append(list(item))
+        if not out[-1]:
+            raise bad_request(f"prompt[{i}] is empty", param="prompt")
+    return out
+
+
+async def prepare_completion(state: ServerState, body: bytes) -> CompletionJob:
+    req, wire = decode_request(body, CompletionRequest)
+    check_model(state, req.model)
+    reject_unimplemented(req)
+    want_logprobs, top = logprob_settings(req.logprobs, None, chat=False)
+    params = sampling_params(
+        req, vocab_size=state.vocab_size, eos_token_ids=state.eos_token_ids, logprobs=want_logprobs, top_logprobs=top
+    )
+    stop_strings(req.stop)
+    prompts = _prompts(state, req)
+    compiled = await compile_constraint(state, constraint_spec(wire, None))
+    specs = []
+    for prompt in prompts:
+        max_tokens = resolve_max_tokens(req.max_tokens if req.max_tokens is not None else 16, len(prompt),
+                                        state.settings.max_model_len, "max_tokens")
+        for j in range(req.n):
+            matcher = compiled.new_matcher() if compiled else None
+            specs.append(SequenceSpec(prompt, with_seed(params, j), max_tokens, matcher))
+    echo = [state.tokenizer.decode(p) if req.echo else "" for p in prompts]
+    return CompletionJob(req, new_request_id("cmpl"), prompts, specs, echo)
+
+
+def _submit(state: ServerState, job: CompletionJob) -> GenerationStream:
+    stream = GenerationStream(state.engine, job.request_id)
+    req = job.req
+    stream.submit(
+        job.specs,
+        stop=stop_strings(req.stop),
+        stop_token_ids=frozenset(req.stop_token_ids or ()),
+        eos_token_ids=state.eos_token_ids,
+        ignore_eos=req.ignore_eos,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        skip_special_tokens=req.skip_special_tokens,
+    )
+    return stream
+
+
+def _usage(job: CompletionJob, completion_tokens: int) -> Usage:
+    prompt = sum(len(p) for p in job.prompts)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion_tokens, total_tokens=prompt + completion_tokens)
+
+
+async def run_completion(state: ServerState, job: CompletionJob) -> Completion:
+    stream = _submit(state, job)
+    texts = [[] for _ in job.specs]
+    logprobs = [[] for _ in job.specs]
+    finish: list[tuple[str | None, object]] = [(None, None)] * len(job.specs)
+    tokens = [0] * len(job.specs)
+    try:
+        async for index, delta in stream:
+            if delta.finish_reason == "error":
+                raise APIError(delta.error or "generation failed", status=500, code="generation_error")
+            texts[index].append(delta.text)
+            logprobs[index].extend(delta.logprobs or [])
+            tokens[index] = delta.completion_tokens
+            if delta.finish_reason:
+                finish[index] = (delta.finish_reason, delta.stop_reason)
+    finally:
+        stream.close()
+    choices = []
+    for i in range(len(job.specs)):
+        echo = job.echo_texts[i // job.req.n]
+        lp = state.token_texts.completion_logprobs(logprobs[i], len(echo)) if job.req.logprobs is not None else None
+        choices.append(CompletionChoice(index=i, text=echo + "".join(texts[i]), logprobs=lp,
+                                        finish_reason=finish[i][0], stop_reason=finish[i][1]))
+    return Completion(id=job.request_id, created=job.created, model=state.model_name, choices=choices,
+                      usage=_usage(job, sum(tokens)))
+
+
+async def stream_completion(state: ServerState, job: CompletionJob) -> AsyncIterator[bytes]:
+    stream = _submit(state, job)
+    options = job.req.stream_options
+    include_usage = bool(options and options.include_usage)
+    tokens = [0] * len(job.specs)
+    offsets = [len(job.echo_texts[i // job.req.n]) for i in range(len(job.specs))]
+    try:
+        for i in range(len(job.specs)):
+            echo = job.echo_texts[i // job.req.n]
+            if echo:
+                yield sse_event(_chunk(state, job, i, echo, None, None))
+        async for index, delta in stream:
+            if delta.finish_reason == "error":
+                yield stream_error_event(delta.error or "generation failed")
+                break
+            tokens[index] = delta.completion_tokens
+            lp = None
+            if job.req.logprobs is not None and delta.logprobs:
+                lp = msgspec.to_builtins(state.token_texts.completion_logprobs(delta.logprobs, offsets[index]))
+            offsets[index] += len(delta.text)
+            yield sse_event(_chunk(state, job, index, delta.text, lp, delta.finish_reason, delta.stop_reason))
+        if include_usage:
+            chunk = {"id": job.request_id, "object": "text_completion", "created": job.created,
+                     "model": state.model_name, "choices": [],
+                     "usage": msgspec.to_builtins(_usage(job, sum(tokens)))}
+            yield sse_event(chunk)
+        yield done_event()
+    finally:
+        stream.close()
+
+
+def _chunk(state, job, index, text, logprobs, finish, stop_reason=None) -> dict:
+    choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+    if finish is not None:
+        choice["stop_reason"] = stop_reason
+    return {"id": job.request_id, "object": "text_completion", "created": job.created,
+            "model": state.model_name, "choices": [choice]}

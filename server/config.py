@@ -1,0 +1,82 @@
+"""Server settings: command-line flags, each also settable through a ``TRELLIS_`` variable."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, fields
+
+
+@dataclass
+class Settings:
+    """Everything ``trellis serve`` can be told."""
+
+    model: str = "default"
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_batch_size: int = 16
+    max_model_len: int = 2048
+    dtype: str = "auto"
+    device: str = "auto"
+    prefill_budget: int = 1024
+    jump_forward: bool = True
+    compile_timeout: float = 5.0
+    log_level: str = "info"
+
+
+_HELP = {
+    "model": "'default' (embedded SmolLM2-135M-Instruct), a local Hugging Face model directory, or a .gguf file",
+    "served_model_name": "model id clients send and /v1/models lists (default: the model's name)",
+    "host": "address to listen on",
+    "port": "port to listen on",
+    "max_batch_size": "most sequences decoded together in one step (KV cache slots)",
+    "max_model_len": "context length: prompt + completion tokens per sequence",
+    "dtype": "weights dtype: auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16",
+    "device": "auto (CUDA when available), cpu or cuda",
+    "prefill_budget": "most prompt tokens processed per engine step (chunked prefill)",
+    "jump_forward": "append tokens a constraint forces without sampling them (on|off)",
+    "compile_timeout": "seconds a constraint (schema, regex, grammar) may take to compile",
+    "log_level": "debug, info, warning or error",
+}
+_CHOICES = {
+    "dtype": ["auto", "float32", "bfloat16", "float16"],
+    "device": ["auto", "cpu", "cuda"],
+    "log_level": ["debug", "info", "warning", "error"],
+}
+
+
+def _parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on/off, got {text!r}")
+
+
+def _converter(field_type: str):
+    return {"int": int, "float": float, "bool": _parse_bool}.get(field_type.split(" ")[0], str)
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """One ``--flag`` per setting; the default comes from ``TRELLIS_<NAME>`` when set."""
+    defaults = Settings()
+    for field in fields(Settings):
+        env = f"TRELLIS_{field.name.upper()}"
+        convert = _converter(str(field.type))
+        default = getattr(defaults, field.name)
+        if env in os.environ:
+            default = convert(os.environ[env])
+        parser.add_argument(
+            "--" + field.name.replace("_", "-"),
+            type=convert,
+            default=default,
+            choices=_CHOICES.get(field.name),
+            metavar=None if field.name in _CHOICES else field.name.upper(),
+            help=f"{_HELP[field.name]} [env {env}; default: {default}]",
+        )
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    return Settings(**{f.name: getattr(args, f.name) for f in fields(Settings)})

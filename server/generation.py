@@ -1,0 +1,131 @@
+"""Bridge between the asyncio handlers and the engine thread.
+
+A :class:`GenerationStream` submits the ``n`` sequences of one API request and yields their deltas
+as ``(choice_index, SequenceDelta)`` in arrival order; closing it aborts whatever still runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
+
+from sampler import SamplingParams, TokenLogprobs
+from server.engine.engine import Engine
+from server.engine.sequence import GenerationRequest, SequenceDelta
+from server.protocol import CompletionLogprobs, TokenLogprob, TopLogprob
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """Choices of one request get distinct but reproducible seeds."""
+    if seed is None:
+        return None
+    return (seed + index * 0x9E3779B1) % (1 << 63)
+
+
+@dataclass
+class SequenceSpec:
+    """What one choice needs beyond the request-wide settings."""
+
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    max_tokens: int
+    matcher: object | None = None
+    token_dfa: object | None = None
+
+
+class GenerationStream:
+    """Submits sequences to the engine and iterates their deltas until all have finished."""
+
+    def __init__(self, engine: Engine, request_id: str) -> None:
+        self.engine = engine
+        self.request_id = request_id
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[tuple[int, SequenceDelta]] = asyncio.Queue()
+        self._open = 0
+        self._closed = False
+
+    def submit(self, specs: list[SequenceSpec], **request_fields) -> None:
+        for index, spec in enumerate(specs):
+            self.engine.submit(
+                GenerationRequest(
+                    request_id=self.request_id,
+                    prompt_token_ids=spec.prompt_token_ids,
+                    params=spec.params,
+                    max_tokens=spec.max_tokens,
+                    sink=self._sink(index),
+                    matcher=spec.matcher,
+                    token_dfa=spec.token_dfa,
+                    **request_fields,
+                )
+            )
+            self._open += 1
+
+    def _sink(self, index: int) -> Callable[[SequenceDelta], None]:
+        def deliver(delta: SequenceDelta) -> None:
+            try:
+                self._loop.call_soon_threadsafe(self._queue.put_nowait, (index, delta))
+            except RuntimeError:  # the event loop is gone (shutdown)
+                pass
+
+        return deliver
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, SequenceDelta]]:
+        while self._open:
+            index, delta = await self._queue.get()
+            if delta.finish_reason is not None:
+                self._open -= 1
+            yield index, delta
+
+    def close(self) -> None:
+        """Abort sequences still running (client gone, error elsewhere)."""
+        if self._open and not self._closed:
+            self.engine.abort(self.request_id)
+        self._closed = True
+
+
+def with_seed(params: SamplingParams, index: int) -> SamplingParams:
+    return replace(params, seed=choice_seed(params.seed, index))
+
+
+# --------------------------------------------------------------------------- logprobs formatting
+
+
+class TokenTexts:
+    """Per-token display text and bytes for logprobs, cached by id."""
+
+    def __init__(self, tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._cache: dict[int, tuple[str, list[int]]] = {}
+
+    def get(self, token_id: int) -> tuple[str, list[int]]:
+        hit = self._cache.get(token_id)
+        if hit is None:
+            text = self._tokenizer.decode([token_id], skip_special_tokens=False)
+            hit = (text, list(text.encode("utf-8")))
+            self._cache[token_id] = hit
+        return hit
+
+    def chat_entries(self, logprobs: list[TokenLogprobs]) -> list[TokenLogprob]:
+        return [self._chat_entry(entry) for entry in logprobs]
+
+    def _chat_entry(self, entry: TokenLogprobs) -> TokenLogprob:
+        text, raw = self.get(entry.token_id)
+        top = [TopLogprob(token=self.get(t)[0], logprob=lp, bytes=self.get(t)[1]) for t, lp in entry.top]
+        return TokenLogprob(token=text, logprob=entry.logprob, bytes=raw, top_logprobs=top)
+
+    def completion_logprobs(self, logprobs: list[TokenLogprobs], offset: int) -> CompletionLogprobs:
+        tokens, values, tops, offsets = [], [], [], []
+        for entry in logprobs:
+            text = self.get(entry.token_id)[0]
+            tokens.append(text)
+            values.append(entry.logprob)
+            tops.append({self.get(t)[0]: lp for t, lp in entry.top} if entry.top else None)
+            offsets.append(offset)
+            offset += len(text)
+        return CompletionLogprobs(tokens=tokens, token_logprobs=values, top_logprobs=tops, text_offset=offsets)

@@ -1,0 +1,246 @@
+"""Wire format of the OpenAI-compatible API as msgspec Structs.
+
+Requests accept every field that the OpenAI API and the vLLM / SGLang / hosted-platform extensions
+define. Unknown fields are rejected (400 naming the field) rather than silently dropped. Responses
+are built from Structs too, so encoding is one ``msgspec.json.encode`` call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+Json = dict[str, Any]
+
+
+class _Request(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class _Response(msgspec.Struct, omit_defaults=False, kw_only=True):
+    pass
+
+
+# --------------------------------------------------------------------------- chat messages
+
+
+class ChatMessage(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One message of a chat conversation (any role)."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[Json] | None = None
+    name: str | None = None
+    tool_calls: list[Json] | None = None
+    tool_call_id: str | None = None
+    function_call: Json | None = None
+    refusal: str | None = None
+    reasoning_content: str | None = None
+    audio: Json | None = None
+
+
+class StreamOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+    include_obfuscation: bool | None = None
+
+
+class _SamplingFields(_Request):
+    """Fields shared by chat and text completions."""
+
+    model: str | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    min_tokens: int = 0
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    tags: list[str] | None = None
+    store: bool | None = None
+    priority: int | None = None
+    request_id: str | None = None
+    best_of: int | None = None
+    use_beam_search: bool = False
+    length_penalty: float | None = None
+    truncate_prompt_tokens: int | None = None
+    # Structured outputs (OpenAI, vLLM legacy + current, SGLang).
+    response_format: Json | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[Any] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
+    guided_decoding_backend: str | None = None
+    structured_outputs: Json | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    json_schema: Any = None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """Body of ``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[Json] | None = None
+    tool_choice: str | Json | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[Json] | None = None
+    function_call: str | Json | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    echo: bool = False
+    documents: list[Json] | None = None
+    reasoning_effort: str | None = None
+    modalities: list[str] | None = None
+    audio: Json | None = None
+    prediction: Json | None = None
+    web_search_options: Json | None = None
+    verbosity: str | None = None
+
+
+class CompletionRequest(_SamplingFields):
+    """Body of ``POST /v1/completions``."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = None
+    suffix: str | None = None
+    add_special_tokens: bool = True
+
+
+# --------------------------------------------------------------------------- responses
+
+
+class TopLogprob(_Response):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(_Response):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(_Response):
+    content: list[TokenLogprob] | None
+    refusal: list[TokenLogprob] | None = None
+
+
+class CompletionLogprobs(_Response):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class Usage(_Response):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class FunctionCall(_Response):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Response):
+    id: str
+    type: str = "function"
+    function: FunctionCall
+
+
+class AssistantMessage(_Response):
+    role: str = "assistant"
+    content: str | None
+    refusal: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    function_call: FunctionCall | None = None
+
+
+class ChatChoice(_Response):
+    index: int
+    message: AssistantMessage
+    logprobs: ChoiceLogprobs | None
+    finish_reason: str | None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletion(_Response):
+    id: str
+    object: str = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+class CompletionChoice(_Response):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: str | None
+    stop_reason: int | str | None = None
+
+
+class Completion(_Response):
+    id: str
+    object: str = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+class ModelCard(_Response):
+    id: str
+    object: str = "model"
+    created: int
+    owned_by: str = "trellis"
+    root: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(_Response):
+    object: str = "list"
+    data: list[ModelCard]
+
+
+class ErrorBody(_Response):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(_Response):
+    error: ErrorBody

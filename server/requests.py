@@ -1,0 +1,217 @@
+"""Decoding and validating request bodies into what the engine needs.
+
+Every problem becomes an :class:`APIError` naming the field, so the client always learns what to
+fix; fields that would change behaviour but are not implemented are refused, never ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, TypeVar
+
+import msgspec
+
+from sampler import SamplingParams
+from server.errors import APIError, bad_request, not_implemented
+from server.protocol import ChatCompletionRequest, CompletionRequest
+
+T = TypeVar("T", ChatCompletionRequest, CompletionRequest)
+
+MAX_N = 64
+MAX_TOP_LOGPROBS = 20
+_FIELD_AT = re.compile(r"at `\$(.*)`$")
+_UNKNOWN_FIELD = re.compile(r"unknown field `([^`]*)`")
+
+
+def decode_request(body: bytes, cls: type[T]) -> tuple[T, dict[str, Any]]:
+    """Parse JSON, merge a literal ``extra_body`` object, and convert to ``cls``.
+
+    Returns the typed request and the merged plain dict (the wire view the constraint parser reads).
+    """
+    try:
+        data = msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if not isinstance(data, dict):
+        raise bad_request("request body must be a JSON object", code="invalid_json")
+    extra = data.pop("extra_body", None)
+    if extra is not None:
+        if not isinstance(extra, dict):
+            raise bad_request("'extra_body' must be an object", param="extra_body")
+        clashes = sorted(k for k in extra if k in data and data[k] != extra[k])
+        if clashes:
+            raise bad_request(f"'{clashes[0]}' given both at top level and in extra_body", param=clashes[0])
+        data.update(extra)
+    try:
+        return msgspec.convert(data, cls), data
+    except msgspec.ValidationError as exc:
+        raise _validation_error(exc) from exc
+
+
+def _validation_error(exc: msgspec.ValidationError) -> APIError:
+    text = str(exc)
+    unknown = _UNKNOWN_FIELD.search(text)
+    where = _FIELD_AT.search(text)
+    path = _json_path_to_param(where.group(1)) if where else ""
+    if unknown:
+        name = f"{path}.{unknown.group(1)}" if path else unknown.group(1)
+        return APIError(f"Unrecognized request argument supplied: {name}", param=name, code="unknown_parameter")
+    message = _FIELD_AT.sub("", text).strip().rstrip("-").strip()
+    if "missing required field" in message.lower():
+        missing = re.search(r"`([^`]*)`", message)
+        name = (f"{path}.{missing.group(1)}" if path else missing.group(1)) if missing else path
+        return APIError(f"missing required field '{name}'", param=name or None, code="missing_required_parameter")
+    return APIError(f"invalid value for '{path}': {message}", param=path or None, code="invalid_type")
+
+
+def _json_path_to_param(path: str) -> str:
+    """``.messages[0].role`` → ``messages[0].role``."""
+    return path[1:] if path.startswith(".") else path
+
+
+# --------------------------------------------------------------------------- field checks
+
+
+def reject_unimplemented(req: ChatCompletionRequest | CompletionRequest) -> None:
+    """Refuse behaviour-changing fields this server does not implement."""
+    unsupported = {
+        "use_beam_search": bool(req.use_beam_search),
+        "length_penalty": req.length_penalty is not None,
+    }
+    if isinstance(req, ChatCompletionRequest):
+        unsupported.update(
+            documents=req.documents is not None,
+            reasoning_effort=req.reasoning_effort is not None,
+            audio=req.audio is not None,
+            prediction=req.prediction is not None,
+            web_search_options=req.web_search_options is not None,
+            verbosity=req.verbosity is not None,
+            modalities=req.modalities is not None and req.modalities != ["text"],
+        )
+    else:
+        unsupported["suffix"] = bool(req.suffix)
+    for name, present in unsupported.items():
+        if present:
+            raise not_implemented(name)
+    if req.best_of is not None and req.best_of != req.n:
+        raise bad_request("'best_of' other than n is not supported", param="best_of", code="unsupported_parameter")
+
+
+def _check_range(value: float | None, name: str, low: float, high: float) -> None:
+    if value is not None and not (low <= value <= high):
+        raise bad_request(f"'{name}' must be between {low} and {high}, got {value}", param=name)
+
+
+def sampling_params(
+    req: ChatCompletionRequest | CompletionRequest,
+    *,
+    vocab_size: int,
+    eos_token_ids: frozenset[int],
+    logprobs: bool,
+    top_logprobs: int,
+) -> SamplingParams:
+    """Validate the sampling fields and turn them into :class:`SamplingParams`."""
+    if not 1 <= req.n <= MAX_N:
+        raise bad_request(f"'n' must be between 1 and {MAX_N}, got {req.n}", param="n")
+    _check_range(req.temperature, "temperature", 0.0, 2.0)
+    _check_range(req.top_p, "top_p", 0.0, 1.0)
+    if req.top_p is not None and req.top_p <= 0.0:
+        raise bad_request("'top_p' must be greater than 0", param="top_p")
+    _check_range(req.min_p, "min_p", 0.0, 1.0)
+    _check_range(req.presence_penalty, "presence_penalty", -2.0, 2.0)
+    _check_range(req.frequency_penalty, "frequency_penalty", -2.0, 2.0)
+    _check_range(req.repetition_penalty, "repetition_penalty", 1e-6, 10.0)
+    top_k = req.top_k if req.top_k is not None else -1
+    if top_k < -1:
+        raise bad_request(f"'top_k' must be -1 (off) or positive, got {top_k}", param="top_k")
+    if req.min_tokens < 0:
+        raise bad_request("'min_tokens' must be >= 0", param="min_tokens")
+    stop_ids = _token_ids(req.stop_token_ids or [], "stop_token_ids", vocab_size)
+    return SamplingParams(
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=-1 if top_k == 0 else top_k,
+        min_p=req.min_p or 0.0,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        logit_bias=_logit_bias(req.logit_bias, vocab_size),
+        min_tokens=req.min_tokens,
+        banned_until_min_tokens=frozenset(stop_ids) | (frozenset() if req.ignore_eos else eos_token_ids),
+        seed=req.seed,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+    )
+
+
+def _token_ids(ids: list[int], name: str, vocab_size: int) -> frozenset[int]:
+    for i, token in enumerate(ids):
+        if not 0 <= token < vocab_size:
+            raise bad_request(f"'{name}[{i}]' = {token} is not a token id (vocabulary size {vocab_size})", param=name)
+    return frozenset(ids)
+
+
+def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float] | None:
+    if not bias:
+        return None
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise bad_request(f"logit_bias key {key!r} is not a token id", param="logit_bias") from None
+        if not 0 <= token < vocab_size:
+            raise bad_request(f"logit_bias token id {token} is outside the vocabulary", param="logit_bias")
+        if not -100.0 <= value <= 100.0:
+            raise bad_request(f"logit_bias value for {token} must be between -100 and 100", param="logit_bias")
+        out[token] = float(value)
+    return out
+
+
+def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if any(not s for s in stops):
+        raise bad_request("stop strings must not be empty", param="stop")
+    return tuple(stops)
+
+
+def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: int, param: str) -> int:
+    """Completion budget: the request's limit, bounded by the context; 400 when it cannot fit."""
+    room = max_model_len - prompt_len
+    if room <= 0:
+        raise APIError(
+            f"This model's maximum context length is {max_model_len} tokens, but the prompt has "
+            f"{prompt_len} tokens. Shorten the prompt.",
+            param="messages" if param == "max_completion_tokens" else "prompt",
+            code="context_length_exceeded",
+        )
+    if requested is None:
+        return room
+    if requested < 1:
+        raise bad_request(f"'{param}' must be at least 1, got {requested}", param=param)
+    if requested > room:
+        raise APIError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for the "
+            f"completion). Reduce the prompt or '{param}'.",
+            param=param,
+            code="context_length_exceeded",
+        )
+    return requested
+
+
+def logprob_settings(logprobs: bool | int | None, top_logprobs: int | None, chat: bool) -> tuple[bool, int]:
+    """(want logprobs, how many alternatives) for chat's bool+int or completions' int form."""
+    if chat:
+        if top_logprobs is not None and not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+            raise bad_request(f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs")
+        if top_logprobs and not logprobs:
+            raise bad_request("'top_logprobs' requires 'logprobs': true", param="top_logprobs")
+        return bool(logprobs), top_logprobs or 0
+    if logprobs is None:
+        return False, 0
+    if not 0 <= int(logprobs) <= MAX_TOP_LOGPROBS:
+        raise bad_request(f"'logprobs' must be between 0 and {MAX_TOP_LOGPROBS}", param="logprobs")
+    return True, int(logprobs)

@@ -1,0 +1,118 @@
+"""Shared fixtures: a tiny random Llama with the default tokenizer, real HTTP servers on loopback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest
+
+from server.config import Settings
+from server.model_loader import ModelSource, default_model_dir, load_tokenizer
+
+
+@pytest.fixture(scope="session")
+def default_dir() -> Path:
+    """The converted default model (converted on first use, then cached)."""
+    return default_model_dir(show_progress=False)
+
+
+@pytest.fixture(scope="session")
+def default_tokenizer(default_dir):
+    return load_tokenizer(default_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, default_tokenizer) -> Path:
+    """A 2-layer random-weight Llama with the default tokenizer (fast, deterministic)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    directory = tmp_path_factory.mktemp("tiny-llama")
+    config = LlamaConfig(
+        vocab_size=len(default_tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=default_tokenizer.bos_token_id,
+        eos_token_id=default_tokenizer.eos_token_id,
+        pad_token_id=default_tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(directory)
+    default_tokenizer.save_pretrained(directory)
+    return directory
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class RunningServer:
+    base_url: str
+    state: object
+    settings: Settings
+
+    def client(self, **kwargs):
+        import openai
+
+        return openai.OpenAI(base_url=self.base_url + "/v1", api_key="unused", max_retries=0, **kwargs)
+
+
+def start_server(settings: Settings, source: ModelSource) -> tuple[RunningServer, callable]:
+    """Build the engine and run uvicorn in a thread on a free loopback port."""
+    import uvicorn
+
+    from server.app import create_app
+    from server.state import build_state
+
+    state = build_state(settings, source)
+    port = free_port()
+    config = uvicorn.Config(create_app(settings, state), host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started:
+        if time.time() > deadline or not thread.is_alive():
+            raise RuntimeError("test server did not start")
+        time.sleep(0.05)
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(timeout=10)
+        state.close()
+
+    return RunningServer(f"http://127.0.0.1:{port}", state, settings), stop
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_model_dir) -> Iterator[RunningServer]:
+    settings = Settings(model=str(tiny_model_dir), served_model_name="tiny", max_batch_size=8, max_model_len=512)
+    running, stop = start_server(settings, ModelSource(tiny_model_dir, name="tiny"))
+    yield running
+    stop()
+
+
+@pytest.fixture(scope="session")
+def real_server(default_dir) -> Iterator[RunningServer]:
+    settings = Settings(max_batch_size=16, max_model_len=2048)
+    running, stop = start_server(settings, ModelSource(default_dir, name="SmolLM2-135M-Instruct"))
+    yield running
+    stop()
