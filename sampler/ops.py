@@ -1,0 +1,84 @@
+"""Batched logits-processing and sampling steps (pure torch, no host sync).
+
+Each function works on the rows ``idx`` of ``x`` [B, V] (float32, modified in place);
+``idx=None`` means all rows (no gather/scatter).
+"""
+
+from __future__ import annotations
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+def take(x: torch.Tensor, idx: torch.Tensor | None) -> torch.Tensor:
+    """Rows ``idx`` of ``x`` (a copy), or ``x`` itself."""
+    return x if idx is None else x.index_select(0, idx)
+
+
+def put(x: torch.Tensor, idx: torch.Tensor | None, rows: torch.Tensor) -> None:
+    """Write ``rows`` back to ``x[idx]`` (no-op when ``rows`` is ``x``)."""
+    if idx is not None:
+        x.index_copy_(0, idx, rows)
+
+
+def top_k_inplace(x: torch.Tensor, idx: torch.Tensor | None, k: torch.Tensor, k_max: int) -> None:
+    """Keep tokens whose logit >= the row's k-th largest (ties kept). k: [R] long, 1 <= k <= V."""
+    rows = take(x, idx)  # [R, V]
+    kth = rows.topk(k_max, dim=-1).values.gather(1, (k - 1).unsqueeze(1))  # [R, 1]
+    rows.masked_fill_(rows < kth, NEG_INF)
+    put(x, idx, rows)
+
+
+def top_k_top_p_inplace(x: torch.Tensor, idx: torch.Tensor | None, k: torch.Tensor, p: torch.Tensor) -> None:
+    """Top-k (k: [R], V = off) then top-p (p: [R]) on one sort.
+
+    Top-p keeps the shortest prefix of tokens (sorted by logit) whose probability (after
+    top-k) reaches ``p`` (at least one token), plus any token tied with the last one kept.
+    """
+    rows = take(x, idx)  # [R, V]
+    srt = rows.sort(dim=-1, descending=True).values  # [R, V]
+    pos = torch.arange(srt.shape[1], device=srt.device)
+    srt.masked_fill_(pos.unsqueeze(0) >= k.unsqueeze(1), NEG_INF)
+    probs = srt.softmax(dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # exclusive prefix mass
+    keep = (before < p.unsqueeze(1)) & (srt > NEG_INF)
+    keep[:, 0] = True
+    n_keep = keep.sum(dim=-1, keepdim=True)  # [R, 1]; keep is a prefix
+    threshold = srt.gather(1, n_keep - 1)  # [R, 1]
+    rows.masked_fill_(rows < threshold, NEG_INF)
+    put(x, idx, rows)
+
+
+def min_p_inplace(x: torch.Tensor, idx: torch.Tensor | None, log_min_p: torch.Tensor) -> None:
+    """Ban tokens with prob < min_p * max prob, i.e. logit < max logit + log(min_p)."""
+    rows = take(x, idx)  # [R, V]
+    cutoff = rows.amax(dim=-1, keepdim=True) + log_min_p.unsqueeze(1)  # [R, 1]
+    rows.masked_fill_(rows < cutoff, NEG_INF)
+    put(x, idx, rows)
+
+
+def sample_inverse_cdf(rows: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One token per row from softmax(rows), driven by one uniform per row.
+
+    Inverse-CDF sampling: the first token whose cumulative probability (float64) exceeds
+    ``u * total``. Zero-probability (banned) tokens are never chosen; the row's result
+    depends only on the row and its uniform, never on the rest of the batch.
+    rows: [R, V] float32; uniforms: [R] float64 in [0, 1). Returns [R] long.
+    """
+    cdf = rows.softmax(dim=-1).cumsum(dim=-1, dtype=torch.float64)  # [R, V]
+    target = uniforms * cdf[:, -1]  # [R]
+    tok = torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1)  # [R]
+    fallback = rows.argmax(dim=-1)  # only used when rounding pushes past the end
+    return torch.where(tok >= rows.shape[1], fallback, tok)
+
+
+def ban_tokens_soft(x: torch.Tensor, row_idx: torch.Tensor, rows: torch.Tensor, tok: torch.Tensor) -> None:
+    """Set ``x[rows[i], tok[i]] = -inf``, except on rows where that would ban everything.
+
+    row_idx: [M] unique affected rows; rows/tok: [N] ban pairs (rows within row_idx).
+    """
+    saved = x.index_select(0, row_idx)  # [M, V]
+    x.index_put_((rows, tok), torch.tensor(NEG_INF, device=x.device))
+    dead = x.index_select(0, row_idx).amax(dim=-1, keepdim=True) == NEG_INF  # [M, 1]
+    x.index_copy_(0, row_idx, torch.where(dead, saved, x.index_select(0, row_idx)))

@@ -1,0 +1,297 @@
+"""The batched sampler: masks, logit processing and seeded sampling in one pass."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kernels import apply_penalties_inplace, apply_token_bitmask_inplace, dfa_apply_mask_inplace
+from sampler import ops
+from sampler.dfa import DeviceDFA, DFATables, flush_dfas, normalize_device
+from sampler.params import LOGPROB_FLOOR, SampleResult, SamplingParams, TokenLogprobs
+from sampler.pool import PenaltyPool, to_device
+from sampler.row import SamplingRow
+
+Idx = torch.Tensor | None  # row indices into the batch; None = every row
+
+
+@dataclass
+class _Plan:
+    """Static, host-derived description of a batch (cached while the batch is unchanged)."""
+
+    rows: tuple[SamplingRow, ...]
+    versions: tuple[int, ...]
+    random_pos: list[int]
+    random_idx: Idx
+    inv_temp: torch.Tensor | None = None  # [B] float32 (1 for greedy rows)
+    top_k: tuple[Idx, torch.Tensor, int] | None = None  # rows with top-k only
+    top_k_p: tuple[Idx, torch.Tensor, torch.Tensor] | None = None  # rows with top-p (+top-k)
+    min_p: tuple[Idx, torch.Tensor] | None = None
+    bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # rows, tokens, values
+    penalty: tuple[Idx, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    penalty_pos: list[int] = field(default_factory=list)
+    dfa_groups: list[tuple[list[int], torch.Tensor]] = field(default_factory=list)
+    min_tokens_pos: list[int] = field(default_factory=list)
+    logprob_pos: list[int] = field(default_factory=list)
+    logprob_idx: Idx = None
+    top_max: int = 0
+
+    @property
+    def all_greedy(self) -> bool:
+        return not self.random_pos
+
+    @property
+    def needs_processing(self) -> bool:
+        """Anything besides temperature + sampling (host-known, no per-step state)."""
+        return any((self.top_k, self.top_k_p, self.min_p, self.bias, self.penalty, self.dfa_groups))
+
+    def matches(self, rows: Sequence[SamplingRow]) -> bool:
+        return len(rows) == len(self.rows) and all(
+            a is b and a.version == v for a, b, v in zip(rows, self.rows, self.versions)
+        )
+
+
+class Sampler:
+    """Turns a batch of logits into one token per row.
+
+    Processing order per row: bitmask, DFA mask, logit_bias, min_tokens bans,
+    repetition/presence/frequency penalties, temperature (0 = greedy argmax), top-k,
+    top-p, min-p, then sampling. Greedy rows skip temperature/top-k/top-p/min-p.
+    Sampling uses one uniform per row from the row's own seeded RNG and inverse-CDF
+    sampling, so a seed gives the same tokens whatever the batch composition/position.
+    The only host syncs are reading the sampled ids (and logprobs) at the end.
+    """
+
+    def __init__(self, vocab_size: int, device: torch.device | str) -> None:
+        """``vocab_size``: number of sampleable tokens; wider logits (padded model vocab)
+        are truncated to it."""
+        self.vocab_size = int(vocab_size)
+        self.device = normalize_device(device)
+        self._pool: PenaltyPool | None = None
+        self._plan: _Plan | None = None
+
+    # ----------------------------------------------------------------- rows / DFAs
+    def new_row(self, params: SamplingParams, prompt_token_ids: Sequence[int]) -> SamplingRow:
+        """Per-sequence state; the prompt is only kept (on device) for the repetition penalty."""
+        pool = None
+        if params.has_penalties:
+            if self._pool is None:
+                self._pool = PenaltyPool(self.vocab_size, self.device)
+            pool = self._pool
+        return SamplingRow(params, prompt_token_ids, self.device, pool)
+
+    def new_dfa(self, token_dfa: Any) -> DeviceDFA:
+        """A :class:`DeviceDFA` on this sampler's device (tables cached per TokenDFA object)."""
+        return DeviceDFA(token_dfa, self.device)
+
+    # ----------------------------------------------------------------- main pass
+    def sample(
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        bitmask: torch.Tensor | None = None,
+        bitmask_indices: torch.Tensor | None = None,
+    ) -> SampleResult:
+        """Sample one token for each row (see the class doc for the processing order).
+
+        Args:
+            logits: [B, V'] with ``V' >= vocab_size``; may be modified in place.
+            rows: the B rows, in logits order.
+            bitmask: int32 [R, W] grammar bitmask for the constrained rows only, aligned with
+                ``bitmask_indices`` ([R] batch positions); or [B, W] with indices None.
+                Pass it on the sampler's device (or pinned) to avoid a blocking copy.
+        """
+        n_rows = len(rows)
+        if logits.dim() != 2 or logits.shape[0] != n_rows:
+            raise ValueError(f"logits must be [{n_rows}, V], got {tuple(logits.shape)}")
+        if logits.shape[1] < self.vocab_size:
+            raise ValueError(f"logits have {logits.shape[1]} columns < vocab_size {self.vocab_size}")
+        if n_rows == 0:
+            return SampleResult([], [])
+        plan = self._plan_for(rows)
+        self._flush(rows, plan)
+        x = logits[:, : self.vocab_size]  # [B, V]
+        bans = self._min_token_bans(rows, plan)
+        if plan.all_greedy and not plan.needs_processing and bans is None and bitmask is None:
+            return self._finish(x.argmax(dim=-1), x, rows, plan)  # fast path: plain greedy
+        if x.dtype != torch.float32:
+            x = x.float()
+        self._apply_masks(x, plan, rows, bitmask, bitmask_indices)
+        if plan.bias is not None:
+            x.index_put_(plan.bias[:2], plan.bias[2], accumulate=True)
+        if bans is not None:
+            ops.ban_tokens_soft(x, *bans)
+        self._penalties_and_temperature(x, plan)
+        self._truncate(x, plan)
+        return self._finish(self._draw(x, rows, plan), x, rows, plan)
+
+    # ----------------------------------------------------------------- steps
+    def _apply_masks(
+        self, x: torch.Tensor, plan: _Plan, rows: Sequence[SamplingRow], bitmask: torch.Tensor | None, indices: torch.Tensor | None
+    ) -> None:
+        if bitmask is not None:
+            bitmask = bitmask.to(self.device, non_blocking=True)
+            if indices is not None:
+                indices = indices.to(self.device, dtype=torch.long, non_blocking=True)
+            apply_token_bitmask_inplace(x, bitmask, indices)
+        for positions, idx in plan.dfa_groups:
+            dfas = [rows[i].dfa for i in positions]
+            states = torch.stack([d._state for d in dfas])  # [R] int32
+            dfa_apply_mask_inplace(x, dfas[0].tables.allowed, states, idx)
+
+    def _min_token_bans(self, rows: Sequence[SamplingRow], plan: _Plan) -> tuple[torch.Tensor, ...] | None:
+        """(unique rows, ban rows, ban tokens) for rows still below ``min_tokens``."""
+        active, ban_rows, ban_toks = [], [], []
+        for i in plan.min_tokens_pos:
+            row = rows[i]
+            if row.num_generated < row.params.min_tokens:
+                toks = [t for t in row.params.banned_until_min_tokens if 0 <= t < self.vocab_size]
+                active.append(i)
+                ban_rows += [i] * len(toks)
+                ban_toks += toks
+        if not ban_toks:
+            return None
+        idx = to_device(active + ban_rows + ban_toks, torch.long, self.device)
+        n, m = len(active), len(ban_rows)
+        return idx[:n], idx[n : n + m], idx[n + m :]
+
+    def _penalties_and_temperature(self, x: torch.Tensor, plan: _Plan) -> None:
+        inv_temp = plan.inv_temp
+        if plan.penalty is not None:
+            idx, slots, rep, pres, freq = plan.penalty
+            fuse = idx is None and inv_temp is not None
+            pool = self._pool
+            apply_penalties_inplace(
+                x, slots, pool.counts, pool.prompt_mask, rep, pres, freq, idx, inv_temp if fuse else None
+            )
+            if fuse:
+                return
+        if inv_temp is not None:
+            x.mul_(inv_temp.unsqueeze(1))
+
+    def _truncate(self, x: torch.Tensor, plan: _Plan) -> None:
+        if plan.top_k is not None:
+            ops.top_k_inplace(x, *plan.top_k)
+        if plan.top_k_p is not None:
+            ops.top_k_top_p_inplace(x, *plan.top_k_p)
+        if plan.min_p is not None:
+            ops.min_p_inplace(x, *plan.min_p)
+
+    def _draw(self, x: torch.Tensor, rows: Sequence[SamplingRow], plan: _Plan) -> torch.Tensor:
+        """[B] long sampled ids: argmax for greedy rows, inverse CDF for the others."""
+        if plan.all_greedy:
+            return x.argmax(dim=-1)
+        uniforms = [rows[i].rng.random() for i in plan.random_pos]
+        u = to_device(uniforms, torch.float64, self.device)  # [R]
+        drawn = ops.sample_inverse_cdf(ops.take(x, plan.random_idx), u)  # [R]
+        if plan.random_idx is None:
+            return drawn
+        ids = x.argmax(dim=-1)
+        ids.index_copy_(0, plan.random_idx, drawn)
+        return ids
+
+    def _finish(self, ids: torch.Tensor, x: torch.Tensor, rows: Sequence[SamplingRow], plan: _Plan) -> SampleResult:
+        """Read ids (the host sync) and logprobs back."""
+        logprobs: list[TokenLogprobs | None] = [None] * len(rows)
+        if not plan.logprob_pos:
+            return SampleResult(ids.tolist(), logprobs)
+        lp = ops.take(x.float(), plan.logprob_idx).log_softmax(dim=-1)  # [L, V]
+        chosen_ids = ops.take(ids.unsqueeze(1), plan.logprob_idx)  # [L, 1]
+        chosen = lp.gather(1, chosen_ids).squeeze(1).clamp(min=LOGPROB_FLOOR)  # [L]
+        top_v = top_i = None
+        if plan.top_max:
+            top_v, top_i = lp.topk(min(plan.top_max, lp.shape[1]), dim=-1)
+            top_v, top_i = top_v.clamp(min=LOGPROB_FLOOR).tolist(), top_i.tolist()
+        token_ids = ids.tolist()
+        chosen_list = chosen.tolist()
+        for j, i in enumerate(plan.logprob_pos):
+            n = rows[i].params.top_logprobs
+            top = list(zip(top_i[j][:n], top_v[j][:n])) if n and top_i is not None else []
+            logprobs[i] = TokenLogprobs(token_ids[i], chosen_list[j], top)
+        return SampleResult(token_ids, logprobs)
+
+    # ----------------------------------------------------------------- bookkeeping
+    def _flush(self, rows: Sequence[SamplingRow], plan: _Plan) -> None:
+        """Apply tokens appended since the last pass: one scatter for counts, batched DFA steps."""
+        slots: list[int] = []
+        toks: list[int] = []
+        for i in plan.penalty_pos:
+            row = rows[i]
+            for t in row.pending_counts:
+                if 0 <= t < self.vocab_size:
+                    slots.append(row.slot)
+                    toks.append(t)
+            row.pending_counts.clear()
+        if slots:
+            self._pool.add_tokens(slots, toks)
+        dfas = [rows[i].dfa for positions, _ in plan.dfa_groups for i in positions]
+        if dfas:
+            flush_dfas(dfas)
+
+    def _plan_for(self, rows: Sequence[SamplingRow]) -> _Plan:
+        if self._plan is None or not self._plan.matches(rows):
+            self._plan = _build_plan(rows, self.vocab_size, self.device)
+        return self._plan
+
+
+def _index(positions: list[int], n_rows: int, device: torch.device) -> Idx:
+    """Device index tensor for ``positions``, or None when they cover the whole batch in order."""
+    if len(positions) == n_rows:
+        return None
+    return to_device(positions, torch.long, device)
+
+
+def _build_plan(rows: Sequence[SamplingRow], vocab: int, device: torch.device) -> _Plan:
+    """Everything about a batch that is fixed while its rows (and their DFAs) are unchanged."""
+    n = len(rows)
+    params: list[SamplingParams] = [r.params for r in rows]
+    random_pos = [i for i, p in enumerate(params) if not p.greedy]
+    plan = _Plan(tuple(rows), tuple(r.version for r in rows), random_pos, _index(random_pos, n, device))
+    f32 = lambda vals: to_device(vals, torch.float32, device)  # noqa: E731
+    i64 = lambda vals: to_device(vals, torch.long, device)  # noqa: E731
+    temps = [1.0 if p.greedy else p.temperature for p in params]
+    if any(t != 1.0 for t in temps):
+        plan.inv_temp = f32([1.0 / t for t in temps])
+    k_eff = [p.top_k if (not p.greedy and 0 < p.top_k < vocab) else vocab for p in params]
+    pos_kp = [i for i in random_pos if params[i].top_p < 1.0]
+    pos_k = [i for i in random_pos if params[i].top_p >= 1.0 and k_eff[i] < vocab]
+    if pos_k:
+        ks = [k_eff[i] for i in pos_k]
+        plan.top_k = (_index(pos_k, n, device), i64(ks), max(ks))
+    if pos_kp:
+        plan.top_k_p = (_index(pos_kp, n, device), i64([k_eff[i] for i in pos_kp]), f32([params[i].top_p for i in pos_kp]))
+    pos_mp = [i for i in random_pos if params[i].min_p > 0.0]
+    if pos_mp:
+        plan.min_p = (_index(pos_mp, n, device), f32([math.log(params[i].min_p) for i in pos_mp]))
+    bias = [(i, t, v) for i, p in enumerate(params) for t, v in (p.logit_bias or {}).items() if 0 <= t < vocab]
+    if bias:
+        b_rows, b_toks, b_vals = zip(*bias)
+        plan.bias = (i64(list(b_rows)), i64(list(b_toks)), f32(list(b_vals)))
+    plan.penalty_pos = [i for i, r in enumerate(rows) if r.slot is not None]
+    if plan.penalty_pos:
+        pp = plan.penalty_pos
+        plan.penalty = (
+            _index(pp, n, device),
+            i64([rows[i].slot for i in pp]),
+            f32([params[i].repetition_penalty for i in pp]),
+            f32([params[i].presence_penalty for i in pp]),
+            f32([params[i].frequency_penalty for i in pp]),
+        )
+    groups: dict[int, list[int]] = {}
+    for i, r in enumerate(rows):
+        if r.dfa is not None:
+            groups.setdefault(id(r.dfa.tables), []).append(i)
+    plan.dfa_groups = [(pos, i64(pos)) for pos in groups.values()]
+    plan.min_tokens_pos = [i for i, p in enumerate(params) if p.min_tokens > 0 and p.banned_until_min_tokens]
+    plan.logprob_pos = [i for i, p in enumerate(params) if p.logprobs]
+    if plan.logprob_pos:
+        plan.logprob_idx = _index(plan.logprob_pos, n, device)
+        plan.top_max = max(params[i].top_logprobs for i in plan.logprob_pos)
+    return plan
+
+
+__all__ = ["DFATables", "Sampler"]
