@@ -118,6 +118,34 @@ class Sampler:
         bans = self._min_token_bans(rows, plan)
         if plan.all_greedy and not plan.needs_processing and bans is None and bitmask is None:
             return self._finish(x.argmax(dim=-1), x, rows, plan)  # fast path: plain greedy
+        x = self._process(x, rows, plan, bans, bitmask, bitmask_indices)
+        return self._finish(self._draw(x, rows, plan), x, rows, plan)
+
+    def process_logits(
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        bitmask: torch.Tensor | None = None,
+        bitmask_indices: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The [B, vocab_size] float32 logits ``sample`` would draw from (log_softmax of a row
+        is its sampled distribution), without drawing. For tests, debugging and scoring."""
+        plan = self._plan_for(rows)
+        self._flush(rows, plan)
+        x = logits[:, : self.vocab_size].float().clone()
+        bans = self._min_token_bans(rows, plan)
+        return self._process(x, rows, plan, bans, bitmask, bitmask_indices)
+
+    def _process(
+        self,
+        x: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        plan: _Plan,
+        bans: tuple[torch.Tensor, ...] | None,
+        bitmask: torch.Tensor | None,
+        bitmask_indices: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """All logits processing, in place where possible; returns the float32 [B, V] result."""
         if x.dtype != torch.float32:
             x = x.float()
         self._apply_masks(x, plan, rows, bitmask, bitmask_indices)
@@ -127,7 +155,7 @@ class Sampler:
             ops.ban_tokens_soft(x, *bans)
         self._penalties_and_temperature(x, plan)
         self._truncate(x, plan)
-        return self._finish(self._draw(x, rows, plan), x, rows, plan)
+        return x
 
     # ----------------------------------------------------------------- steps
     def _apply_masks(
