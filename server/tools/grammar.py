@@ -20,6 +20,10 @@ from server.tools.plan import ToolPlan, ToolSpec
 if TYPE_CHECKING:
     from constraints import ConstraintSpec
 
+MAX_WHITESPACE = 16
+"""Longest whitespace run allowed between JSON tokens of the arguments (a small model must not be
+able to pad forever); whitespace inside strings is not limited."""
+
 
 def tool_structural_tag(plan: ToolPlan | None) -> dict[str, Any] | None:
     """The xgrammar structural tag (``{"type": "structural_tag", "format": ...}``) enforcing the
@@ -61,7 +65,11 @@ def _tag(tool: ToolSpec) -> dict[str, Any]:
     return {
         "type": "tag",
         "begin": call_prefix(tool.name),
-        "content": {"type": "json_schema", "json_schema": _object_schema(tool.parameters)},
+        "content": {
+            "type": "json_schema",
+            "json_schema": _object_schema(tool.parameters),
+            "max_whitespace_cnt": MAX_WHITESPACE,
+        },
         "end": ARGS_CLOSE,
     }
 

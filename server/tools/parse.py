@@ -54,7 +54,7 @@ def make_call(name: str, arguments: str, call_id: str | None = None) -> ToolCall
 
 
 def finish_reason(plan: ToolPlan | None, has_calls: bool, default: str) -> str:
-    """"tool_calls" (or legacy "function_call") when calls were made, else ``default``."""
+    """The finish reason: "tool_calls" (legacy: "function_call") when calls were made, else ``default``."""
     if not has_calls or plan is None:
         return default
     return "function_call" if plan.legacy else "tool_calls"

@@ -42,6 +42,8 @@ def test_constraint_spec_wraps_the_tag() -> None:
         (PARIS + "\n" + UTC, True),
         (PARIS + "\n" + PARIS + "\n" + PING, True),
         (format_call("get_weather", '{ "city" : "Oslo" }'), True),
+        (format_call("get_weather", '{"city":' + " " * 16 + '"a                  b"}'), True),
+        (format_call("get_weather", '{"city":' + " " * 17 + '"Oslo"}'), False),
         ("", False),
         ("Sure! " + PARIS, False),
         (PARIS + " done", False),
