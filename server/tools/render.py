@@ -155,8 +155,11 @@ def _openai_shape(message: Msg) -> Msg:
     out: Msg = {"role": "assistant", "content": message["content"]}
     if message["calls"]:
         out["tool_calls"] = [
-            {"id": c["id"], "type": "function",
-             "function": {"name": c["name"], "arguments": _decoded(c["arguments"])}}
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["name"], "arguments": _decoded(c["arguments"])},
+            }
             for c in message["calls"]
         ]
     return out

@@ -62,8 +62,12 @@ class ToolCallStreamer:
         return out
 
     def _run(self, out: list[Delta], final: bool) -> None:
-        step = {"text": self._step_text, "header": self._step_header,
-                "args": self._step_args, "tail": self._step_tail}
+        step = {
+            "text": self._step_text,
+            "header": self._step_header,
+            "args": self._step_args,
+            "tail": self._step_tail,
+        }
         while step[self._state](out, final):
             pass
 
@@ -125,8 +129,12 @@ class ToolCallStreamer:
         self.call_count += 1
         if self._legacy:
             return {"function_call": {"name": name, "arguments": ""}}
-        call = {"index": self.call_count - 1, "id": new_call_id(), "type": "function",
-                "function": {"name": name, "arguments": ""}}
+        call = {
+            "index": self.call_count - 1,
+            "id": new_call_id(),
+            "type": "function",
+            "function": {"name": name, "arguments": ""},
+        }
         return {"tool_calls": [call]}
 
     def _arguments(self, piece: str) -> Delta:

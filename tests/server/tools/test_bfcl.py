@@ -32,7 +32,7 @@ def _functions(schema: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """{function name: parameters schema} of one BFCL schema."""
     out = {}
     for alternative in schema.get("anyOf", [schema]):
-        (raw, parameters), = alternative["properties"].items()
+        ((raw, parameters),) = alternative["properties"].items()
         out[raw] = parameters
     return out
 
@@ -47,14 +47,18 @@ def _cases() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
                     yield row["file"], _functions(row["schema"]), valid[0]
 
 
-def _check(file: str, functions: dict[str, Any], instance: dict[str, Any], compiler: Any, tokenizer: Any) -> str | None:
+def _check(
+    file: str, functions: dict[str, Any], instance: dict[str, Any], compiler: Any, tokenizer: Any
+) -> str | None:
     names = {raw: _name(raw) for raw in functions}
     if len(set(names.values())) != len(names):
         return "skip"
-    tools = [{"type": "function", "function": {"name": names[raw], "parameters": params}}
-             for raw, params in functions.items()]
+    tools = [
+        {"type": "function", "function": {"name": names[raw], "parameters": params}}
+        for raw, params in functions.items()
+    ]
     plan = plan_for(tools, tool_choice="required")
-    (raw, arguments), = instance.items()
+    ((raw, arguments),) = instance.items()
     text = format_call(names[raw], json.dumps(arguments, ensure_ascii=False))
     if not matches(compiler, tokenizer, tool_structural_tag(plan), text, tokens=True):
         return f"{file}: valid call rejected: {text[:200]}"

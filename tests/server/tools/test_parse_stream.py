@@ -83,7 +83,7 @@ def _stream(text: str, plan: Any, cuts: list[int]) -> tuple[ToolCallStreamer, li
     streamer = ToolCallStreamer(plan)
     deltas: list[dict[str, Any]] = []
     bounds = [0, *sorted(cuts), len(text)]
-    for a, b in zip(bounds, bounds[1:]):
+    for a, b in zip(bounds, bounds[1:], strict=False):
         deltas += streamer.feed(text[a:b])
     return streamer, deltas + streamer.finish()
 

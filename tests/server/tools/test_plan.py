@@ -61,9 +61,15 @@ def test_missing_parameters_mean_no_arguments() -> None:
         ({"tool_choice": "none"}, "tool_choice"),
         ({"tools": []}, "tools"),
         ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
-        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+        ),
         ({"tools": [WEATHER], "tool_choice": {"type": "function"}}, "tool_choice.function.name"),
-        ({"tools": [WEATHER], "tool_choice": {"type": "bogus", "function": {"name": "x"}}}, "tool_choice.type"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "bogus", "function": {"name": "x"}}},
+            "tool_choice.type",
+        ),
         ({"tools": [WEATHER], "functions": [WEATHER["function"]]}, "functions"),
         ({"function_call": "auto"}, "function_call"),
         ({"functions": [WEATHER["function"]], "function_call": {"name": "nope"}}, "function_call"),

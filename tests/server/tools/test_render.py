@@ -24,12 +24,22 @@ TOOL_TEMPLATE = (
 
 def _history() -> list[ChatMessage]:
     calls = [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
-        {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "CET"}'}},
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+        },
+        {
+            "id": "call_2",
+            "type": "function",
+            "function": {"name": "get_time", "arguments": '{"zone": "CET"}'},
+        },
     ]
     return [
         ChatMessage(role="developer", content="Be brief."),
-        ChatMessage(role="user", content=[{"type": "text", "text": "Weather"}, {"type": "text", "text": "and time?"}]),
+        ChatMessage(
+            role="user", content=[{"type": "text", "text": "Weather"}, {"type": "text", "text": "and time?"}]
+        ),
         ChatMessage(role="assistant", content=None, tool_calls=calls),
         ChatMessage(role="tool", tool_call_id="call_1", content="sunny, 21C"),
         ChatMessage(role="tool", tool_call_id="call_2", content="14:05"),
@@ -56,10 +66,13 @@ def test_default_format_renders_through_the_real_template(tokenizer: Any) -> Non
     assert messages[2]["content"] == (
         format_call("get_weather", '{"city": "Paris"}') + "\n" + format_call("get_time", '{"zone": "CET"}')
     )
-    assert messages[3]["content"] == "<tool_response>\nsunny, 21C\n</tool_response>\n<tool_response>\n14:05\n</tool_response>"
+    assert (
+        messages[3]["content"]
+        == "<tool_response>\nsunny, 21C\n</tool_response>\n<tool_response>\n14:05\n</tool_response>"
+    )
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert "<|im_start|>system\nBe brief.\n\n# Tools" in prompt
-    assert '<|im_start|>assistant\n<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>' in prompt
+    assert "<|im_start|>assistant\n" + format_call("get_weather", '{"city": "Paris"}') in prompt
     assert "<|im_start|>user\n<tool_response>\nsunny, 21C" in prompt
     assert prompt.endswith("<|im_start|>assistant\n")
 
@@ -73,10 +86,15 @@ def test_default_format_adds_a_system_message_when_missing(tokenizer: Any) -> No
 
 @pytest.mark.parametrize(
     ("choice", "phrase"),
-    [("required", "must call at least one"), ({"type": "function", "function": {"name": "get_time"}}, "must call the function get_time")],
+    [
+        ("required", "must call at least one"),
+        ({"type": "function", "function": {"name": "get_time"}}, "must call the function get_time"),
+    ],
 )
 def test_system_prompt_states_the_policy(choice: Any, phrase: str) -> None:
-    messages, _ = render_messages([ChatMessage(role="user", content="hi")], plan_for([WEATHER, TIME], tool_choice=choice), False)
+    messages, _ = render_messages(
+        [ChatMessage(role="user", content="hi")], plan_for([WEATHER, TIME], tool_choice=choice), False
+    )
     assert phrase in messages[0]["content"]
 
 
@@ -99,9 +117,16 @@ def test_tool_aware_template_gets_openai_shape(tokenizer: Any) -> None:
     assert tools == [WEATHER, TIME]
     assistant = messages[2]
     assert assistant["tool_calls"][0] == {
-        "id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
     }
-    assert messages[3] == {"role": "tool", "content": "sunny, 21C", "tool_call_id": "call_1", "name": "get_weather"}
+    assert messages[3] == {
+        "role": "tool",
+        "content": "sunny, 21C",
+        "tool_call_id": "call_1",
+        "name": "get_weather",
+    }
     prompt = tokenizer.apply_chat_template(messages, tools=tools, chat_template=TOOL_TEMPLATE, tokenize=False)
     assert prompt.startswith("TOOLS:get_weather;get_time;[system]Be brief.")
     assert "<call call_1 get_weather Paris>" in prompt and "(call_2 get_time)" in prompt
@@ -125,15 +150,29 @@ def test_legacy_function_messages() -> None:
 @pytest.mark.parametrize(
     ("message", "param"),
     [
-        (ChatMessage(role="user", content=[{"type": "image_url", "image_url": {"url": "x"}}]), "messages[1].content"),
+        (
+            ChatMessage(role="user", content=[{"type": "image_url", "image_url": {"url": "x"}}]),
+            "messages[1].content",
+        ),
         (ChatMessage(role="user", content=[{"text": "no type"}]), "messages[1].content"),
         (ChatMessage(role="user"), "messages[1].content"),
         (ChatMessage(role="tool", content="x"), "messages[1].tool_call_id"),
         (ChatMessage(role="function", content="x"), "messages[1].name"),
         (ChatMessage(role="assistant"), "messages[1].content"),
-        (ChatMessage(role="assistant", tool_calls=[{"type": "function", "function": {"name": "a"}}]), "messages[1].tool_calls[0].id"),
-        (ChatMessage(role="assistant", tool_calls=[{"id": "c", "function": {"arguments": "{}"}}]), "messages[1].tool_calls[0].function.name"),
-        (ChatMessage(role="assistant", tool_calls=[{"id": "c", "function": {"name": "a", "arguments": {}}}]), "messages[1].tool_calls[0].function.arguments"),
+        (
+            ChatMessage(role="assistant", tool_calls=[{"type": "function", "function": {"name": "a"}}]),
+            "messages[1].tool_calls[0].id",
+        ),
+        (
+            ChatMessage(role="assistant", tool_calls=[{"id": "c", "function": {"arguments": "{}"}}]),
+            "messages[1].tool_calls[0].function.name",
+        ),
+        (
+            ChatMessage(
+                role="assistant", tool_calls=[{"id": "c", "function": {"name": "a", "arguments": {}}}]
+            ),
+            "messages[1].tool_calls[0].function.arguments",
+        ),
     ],
 )
 def test_malformed_messages(message: ChatMessage, param: str) -> None:
