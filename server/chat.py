@@ -17,7 +17,6 @@ from server.protocol import (
     ChatCompletion,
     ChatCompletionRequest,
     ChoiceLogprobs,
-    FunctionCall,
     Usage,
 )
 from server.requests import (
@@ -176,22 +175,14 @@ def _chat_choice(state: ServerState, job: ChatJob, index: int, choice: _ChoiceSt
     message = AssistantMessage(content=text)
     if job.tool_plan is not None:
         content, calls = tool_calls.parse_tool_output(text, job.tool_plan)
-        message, finish = _tool_message(job.tool_plan, content, calls, finish)
+        message = tool_calls.assistant_message(content, calls, job.tool_plan)
+        finish = tool_calls.finish_reason(job.tool_plan, bool(calls), finish)
     logprobs = None
     if job.req.logprobs:
         logprobs = ChoiceLogprobs(content=state.token_texts.chat_entries(choice.logprobs))
     return ChatChoice(
         index=index, message=message, logprobs=logprobs, finish_reason=finish, stop_reason=choice.stop_reason
     )
-
-
-def _tool_message(plan, content, calls, finish):
-    if not calls:
-        return AssistantMessage(content=content), finish
-    if plan.legacy:
-        call = calls[0].function
-        return AssistantMessage(content=content, function_call=FunctionCall(call.name, call.arguments)), "function_call"
-    return AssistantMessage(content=content, tool_calls=calls), "tool_calls"
 
 
 def _usage(job: ChatJob, completion_tokens: int) -> Usage:
@@ -242,8 +233,7 @@ def _delta_chunks(state, job, index, delta, streamer, usage):
         pieces = streamer.feed(delta.text) if delta.text else []
         if finish:
             pieces += streamer.finish()
-            if streamer.has_calls:
-                finish = "function_call" if job.tool_plan.legacy else "tool_calls"
+            finish = tool_calls.finish_reason(job.tool_plan, streamer.has_calls, finish)
     if not pieces and (logprobs or finish):
         pieces = [{}]
     for i, piece in enumerate(pieces):

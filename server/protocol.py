@@ -45,7 +45,7 @@ class StreamOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     include_obfuscation: bool | None = None
 
 
-class _SamplingFields(_Request):
+class _SamplingFields(_Request, kw_only=True):
     """Fields shared by chat and text completions."""
 
     model: str | None = None
@@ -96,7 +96,7 @@ class _SamplingFields(_Request):
     json_schema: Any = None
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(_SamplingFields, kw_only=True):
     """Body of ``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage]
@@ -122,7 +122,7 @@ class ChatCompletionRequest(_SamplingFields):
     verbosity: str | None = None
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(_SamplingFields, kw_only=True):
     """Body of ``POST /v1/completions``."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
@@ -135,49 +135,49 @@ class CompletionRequest(_SamplingFields):
 # --------------------------------------------------------------------------- responses
 
 
-class TopLogprob(_Response):
+class TopLogprob(_Response, kw_only=True):
     token: str
     logprob: float
     bytes: list[int] | None
 
 
-class TokenLogprob(_Response):
+class TokenLogprob(_Response, kw_only=True):
     token: str
     logprob: float
     bytes: list[int] | None
     top_logprobs: list[TopLogprob]
 
 
-class ChoiceLogprobs(_Response):
+class ChoiceLogprobs(_Response, kw_only=True):
     content: list[TokenLogprob] | None
     refusal: list[TokenLogprob] | None = None
 
 
-class CompletionLogprobs(_Response):
+class CompletionLogprobs(_Response, kw_only=True):
     tokens: list[str]
     token_logprobs: list[float | None]
     top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 
-class Usage(_Response):
+class Usage(_Response, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
 
 
-class FunctionCall(_Response):
+class FunctionCall(_Response, kw_only=True):
     name: str
     arguments: str
 
 
-class ToolCall(_Response):
+class ToolCall(_Response, kw_only=True):
     id: str
     type: str = "function"
     function: FunctionCall
 
 
-class AssistantMessage(_Response):
+class AssistantMessage(_Response, kw_only=True):
     role: str = "assistant"
     content: str | None
     refusal: str | None = None
@@ -185,7 +185,7 @@ class AssistantMessage(_Response):
     function_call: FunctionCall | None = None
 
 
-class ChatChoice(_Response):
+class ChatChoice(_Response, kw_only=True):
     index: int
     message: AssistantMessage
     logprobs: ChoiceLogprobs | None
@@ -193,7 +193,7 @@ class ChatChoice(_Response):
     stop_reason: int | str | None = None
 
 
-class ChatCompletion(_Response):
+class ChatCompletion(_Response, kw_only=True):
     id: str
     object: str = "chat.completion"
     created: int
@@ -203,7 +203,7 @@ class ChatCompletion(_Response):
     system_fingerprint: str | None = None
 
 
-class CompletionChoice(_Response):
+class CompletionChoice(_Response, kw_only=True):
     index: int
     text: str
     logprobs: CompletionLogprobs | None
@@ -211,7 +211,7 @@ class CompletionChoice(_Response):
     stop_reason: int | str | None = None
 
 
-class Completion(_Response):
+class Completion(_Response, kw_only=True):
     id: str
     object: str = "text_completion"
     created: int
@@ -221,7 +221,7 @@ class Completion(_Response):
     system_fingerprint: str | None = None
 
 
-class ModelCard(_Response):
+class ModelCard(_Response, kw_only=True):
     id: str
     object: str = "model"
     created: int
@@ -230,17 +230,17 @@ class ModelCard(_Response):
     max_model_len: int | None = None
 
 
-class ModelList(_Response):
+class ModelList(_Response, kw_only=True):
     object: str = "list"
     data: list[ModelCard]
 
 
-class ErrorBody(_Response):
+class ErrorBody(_Response, kw_only=True):
     message: str
     type: str
     param: str | None
     code: str | None
 
 
-class ErrorResponse(_Response):
+class ErrorResponse(_Response, kw_only=True):
     error: ErrorBody

@@ -332,6 +332,7 @@ class Engine:
             self.runner.move_slot(last.slot, slot, last.cached_len)
             last.slot = slot
         seq.slot = -1
+        seq.row.release()
 
     def _fail_all(self, message: str) -> None:
         for seq in self._running + self._waiting:
@@ -344,4 +345,4 @@ class Engine:
 
 def _needs_host_mask(seq: Sequence) -> bool:
     """Constrained rows whose mask is not computed on the device by a resident DFA."""
-    return seq.request.matcher is not None and not seq.row.has_dfa
+    return seq.request.matcher is not None and seq.row.dfa is None

@@ -1,0 +1,125 @@
+"""Load test of a running Trellis (or any OpenAI-compatible) server.
+
+For each concurrency level, keeps that many streamed chat requests in flight and prints
+requests/s, output tokens/s, time to first token (p50/p95) and time per output token, plus the
+output-tokens/s ratio of every level to concurrency 1 (measured in the same run).
+
+    python benchmarks/serve.py --base-url http://127.0.0.1:8000 --concurrency 1 4 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from dataclasses import dataclass
+
+import httpx
+
+PROMPTS = [
+    "Write a short story about a lighthouse keeper.",
+    "Explain how photosynthesis works.",
+    "List some tips for learning a new language.",
+    "Describe the water cycle to a child.",
+    "What are the benefits of regular exercise?",
+    "Summarize the history of the printing press.",
+    "Give advice for a first job interview.",
+    "Why is the sky blue?",
+]
+
+
+@dataclass
+class Sample:
+    ttft: float
+    total: float
+    tokens: int
+
+
+async def one_request(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int) -> Sample:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0.7,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    started = time.perf_counter()
+    first = None
+    tokens = 0
+    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            if first is None and any(c["delta"].get("content") for c in chunk.get("choices", [])):
+                first = time.perf_counter()
+    end = time.perf_counter()
+    return Sample(ttft=(first or end) - started, total=end - started, tokens=tokens)
+
+
+async def run_level(base_url: str, model: str, concurrency: int, requests: int, max_tokens: int) -> dict:
+    async with httpx.AsyncClient(base_url=base_url, timeout=600) as client:
+        queue = list(range(requests))
+        samples: list[Sample] = []
+
+        async def worker() -> None:
+            while queue:
+                i = queue.pop()
+                samples.append(await one_request(client, model, PROMPTS[i % len(PROMPTS)], max_tokens))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    ttfts = sorted(s.ttft for s in samples)
+    tpot = [(s.total - s.ttft) / (s.tokens - 1) for s in samples if s.tokens > 1]
+    return {
+        "concurrency": concurrency,
+        "requests": len(samples),
+        "req_s": len(samples) / elapsed,
+        "tok_s": sum(s.tokens for s in samples) / elapsed,
+        "ttft_p50": _pct(ttfts, 50),
+        "ttft_p95": _pct(ttfts, 95),
+        "tpot_ms": 1000 * statistics.mean(tpot) if tpot else float("nan"),
+    }
+
+
+def _pct(values: list[float], pct: float) -> float:
+    if not values:
+        return float("nan")
+    index = min(len(values) - 1, round(pct / 100 * (len(values) - 1)))
+    return values[index]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000")
+    parser.add_argument("--model", default=None, help="model id (default: the server's first model)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--requests-per-level", type=int, default=0, help="default: 2 x concurrency (at least 4)")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    args = parser.parse_args()
+    model = args.model or httpx.get(args.base_url + "/v1/models").json()["data"][0]["id"]
+    rows = []
+    for level in args.concurrency:
+        requests = args.requests_per_level or max(4, 2 * level)
+        rows.append(asyncio.run(run_level(args.base_url, model, level, requests, args.max_tokens)))
+    base = rows[0]["tok_s"]
+    print(f"model={model} max_tokens={args.max_tokens}")
+    print("| concurrency | requests | req/s | output tok/s | vs c=1 | TTFT p50 s | TTFT p95 s | TPOT ms |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['concurrency']} | {r['requests']} | {r['req_s']:.2f} | {r['tok_s']:.1f} | "
+            f"{r['tok_s'] / base:.2f}x | {r['ttft_p50']:.2f} | {r['ttft_p95']:.2f} | {r['tpot_ms']:.1f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
