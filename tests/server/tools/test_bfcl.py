@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from server.tools import format_call, parse_tool_output, tool_structural_tag
-from toolcases import matches, plan_for
+
+from .toolcases import matches, plan_for
 
 DATA = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "maskbench"
 MIN_CHECKED = 100

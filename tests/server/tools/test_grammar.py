@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from server.tools import format_call, tool_constraint_spec, tool_structural_tag
-from toolcases import NOARGS, TIME, WEATHER, matches, plan_for
+
+from .toolcases import NOARGS, TIME, WEATHER, matches, plan_for
 
 PARIS = format_call("get_weather", '{"city": "Paris", "unit": "c"}')
 UTC = format_call("get_time", '{"zone":"UTC"}')

@@ -17,7 +17,8 @@ from server.tools import (
     format_call,
     parse_tool_output,
 )
-from toolcases import NOARGS, TIME, WEATHER, plan_for
+
+from .toolcases import NOARGS, TIME, WEATHER, plan_for
 
 TOOLS = [WEATHER, TIME, NOARGS]
 PARIS = format_call("get_weather", '{"city": "Paris"}')

@@ -10,7 +10,7 @@ import pytest
 from server.errors import APIError
 from server.tools import ToolPlan, plan_tools
 
-from toolcases import NOARGS, TIME, WEATHER, request
+from .toolcases import NOARGS, TIME, WEATHER, request
 
 
 def _error(**fields: Any) -> APIError:

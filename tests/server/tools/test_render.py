@@ -11,7 +11,8 @@ import pytest
 from server.errors import APIError
 from server.protocol import ChatMessage
 from server.tools import format_call, render_messages, template_supports_tools
-from toolcases import TIME, WEATHER, plan_for
+
+from .toolcases import TIME, WEATHER, plan_for
 
 TOOL_TEMPLATE = (
     "{% if tools %}TOOLS:{% for t in tools %}{{ t.function.name }};{% endfor %}\n{% endif %}"
