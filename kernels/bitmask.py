@@ -17,19 +17,21 @@ def _bit_shifts(device: torch.device) -> torch.Tensor:
     return shifts
 
 
-def unpack_bitmask(words: torch.Tensor, n_cols: int) -> torch.Tensor:
-    """Packed int32 words [R, W] -> bool allowed [R, n_cols].
-
-    Bit ``t % 32`` of word ``t // 32`` set means token ``t`` is allowed; columns past
-    ``W * 32`` are not allowed.
-    """
+def banned_from_bitmask(words: torch.Tensor, n_cols: int) -> torch.Tensor:
+    """Packed int32 words [R, W] -> bool banned [R, n_cols] (True = bit is 0 or column
+    past ``W * 32``). Bit ``t % 32`` of word ``t // 32`` set means token ``t`` is allowed."""
     n_rows, n_words = words.shape
-    bits = (words.unsqueeze(-1) >> _bit_shifts(words.device)) & 1  # [R, W, 32]
-    allowed = bits.view(n_rows, n_words * 32).bool()  # [R, W*32]
+    banned = ((words.unsqueeze(-1) >> _bit_shifts(words.device)) & 1) == 0  # [R, W, 32]
+    banned = banned.view(n_rows, n_words * 32)  # [R, W*32]
     if n_words * 32 >= n_cols:
-        return allowed[:, :n_cols]
-    pad = allowed.new_zeros(n_rows, n_cols - n_words * 32)
-    return torch.cat([allowed, pad], dim=1)
+        return banned[:, :n_cols]
+    pad = banned.new_ones(n_rows, n_cols - n_words * 32)
+    return torch.cat([banned, pad], dim=1)
+
+
+def unpack_bitmask(words: torch.Tensor, n_cols: int) -> torch.Tensor:
+    """Packed int32 words [R, W] -> bool allowed [R, n_cols] (see ``banned_from_bitmask``)."""
+    return ~banned_from_bitmask(words, n_cols)
 
 
 def _mask_rows_reference(
@@ -43,15 +45,15 @@ def _mask_rows_reference(
     if word_rows is not None:
         live = word_rows >= 0  # [R]; negative word rows leave their logits row untouched
         words = words[word_rows.clamp(min=0).long()]  # [R, W]
-    banned = ~unpack_bitmask(words, logits.shape[1])  # [R, V]
+    banned = banned_from_bitmask(words, logits.shape[1])  # [R, V]
     if live is not None:
         banned &= live.unsqueeze(1)
     if dst_rows is None:
-        n = banned.shape[0]
-        logits[:n].masked_fill_(banned, float("-inf"))
+        logits[: banned.shape[0]].masked_fill_(banned, float("-inf"))
         return
     dst_rows = dst_rows.long()
-    logits[dst_rows] = logits[dst_rows].masked_fill(banned, float("-inf"))
+    rows = logits.index_select(0, dst_rows).masked_fill_(banned, float("-inf"))  # [R, V]
+    logits.index_copy_(0, dst_rows, rows)
 
 
 def mask_rows(

@@ -61,16 +61,18 @@ def min_p_inplace(x: torch.Tensor, idx: torch.Tensor | None, log_min_p: torch.Te
 def sample_inverse_cdf(rows: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """One token per row from softmax(rows), driven by one uniform per row.
 
-    Inverse-CDF sampling: the first token whose cumulative probability (float64) exceeds
-    ``u * total``. Zero-probability (banned) tokens are never chosen; the row's result
-    depends only on the row and its uniform, never on the rest of the batch.
-    rows: [R, V] float32; uniforms: [R] float64 in [0, 1). Returns [R] long.
+    Inverse-CDF sampling on the unnormalised weights ``exp(x - max)``: the first token whose
+    cumulative weight (float64) exceeds ``u * total``. Zero-weight (banned) tokens are
+    never chosen; a row's result depends only on the row and its uniform, never on the
+    rest of the batch. rows: [R, V] float32; uniforms: [R] float64 in [0, 1).
+    Returns [R] long.
     """
-    cdf = rows.softmax(dim=-1).cumsum(dim=-1, dtype=torch.float64)  # [R, V]
-    target = uniforms * cdf[:, -1]  # [R]
-    tok = torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1)  # [R]
-    fallback = rows.argmax(dim=-1)  # only used when rounding pushes past the end
-    return torch.where(tok >= rows.shape[1], fallback, tok)
+    weights = (rows - rows.amax(dim=-1, keepdim=True)).exp_()  # [R, V], max weight 1
+    cdf = weights.cumsum(dim=-1, dtype=torch.float64)  # [R, V]
+    total = cdf[:, -1:].contiguous()  # [R, 1]
+    tok = torch.searchsorted(cdf, uniforms.unsqueeze(1) * total, right=True)  # [R, 1]
+    last = torch.searchsorted(cdf, total)  # [R, 1] last token with positive weight
+    return torch.minimum(tok, last).squeeze(1)  # guards u * total rounding up to total
 
 
 def ban_tokens_soft(x: torch.Tensor, row_idx: torch.Tensor, rows: torch.Tensor, tok: torch.Tensor) -> None:
@@ -79,6 +81,6 @@ def ban_tokens_soft(x: torch.Tensor, row_idx: torch.Tensor, rows: torch.Tensor, 
     row_idx: [M] unique affected rows; rows/tok: [N] ban pairs (rows within row_idx).
     """
     saved = x.index_select(0, row_idx)  # [M, V]
-    x.index_put_((rows, tok), torch.tensor(NEG_INF, device=x.device))
+    x.index_put_((rows, tok), x.new_full((), NEG_INF))
     dead = x.index_select(0, row_idx).amax(dim=-1, keepdim=True) == NEG_INF  # [M, 1]
     x.index_copy_(0, row_idx, torch.where(dead, saved, x.index_select(0, row_idx)))

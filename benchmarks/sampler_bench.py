@@ -1,0 +1,115 @@
+"""Sampler pass and bitmask-apply timings on the current device.
+
+Usage: python benchmarks/sampler_bench.py [--vocab 49152] [--iters 20] [--device cuda|cpu]
+
+For B in (1, 8, 32, 64): one ``Sampler.sample`` pass (seeded temperature sampling) with
+all rows free, one row bitmask-constrained, all rows constrained, and one DFA-constrained
+row; plus ``apply_token_bitmask_inplace`` on all rows, torch reference vs Triton (CUDA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels import apply_token_bitmask_inplace, select_backend  # noqa: E402
+from sampler import Sampler, SamplingParams  # noqa: E402
+
+
+def _timer(device: torch.device, fn: Callable[[], None], setup: Callable[[], None], iters: int) -> float:
+    """Median µs of ``fn`` (``setup`` runs untimed before each call)."""
+    times = []
+    for i in range(iters + 5):
+        setup()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i >= 5:  # warm-up
+            times.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(times)
+
+
+def _random_words(n_rows: int, vocab: int, device: torch.device) -> torch.Tensor:
+    n_words = (vocab + 31) // 32
+    words = torch.randint(-(2**31), 2**31 - 1, (n_rows, n_words), dtype=torch.int64)
+    return words.to(torch.int32).to(device)
+
+
+class _OneStateDFA:
+    """A one-state DFA allowing random tokens (for the DFA column)."""
+
+    def __init__(self, vocab: int) -> None:
+        self.initial_state = 0
+        self.allowed = _random_words(1, vocab, torch.device("cpu"))
+        self.trans_offsets = torch.tensor([0, vocab], dtype=torch.int32)
+        self.trans_tokens = torch.arange(vocab, dtype=torch.int32)
+        self.trans_next = torch.zeros(vocab, dtype=torch.int32)
+        self.final = torch.tensor([True])
+        self.stop_token_ids = [0]
+
+
+def bench_sampler(batch: int, vocab: int, device: torch.device, iters: int) -> dict[str, float]:
+    sampler = Sampler(vocab, device)
+    params = SamplingParams(temperature=0.8, seed=0)
+    rows = [sampler.new_row(params, []) for _ in range(batch)]
+    base = torch.randn(batch, vocab, device=device)
+    work = base.clone()
+    setup = lambda: work.copy_(base)  # noqa: E731
+    words_all = _random_words(batch, vocab, device)
+    one = torch.tensor([batch // 2], device=device)
+    out = {
+        "free": _timer(device, lambda: sampler.sample(work, rows), setup, iters),
+        "greedy": 0.0,
+        "1 constr": _timer(device, lambda: sampler.sample(work, rows, words_all[:1], one), setup, iters),
+        "all constr": _timer(device, lambda: sampler.sample(work, rows, words_all), setup, iters),
+    }
+    greedy_rows = [sampler.new_row(SamplingParams(temperature=0), []) for _ in range(batch)]
+    out["greedy"] = _timer(device, lambda: sampler.sample(work, greedy_rows), setup, iters)
+    dfa_rows = [sampler.new_row(params, []) for _ in range(batch)]
+    dfa_rows[batch // 2].attach_dfa(_OneStateDFA(vocab))
+    out["1 DFA"] = _timer(device, lambda: sampler.sample(work, dfa_rows), setup, iters)
+    return out
+
+
+def bench_mask(batch: int, vocab: int, device: torch.device, iters: int) -> dict[str, float]:
+    base = torch.randn(batch, vocab, device=device)
+    work = base.clone()
+    words = _random_words(batch, vocab, device)
+    setup = lambda: work.copy_(base)  # noqa: E731
+    ref = _timer(device, lambda: apply_token_bitmask_inplace(work, words, use_triton=False), setup, iters)
+    tri = float("nan")
+    if select_backend(work) == "triton":
+        tri = _timer(device, lambda: apply_token_bitmask_inplace(work, words), setup, iters)
+    return {"mask ref": ref, "mask triton": tri}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--vocab", type=int, default=49152)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    print(f"device: {name}  V={args.vocab}  median of {args.iters} iters, µs per call")
+    cols = ["free", "greedy", "1 constr", "all constr", "1 DFA", "mask ref", "mask triton"]
+    print(f"{'B':>4} " + " ".join(f"{c:>11}" for c in cols) + f" {'1c/free':>8} {'all/free':>8} {'ref/tri':>8}")
+    for batch in (1, 8, 32, 64):
+        r = bench_sampler(batch, args.vocab, device, args.iters) | bench_mask(batch, args.vocab, device, args.iters)
+        ratios = (r["1 constr"] / r["free"], r["all constr"] / r["free"], r["mask ref"] / r["mask triton"])
+        print(f"{batch:>4} " + " ".join(f"{r[c]:>11.1f}" for c in cols) + " " + " ".join(f"{x:>8.2f}" for x in ratios))
+
+
+if __name__ == "__main__":
+    main()
