@@ -16,9 +16,20 @@ import torch
 Backend = Literal["triton", "reference"]
 
 
-def interpreter_enabled() -> bool:
-    """True when ``TRITON_INTERPRET=1`` is set (Triton kernels run on CPU via numpy)."""
+def _env_interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
+def interpreter_enabled() -> bool:
+    """True when the Triton kernels run in the interpreter (on host tensors).
+
+    Decided once, when the kernel module is first imported (Triton picks compiled vs
+    interpreted at decoration time from ``TRITON_INTERPRET``); before that, the env var.
+    """
+    if triton_kernels.cache_info().currsize:
+        mod = triton_kernels()
+        return bool(mod is not None and mod.INTERPRETED)
+    return _env_interpret()
 
 
 @functools.cache
@@ -43,10 +54,11 @@ def select_backend(t: torch.Tensor, use_triton: bool | None = None) -> Backend:
     * Otherwise (CPU tensor, or interpreter mode): Triton only if ``use_triton=True`` and
       ``TRITON_INTERPRET=1`` (the interpreter runs the kernels on the host), else reference.
     """
-    if use_triton is False:
+    if use_triton is False or (not t.is_cuda and not use_triton):
         return "reference"
-    if t.is_cuda and not interpreter_enabled():
-        return "triton" if triton_kernels() is not None else "reference"
-    if use_triton and interpreter_enabled() and triton_kernels() is not None:
-        return "triton"
-    return "reference"
+    mod = triton_kernels()
+    if mod is None:
+        return "reference"
+    if mod.INTERPRETED:  # interpreter: only on explicit request (tests)
+        return "triton" if use_triton else "reference"
+    return "triton" if t.is_cuda else "reference"

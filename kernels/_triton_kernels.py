@@ -212,3 +212,8 @@ def apply_penalties(
         HAS_TEMP=inv_temperature is not None,
         BLOCK=_PENALTY_BLOCK,
     )
+
+
+# True when this module was imported with TRITON_INTERPRET=1: the kernels above are then
+# interpreter objects (run on host tensors) for the life of the process.
+INTERPRETED: bool = type(_mask_rows_kernel).__name__ == "InterpretedFunction"

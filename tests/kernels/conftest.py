@@ -14,6 +14,9 @@ _ROOT = str(Path(__file__).resolve().parents[2])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+# On CPU-only machines run the Triton kernels in the interpreter. Triton reads the flag when
+# kernels are decorated *and* while they run, so it stays set for this test process (it only
+# changes how Triton kernels execute; nothing here compiles Triton for CPU otherwise).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -22,13 +25,11 @@ import kernels  # noqa: E402  (after the environment is set)
 
 def _interpreter_skip_reason() -> str | None:
     """Why the Triton interpreter cannot run the kernels in this process, or None."""
-    if not kernels.interpreter_enabled():
-        return "TRITON_INTERPRET is not set in this process (CUDA present): see test_kernel_interpreter_subprocess"
     mod = kernels.triton_kernels()
     if mod is None:
         return "triton cannot be imported here"
     if type(mod._mask_rows_kernel).__name__ != "InterpretedFunction":
-        return "Triton kernels were compiled before TRITON_INTERPRET was set"
+        return "Triton kernels are compiled (not interpreted) in this process: see test_kernel_interpreter_subprocess"
     try:
         x = torch.zeros(1, 33)
         kernels.apply_token_bitmask_inplace(x, torch.zeros(1, 2, dtype=torch.int32), use_triton=True)
