@@ -31,6 +31,7 @@ class SamplingRow:
         prompt_token_ids: Sequence[int],
         device: torch.device,
         pool: PenaltyPool | None,
+        choice_index: int = 0,
     ) -> None:
         self.params = params
         self.prompt_len = len(prompt_token_ids)
@@ -38,7 +39,10 @@ class SamplingRow:
         self.dfa: DeviceDFA | None = None
         self.device = device
         self.version = 0  # bumped when the constraint set changes (invalidates batch plans)
-        self.rng = random.Random(params.seed)  # seed None -> OS entropy
+        seed = params.seed
+        if seed is not None and choice_index:
+            seed = f"{seed}:{choice_index}"  # str seeds are hashed deterministically
+        self.rng = random.Random(seed)  # seed None -> OS entropy
         self.slot: int | None = None
         self.pending_counts: list[int] = []
         if pool is not None and params.has_penalties:

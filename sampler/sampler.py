@@ -75,14 +75,19 @@ class Sampler:
         self._plan: _Plan | None = None
 
     # ----------------------------------------------------------------- rows / DFAs
-    def new_row(self, params: SamplingParams, prompt_token_ids: Sequence[int]) -> SamplingRow:
-        """Per-sequence state; the prompt is only kept (on device) for the repetition penalty."""
+    def new_row(self, params: SamplingParams, prompt_token_ids: Sequence[int], *, choice_index: int = 0) -> SamplingRow:
+        """Per-sequence state; the prompt is only kept (on device) for the repetition penalty.
+
+        ``choice_index`` (n > 1 choices of one seeded request): choice 0 uses ``params.seed``
+        as is, choice i > 0 a seed derived from (seed, i), so choices differ but each stays
+        reproducible.
+        """
         pool = None
         if params.has_penalties:
             if self._pool is None:
                 self._pool = PenaltyPool(self.vocab_size, self.device)
             pool = self._pool
-        return SamplingRow(params, prompt_token_ids, self.device, pool)
+        return SamplingRow(params, prompt_token_ids, self.device, pool, choice_index)
 
     def new_dfa(self, token_dfa: Any) -> DeviceDFA:
         """A :class:`DeviceDFA` on this sampler's device (tables cached per TokenDFA object)."""
@@ -163,7 +168,9 @@ class Sampler:
     ) -> None:
         if bitmask is not None:
             bitmask = bitmask.to(self.device, non_blocking=True)
-            if indices is not None:
+            if indices is not None and not isinstance(indices, torch.Tensor):
+                indices = to_device(list(indices), torch.long, self.device)
+            elif indices is not None:
                 indices = indices.to(self.device, dtype=torch.long, non_blocking=True)
             apply_token_bitmask_inplace(x, bitmask, indices)
         for positions, idx in plan.dfa_groups:

@@ -141,3 +141,22 @@ def test_logprobs_are_of_processed_distribution(device: torch.device) -> None:
             want = max(float(expected[tok]), LOGPROB_FLOOR)
             assert math.isclose(val, want, abs_tol=1e-4)
     assert result.logprobs[0].token_id == 11  # greedy: still the argmax after the penalty
+
+
+def test_choice_index_gives_distinct_reproducible_streams(device: torch.device) -> None:
+    def run(choice: int) -> list[int]:
+        sampler = Sampler(V, device)
+        row = sampler.new_row(SamplingParams(seed=7), [], choice_index=choice)
+        return [sampler.sample(torch.zeros(1, V).to(device), [row]).token_ids[0] for _ in range(5)]
+
+    assert run(0) == run(0) and run(1) == run(1)
+    assert run(0) != run(1)
+
+
+def test_list_bitmask_indices_and_cpu_bitmask(device: torch.device) -> None:
+    sampler = Sampler(V, device)
+    rows = [sampler.new_row(SamplingParams(temperature=0), []) for _ in range(3)]
+    allowed = torch.zeros(1, V, dtype=torch.bool)
+    allowed[0, 9] = True
+    ids = sampler.sample(torch.randn(3, V).to(device), rows, words_from_allowed(allowed), [2]).token_ids
+    assert ids[2] == 9
