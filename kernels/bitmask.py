@@ -68,7 +68,8 @@ def mask_rows(
     if n_rows == 0 or logits.shape[1] == 0:
         return
     if select_backend(logits, use_triton) == "triton" and logits.stride(1) == 1:
-        triton_kernels().mask_rows(logits, words, word_rows, dst_rows, n_rows)
+        contig = lambda t: None if t is None else t.contiguous()  # noqa: E731
+        triton_kernels().mask_rows(logits, words.contiguous(), contig(word_rows), contig(dst_rows), n_rows)
     else:
         _mask_rows_reference(logits, words, word_rows, dst_rows)
 

@@ -78,10 +78,11 @@ def apply_penalties_inplace(
     if slots.numel() == 0:
         return
     if select_backend(logits, use_triton) == "triton" and logits.stride(1) == 1:
+        vec = lambda t: None if t is None else t.float().contiguous()  # noqa: E731
         triton_kernels().apply_penalties(
-            logits, indices, slots, counts, prompt_mask.view(torch.uint8),
-            repetition.float(), presence.float(), frequency.float(),
-            None if inv_temperature is None else inv_temperature.float(),
+            logits, None if indices is None else indices.contiguous(), slots.contiguous(),
+            counts.contiguous(), prompt_mask.contiguous().view(torch.uint8),
+            vec(repetition), vec(presence), vec(frequency), vec(inv_temperature),
         )
         return
     apply_penalties_reference(
