@@ -36,25 +36,26 @@ class CompletionJob:
 
 
 def _prompts(state: ServerState, req: CompletionRequest) -> list[list[int]]:
+    """Text or token-id prompts, one or many, as token-id lists."""
     prompt = req.prompt
-    if isinstance(prompt, str):
-        prompt = [prompt]
-    if not prompt:
+    items = [prompt] if isinstance(prompt, str) else prompt
+    if not items:
         raise bad_request("'prompt' must not be empty", param="prompt")
-    if all(isinstance(p, int) for p in prompt):
-        prompt = [prompt]
-    out: list[list[int]] = []
-    for i, item in enumerate(prompt):
-        if isinstance(item, str):
-            out.append(list(state.tokenizer(item, add_special_tokens=req.add_special_tokens).input_ids))
-        else:
-            bad = [t for t in item if not 0 <= t < state.vocab_size]
-            if bad or not item:
-                raise bad_request(f"prompt[{i}] holds invalid token ids", param="prompt")
-            out.append(list(item))
-        if not out[-1]:
-            raise bad_request(f"prompt[{i}] is empty", param="prompt")
-    return out
+    if all(isinstance(p, int) for p in items):
+        items = [items]
+    return [_prompt_ids(state, req, i, item) for i, item in enumerate(items)]
+
+
+def _prompt_ids(state: ServerState, req: CompletionRequest, i: int, item) -> list[int]:
+    if isinstance(item, str):
+        ids = list(state.tokenizer(item, add_special_tokens=req.add_special_tokens).input_ids)
+    elif isinstance(item, list) and all(isinstance(t, int) and 0 <= t < state.vocab_size for t in item):
+        ids = list(item)
+    else:
+        raise bad_request(f"prompt[{i}] must be a string or a list of token ids", param="prompt")
+    if not ids:
+        raise bad_request(f"prompt[{i}] is empty", param="prompt")
+    return ids
 
 
 async def prepare_completion(state: ServerState, body: bytes) -> CompletionJob:

@@ -125,7 +125,7 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
 class CompletionRequest(_SamplingFields, kw_only=True):
     """Body of ``POST /v1/completions``."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str | int | list[int]]
     echo: bool = False
     logprobs: int | None = None
     suffix: str | None = None

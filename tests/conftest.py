@@ -104,7 +104,7 @@ def start_server(settings: Settings, source: ModelSource) -> tuple[RunningServer
 
 @pytest.fixture(scope="session")
 def tiny_server(tiny_model_dir) -> Iterator[RunningServer]:
-    settings = Settings(model=str(tiny_model_dir), served_model_name="tiny", max_batch_size=8, max_model_len=512)
+    settings = Settings(model=str(tiny_model_dir), served_model_name="tiny", max_batch_size=8, max_model_len=4096)
     running, stop = start_server(settings, ModelSource(tiny_model_dir, name="tiny"))
     yield running
     stop()
