@@ -1,6 +1,6 @@
 """Sampler pass and bitmask-apply timings on the current device.
 
-Usage: python benchmarks/sampler_bench.py [--vocab 49152] [--iters 20] [--device cuda|cpu]
+Usage: python benchmarks/sampler_bench.py [--vocab 49152] [--iters 20] [--device cuda|cpu] [--threads N]
 
 For B in (1, 8, 32, 64): one ``Sampler.sample`` pass (seeded temperature sampling) with
 all rows free, one row bitmask-constrained, all rows constrained, and one DFA-constrained
@@ -99,7 +99,10 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=49152)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default); 1 is steadier on a shared machine")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     print(f"device: {name}  V={args.vocab}  median of {args.iters} iters, µs per call")
