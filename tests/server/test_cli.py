@@ -1,0 +1,42 @@
+"""The `trellis` command line: help text, env-var settings and one-line model errors."""
+
+import subprocess
+import sys
+
+from server.cli import build_parser
+from server.config import settings_from_args
+
+
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "server.cli", *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})})
+
+
+def test_help_documents_every_option():
+    out = run_cli("serve", "--help").stdout
+    for flag in ("--model", "--served-model-name", "--host", "--port", "--max-batch-size", "--max-model-len",
+                 "--dtype", "--device", "TRELLIS_PORT"):
+        assert flag in out
+
+
+def test_env_variables_set_defaults(monkeypatch):
+    monkeypatch.setenv("TRELLIS_PORT", "9123")
+    monkeypatch.setenv("TRELLIS_JUMP_FORWARD", "off")
+    args = build_parser().parse_args(["serve"])
+    settings = settings_from_args(args)
+    assert settings.port == 9123 and settings.jump_forward is False
+
+
+def test_missing_model_is_one_line_error(tmp_path):
+    result = run_cli("serve", "--model", str(tmp_path / "nope"))
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert "model not found" in result.stderr
+
+
+def test_directory_without_config_is_one_line_error(tmp_path):
+    result = run_cli("serve", "--model", str(tmp_path))
+    assert result.returncode == 2
+    assert "no config.json" in result.stderr and "Traceback" not in result.stderr
