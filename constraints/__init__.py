@@ -1,0 +1,47 @@
+"""Structured-generation constraints for Trellis, independent of the server.
+
+A request's constraint fields become a :class:`ConstraintSpec`; a :class:`ConstraintCompiler`
+(one per tokenizer) compiles it, picking per request the backend that enforces all of it
+(llguidance, xgrammar or outlines-core), and every sequence gets its own :class:`Matcher`::
+
+    from constraints import ConstraintCompiler, spec_from_request
+
+    compiler = ConstraintCompiler(tokenizer, vocab_size=49152)
+    spec = spec_from_request({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "p", "schema": {"type": "object", "properties": {"x": {"type": "integer"}}}}}})
+    compiled = compiler.compile(spec)          # or: await compiler.compile_async(spec)
+    matcher = compiled.new_matcher()
+    bitmask = torch.zeros((1, (49152 + 31) // 32), dtype=torch.int32)
+    matcher.fill_bitmask(bitmask, 0)           # bit t%32 of word t//32 set = token t allowed
+    matcher.accept_token(token_id)             # False: rejected, state unchanged
+
+Every failure is a :class:`ConstraintError` (HTTP 400) with ``param``, ``pointer``,
+``keyword`` and ``code``.
+"""
+
+from .backend import CompiledConstraint, Matcher
+from .compiler import ConstraintCompiler
+from .errors import (
+    ConstraintError,
+    ConstraintTimeoutError,
+    ConstraintTooLargeError,
+    InvalidConstraintError,
+    UnsupportedConstraintError,
+)
+from .spec import KINDS, ConstraintSpec, spec_from_request
+from .tokendfa import TokenDFA
+
+__all__ = [
+    "KINDS",
+    "CompiledConstraint",
+    "ConstraintCompiler",
+    "ConstraintError",
+    "ConstraintSpec",
+    "ConstraintTimeoutError",
+    "ConstraintTooLargeError",
+    "InvalidConstraintError",
+    "Matcher",
+    "TokenDFA",
+    "UnsupportedConstraintError",
+    "spec_from_request",
+]

@@ -1,0 +1,146 @@
+"""The small interfaces every backend implements: Backend -> CompiledConstraint -> Matcher."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from .spec import ConstraintSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from .tokendfa import TokenDFA
+
+
+@dataclass
+class TokenizerContext:
+    """What every backend needs to know about the tokenizer (shared, read-only)."""
+
+    tokenizer: Any
+    vocab_size: int  # logits width
+    tokenizer_vocab: int  # ids >= this are never allowed
+    stop_token_ids: tuple[int, ...]
+    fingerprint: str
+    cache: dict[str, Any] = field(default_factory=dict)  # per-backend tokenizer objects
+
+    def encode(self, text: str) -> list[int]:
+        """Canonical tokenization of ``text`` without special tokens."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+
+class Matcher(ABC):
+    """Per-sequence automaton state; never shared between sequences."""
+
+    ctx: TokenizerContext
+
+    @abstractmethod
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one token; False (state unchanged) when the token is not allowed."""
+
+    @abstractmethod
+    def fill_bitmask(self, bitmask: "torch.Tensor", row: int) -> None:
+        """Write the allowed-token bits of the current state into ``bitmask[row]``."""
+
+    @abstractmethod
+    def rollback(self, n: int) -> None:
+        """Undo the last ``n`` accepted tokens."""
+
+    @abstractmethod
+    def is_terminated(self) -> bool:
+        """True once a stop token was accepted."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Back to the initial state."""
+
+    def forced_text(self) -> str:
+        """Text every continuation starts with (backend hook; '' when none)."""
+        return ""
+
+    def forced_tokens(self) -> list[int]:
+        """Tokens the automaton forces next, tokenized canonically; [] when nothing is forced.
+
+        The forced text is tokenized as the model's tokenizer would; the final token is dropped
+        (it might merge with what follows) unless the forced text completes the output.
+        Only a prefix of tokens that the matcher accepts one by one is returned.
+        """
+        if self.is_terminated():
+            return []
+        text = self.forced_text()
+        if not text:
+            return []
+        ids = self.ctx.encode(text)
+        if self.ctx.decode(ids) != text:
+            return []
+        accepted = self._accept_prefix(ids)
+        ends_output = accepted == len(ids) and self._only_stop_allowed()
+        self.rollback(accepted)
+        if accepted < len(ids):
+            ids = ids[:accepted]
+        if not ends_output and ids:
+            ids = ids[:-1]
+        return ids
+
+    def _accept_prefix(self, ids: Sequence[int]) -> int:
+        n = 0
+        for t in ids:
+            if not self.accept_token(t):
+                break
+            n += 1
+        return n
+
+    def _only_stop_allowed(self) -> bool:
+        import torch
+
+        words = (self.ctx.vocab_size + 31) // 32
+        mask = torch.zeros((1, words), dtype=torch.int32)
+        self.fill_bitmask(mask, 0)
+        allowed = _bits_to_ids(mask[0])
+        return bool(allowed) and set(allowed) <= set(self.ctx.stop_token_ids)
+
+
+def _bits_to_ids(row: "torch.Tensor") -> list[int]:
+    import torch
+
+    bits = (row.unsqueeze(1) >> torch.arange(32, dtype=torch.int32)) & 1
+    return torch.nonzero(bits.reshape(-1)).flatten().tolist()
+
+
+class CompiledConstraint(ABC):
+    """A compiled, immutable automaton; ``new_matcher()`` gives per-sequence state."""
+
+    spec: ConstraintSpec
+    backend: str
+
+    @abstractmethod
+    def new_matcher(self) -> Matcher:
+        """A fresh matcher in the initial state."""
+
+    def token_dfa(self) -> "TokenDFA | None":
+        """A token-level DFA for GPU kernels, when this backend has one within budget."""
+        return None
+
+    def size_bytes(self) -> int:
+        """Estimated memory held (for the cache budget)."""
+        return 4096
+
+
+class Backend(ABC):
+    """Compiles specs of the kinds it supports; stateless besides tokenizer caches."""
+
+    name: str
+
+    def __init__(self, ctx: TokenizerContext) -> None:
+        self.ctx = ctx
+
+    @abstractmethod
+    def compile(self, spec: ConstraintSpec, source: Any) -> CompiledConstraint:
+        """Compile ``source`` (``spec.source`` after analysis/rewriting) or raise ConstraintError."""
+
+
+BackendFactory = Callable[[TokenizerContext], Backend]

@@ -1,0 +1,149 @@
+"""outlines-core backend: regex and choice as a token-level DFA (exported as TokenDFA).
+
+Index construction runs in a killable worker process: a regex whose DFA explodes can run for
+minutes inside outlines-core and a thread cannot be stopped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .backend import Backend, CompiledConstraint, Matcher, TokenizerContext
+from .errors import ConstraintTooLargeError, InvalidConstraintError
+from .spec import ConstraintSpec
+from .tokendfa import DFAMatcher, DFATables, TokenDFA, build_allowed, to_token_dfa
+from .workers import ProcessRunner
+
+MAX_DFA_BYTES = 64 << 20  # TokenDFA tables (allowed bitmask dominates) above this -> other backend
+_REGEX_META = set("\\.+*?()|[]{}^$#&-~")
+
+_worker_vocab: Any = None  # set in the worker process
+
+
+def escape_regex(text: str) -> str:
+    """Escape a literal for outlines-core / Rust regex syntax."""
+    return "".join("\\" + c if c in _REGEX_META else c for c in text)
+
+
+def choice_regex(choices: list[str] | tuple[str, ...]) -> str:
+    """Regex matching exactly one of ``choices``."""
+    return "(" + "|".join(escape_regex(c) for c in dict.fromkeys(choices)) + ")"
+
+
+def vocabulary_bytes(ctx: TokenizerContext) -> dict[bytes, list[int]]:
+    """Token bytes -> ids for ordinary tokens (no special/added tokens, no stop tokens)."""
+    from .backend_xgrammar import tokenizer_info
+
+    decoded = tokenizer_info(ctx).decoded_vocab
+    skip = set(ctx.stop_token_ids) | special_ids(ctx.tokenizer)
+    out: dict[bytes, list[int]] = {}
+    for i, raw in enumerate(decoded[: ctx.tokenizer_vocab]):
+        if raw and i not in skip:
+            out.setdefault(bytes(raw), []).append(i)
+    return out
+
+
+def special_ids(tokenizer: Any) -> set[int]:
+    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    ids.update(i for i, t in decoder.items() if getattr(t, "special", True))
+    return ids
+
+
+def _init_worker(eos: int, vocab: dict[bytes, list[int]]) -> None:
+    global _worker_vocab
+    import outlines_core
+
+    _worker_vocab = outlines_core.Vocabulary(eos, vocab)
+
+
+def check_regex_nonempty(regex: str) -> None:
+    """InvalidConstraintError when the regex matches no string (skipped for syntax interegular lacks)."""
+    import interegular
+
+    try:
+        fsm = interegular.parse_pattern(regex).to_fsm()
+    except Exception:  # interegular lacks some syntax; outlines-core will judge it
+        return
+    if fsm.empty():
+        raise InvalidConstraintError("the regex matches no string")
+
+
+def _build_tables(regex: str, stop_ids: tuple[int, ...]) -> DFATables:
+    """Worker: regex -> DFA tables (numpy)."""
+    import numpy as np
+    import outlines_core
+
+    check_regex_nonempty(regex)
+    try:
+        index = outlines_core.Index(regex, _worker_vocab)
+    except Exception as exc:
+        raise InvalidConstraintError(f"invalid regex: {str(exc).splitlines()[0][:200]}") from None
+    trans = index.get_transitions()
+    finals = set(index.get_final_states())
+    order = sorted(set(trans) | finals | {index.get_initial_state()})
+    num = {s: i for i, s in enumerate(order)}
+    stops = set(stop_ids)
+    offsets, tokens, nexts = [0], [], []
+    for s in order:
+        edges = sorted((t, num[n]) for t, n in trans.get(s, {}).items() if t not in stops)
+        tokens.extend(t for t, _ in edges)
+        nexts.extend(n for _, n in edges)
+        offsets.append(len(tokens))
+    return DFATables(
+        initial_state=num[index.get_initial_state()],
+        offsets=np.asarray(offsets, dtype=np.int32),
+        tokens=np.asarray(tokens, dtype=np.int32),
+        next=np.asarray(nexts, dtype=np.int32),
+        final=np.asarray([s in finals for s in order], dtype=np.bool_),
+    )
+
+
+class OutlinesCompiled(CompiledConstraint):
+    def __init__(self, spec: ConstraintSpec, ctx: TokenizerContext, tables: DFATables) -> None:
+        self.spec = spec
+        self.backend = "outlines"
+        self._ctx = ctx
+        self._tables = tables
+        words = (ctx.vocab_size + 31) // 32
+        self._allowed = build_allowed(tables, words, ctx.stop_token_ids)
+        self._dfa: TokenDFA | None = None
+        self._bytes = tables.nbytes(words)
+
+    def new_matcher(self) -> Matcher:
+        return DFAMatcher(self._ctx, self._tables, self._allowed)
+
+    def token_dfa(self) -> TokenDFA:
+        if self._dfa is None:
+            self._dfa = to_token_dfa(self._tables, self._allowed, self._ctx.stop_token_ids)
+        return self._dfa
+
+    def size_bytes(self) -> int:
+        return self._bytes
+
+
+class OutlinesBackend(Backend):
+    """regex / choice -> token DFA in a killable worker process."""
+
+    name = "outlines"
+
+    def __init__(self, ctx: TokenizerContext, timeout_s: float) -> None:
+        super().__init__(ctx)
+        self.timeout_s = timeout_s
+        eos = ctx.stop_token_ids[0] if ctx.stop_token_ids else 0
+        self._runner = ProcessRunner(f"{__name__}:_init_worker", (eos, vocabulary_bytes(ctx)))
+
+    def compile(self, spec: ConstraintSpec, source: Any, timeout: float | None = None) -> CompiledConstraint:
+        regex = choice_regex(source) if spec.kind == "choice" else source
+        tables = self._runner.run(
+            f"{__name__}:_build_tables", regex, tuple(self.ctx.stop_token_ids), timeout=timeout or self.timeout_s
+        )
+        words = (self.ctx.vocab_size + 31) // 32
+        if tables.nbytes(words) > MAX_DFA_BYTES:
+            raise ConstraintTooLargeError(
+                f"token DFA has {tables.num_states} states, above the size budget"
+            )
+        return OutlinesCompiled(spec, self.ctx, tables)
+
+    def close(self) -> None:
+        self._runner.close()

@@ -1,0 +1,131 @@
+"""xgrammar backend: JSON schema, json_object, EBNF and structural tags (pushdown automata)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import xgrammar as xgr
+
+from .backend import Backend, CompiledConstraint, Matcher, TokenizerContext
+from .errors import InvalidConstraintError, UnsupportedConstraintError
+from .spec import ConstraintSpec
+
+if TYPE_CHECKING:
+    import torch
+
+MAX_WHITESPACE = 16  # per gap between JSON tokens: bounded so small models cannot pad forever
+
+
+def tokenizer_info(ctx: TokenizerContext) -> "xgr.TokenizerInfo":
+    """xgrammar's view of the tokenizer (built once per context)."""
+    info = ctx.cache.get("xgrammar_info")
+    if info is None:
+        info = xgr.TokenizerInfo.from_huggingface(
+            ctx.tokenizer, vocab_size=ctx.vocab_size, stop_token_ids=list(ctx.stop_token_ids)
+        )
+        ctx.cache["xgrammar_info"] = info
+    return info
+
+
+def _compiler(ctx: TokenizerContext) -> "xgr.GrammarCompiler":
+    comp = ctx.cache.get("xgrammar")
+    if comp is None:
+        comp = xgr.GrammarCompiler(tokenizer_info(ctx), max_threads=1, cache_enabled=False)
+        ctx.cache["xgrammar"] = comp
+    return comp
+
+
+class XGrammarMatcher(Matcher):
+    """Wraps xgr.GrammarMatcher; the bitmask row is written in place."""
+
+    def __init__(self, ctx: TokenizerContext, compiled: "xgr.CompiledGrammar") -> None:
+        self.ctx = ctx
+        self._m = xgr.GrammarMatcher(compiled, max_rollback_tokens=-1)
+
+    def accept_token(self, token_id: int) -> bool:
+        if token_id < 0 or token_id >= self.ctx.tokenizer_vocab and token_id not in self.ctx.stop_token_ids:
+            return False
+        return bool(self._m.accept_token(token_id))
+
+    def fill_bitmask(self, bitmask: "torch.Tensor", row: int) -> None:
+        self._m.fill_next_token_bitmask(bitmask, row)
+
+    def rollback(self, n: int) -> None:
+        if n > 0:
+            self._m.rollback(n)
+
+    def is_terminated(self) -> bool:
+        return bool(self._m.is_terminated())
+
+    def reset(self) -> None:
+        self._m.reset()
+
+    def forced_text(self) -> str:
+        return self._m.find_jump_forward_string()
+
+
+class XGrammarCompiled(CompiledConstraint):
+    def __init__(self, spec: ConstraintSpec, ctx: TokenizerContext, compiled: "xgr.CompiledGrammar"):
+        self.spec = spec
+        self.backend = "xgrammar"
+        self._ctx = ctx
+        self._compiled = compiled
+
+    def new_matcher(self) -> Matcher:
+        return XGrammarMatcher(self._ctx, self._compiled)
+
+    def size_bytes(self) -> int:
+        return int(self._compiled.memory_size_bytes)
+
+
+class XGrammarBackend(Backend):
+    """Compiles json_schema / json_object / grammar_ebnf / structural_tag / regex."""
+
+    name = "xgrammar"
+
+    def __init__(self, ctx: TokenizerContext) -> None:
+        super().__init__(ctx)
+        _compiler(ctx)
+
+    def compile(self, spec: ConstraintSpec, source: Any) -> CompiledConstraint:
+        comp = _compiler(self.ctx)
+        try:
+            compiled = self._compile(comp, spec, source)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise InvalidConstraintError(f"xgrammar cannot compile the constraint: {msg}") from None
+        return XGrammarCompiled(spec, self.ctx, compiled)
+
+    def _compile(self, comp: "xgr.GrammarCompiler", spec: ConstraintSpec, source: Any):
+        kind = spec.kind
+        if kind in ("json_schema", "json_object"):
+            if spec.options.get("whitespace_pattern"):
+                raise UnsupportedConstraintError("xgrammar does not support whitespace_pattern")
+            schema = source if kind == "json_schema" else {"type": "object"}
+            compact = bool(spec.options.get("disable_any_whitespace"))
+            return comp.compile_json_schema(
+                json.dumps(schema),
+                any_whitespace=not compact,
+                max_whitespace_cnt=None if compact else MAX_WHITESPACE,
+                strict_mode=False,
+            )
+        if kind == "grammar_ebnf":
+            return comp.compile_grammar(source)
+        if kind == "regex":
+            return comp.compile_regex(source)
+        if kind == "structural_tag":
+            return self._structural_tag(comp, source)
+        raise UnsupportedConstraintError(f"xgrammar does not handle {kind}")
+
+    @staticmethod
+    def _structural_tag(comp: "xgr.GrammarCompiler", tag: dict):
+        if "format" in tag:
+            body = dict(tag)
+            body["type"] = "structural_tag"
+            return comp.compile_structural_tag(json.dumps(body))
+        tags = [
+            xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s.get("schema", {})), end=s["end"])
+            for s in tag.get("structures", [])
+        ]
+        return comp.compile_structural_tag(tags, list(tag.get("triggers", [])))

@@ -1,0 +1,574 @@
+"""JSON-schema checks and rewrites before any backend sees a schema.
+
+* ``check_schema``: metaschema validation (InvalidConstraintError with a JSON pointer) and a
+  size budget (ConstraintTooLargeError).
+* ``rewrite_schema``: turns keywords the backends skip into enforceable equivalents
+  (oneOf with disjoint branches -> anyOf, ``not`` of simple forms, if/then/else with a
+  negatable ``if``, dependencies -> anyOf, annotation-only keywords dropped). Anything that
+  cannot be rewritten stays, so a strict backend rejects it instead of half-enforcing it.
+* ``xgrammar_gaps``: keywords of a (rewritten) schema that xgrammar would not enforce.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Iterator
+
+from .errors import ConstraintTooLargeError, InvalidConstraintError
+
+MAX_NODES = 100_000
+MAX_DEPTH = 100
+MAX_ENUM = 10_000
+MAX_COMPLEMENT_CHARS = 2_000  # literals negated into a regex
+
+ALL_TYPES = ("null", "boolean", "object", "array", "number", "string", "integer")
+# formats llguidance enforces; others are annotations (JSON Schema: format does not assert by default)
+ENFORCED_FORMATS = frozenset(
+    {"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri"}
+)
+ANNOTATIONS = frozenset(
+    {"title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly",
+     "$schema", "$id", "id", "contentMediaType", "contentEncoding", "$anchor", "nullable", "example",
+     "markdownDescription", "x-intellij-html-description", "enumDescriptions", "markdownEnumDescriptions"}
+)
+# keywords xgrammar 0.2 enforces (conservative: anything else is a gap)
+XGRAMMAR_ENFORCED = frozenset(
+    {"type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems",
+     "maxItems", "enum", "const", "anyOf", "$ref", "$defs", "definitions", "minLength", "maxLength",
+     "pattern"}
+) | ANNOTATIONS
+
+_SCHEMA_MAP_KEYS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LIST_KEYS = ("anyOf", "allOf", "oneOf", "prefixItems")
+_SCHEMA_KEYS = ("not", "if", "then", "else", "additionalProperties", "contains", "propertyNames",
+                "unevaluatedProperties", "unevaluatedItems", "additionalItems")
+
+
+def _esc(part: str) -> str:
+    return part.replace("~", "~0").replace("/", "~1")
+
+
+def subschemas(node: Any, pointer: str = "") -> Iterator[tuple[str, Any]]:
+    """(pointer, subschema) for ``node`` and every schema nested in it, depth first."""
+    yield pointer, node
+    if not isinstance(node, dict):
+        return
+    for key in _SCHEMA_MAP_KEYS:
+        value = node.get(key)
+        if isinstance(value, dict):
+            for name, sub in value.items():
+                yield from subschemas(sub, f"{pointer}/{key}/{_esc(name)}")
+    for key in _SCHEMA_LIST_KEYS:
+        value = node.get(key)
+        if isinstance(value, list):
+            for i, sub in enumerate(value):
+                yield from subschemas(sub, f"{pointer}/{key}/{i}")
+    for key in _SCHEMA_KEYS:
+        if isinstance(node.get(key), (dict, bool)):
+            yield from subschemas(node[key], f"{pointer}/{key}")
+    items = node.get("items")
+    if isinstance(items, list):
+        for i, sub in enumerate(items):
+            yield from subschemas(sub, f"{pointer}/items/{i}")
+    elif isinstance(items, (dict, bool)):
+        yield from subschemas(items, f"{pointer}/items")
+    deps = node.get("dependencies")
+    if isinstance(deps, dict):
+        for name, sub in deps.items():
+            if isinstance(sub, (dict, bool)):
+                yield from subschemas(sub, f"{pointer}/dependencies/{_esc(name)}")
+
+
+# -- validation and budget ------------------------------------------------------------------------
+
+
+def check_schema(schema: dict) -> None:
+    """Metaschema check and size budget; raises InvalidConstraintError / ConstraintTooLargeError."""
+    _check_size(schema)
+    import jsonschema
+    from jsonschema.exceptions import SchemaError
+
+    try:
+        cls = jsonschema.validators.validator_for(schema)
+        cls.check_schema(schema)
+    except SchemaError as exc:
+        pointer = "/" + "/".join(_esc(str(p)) for p in exc.path) if exc.path else ""
+        keyword = str(exc.path[-1]) if exc.path else None
+        raise InvalidConstraintError(
+            f"invalid JSON schema at {pointer or '/'}: {exc.message[:200]}",
+            pointer=pointer or "/",
+            keyword=keyword,
+        ) from None
+
+
+def _depth(node: Any, limit: int) -> int:
+    # iterative: a 10k-deep schema must not hit Python's recursion limit
+    best, stack = 0, [(node, 1)]
+    while stack:
+        cur, d = stack.pop()
+        if d > best:
+            best = d
+            if best > limit:
+                return best
+        if isinstance(cur, dict):
+            stack.extend((v, d + 1) for v in cur.values() if isinstance(v, (dict, list)))
+        elif isinstance(cur, list):
+            stack.extend((v, d + 1) for v in cur if isinstance(v, (dict, list)))
+    return best
+
+
+def _check_size(schema: dict) -> None:
+    if _depth(schema, 2 * MAX_DEPTH) > 2 * MAX_DEPTH:  # a schema level is ~2 JSON levels
+        raise ConstraintTooLargeError(f"schema nesting exceeds {MAX_DEPTH} levels", keyword="depth")
+    count = 0
+    for pointer, node in subschemas(schema):
+        count += 1
+        if count > MAX_NODES:
+            raise ConstraintTooLargeError(f"schema has more than {MAX_NODES} subschemas")
+        if isinstance(node, dict) and isinstance(node.get("enum"), list) and len(node["enum"]) > MAX_ENUM:
+            raise ConstraintTooLargeError(
+                f"enum at {pointer or '/'} has {len(node['enum'])} members (limit {MAX_ENUM})",
+                pointer=pointer or "/",
+                keyword="enum",
+            )
+
+
+# -- rewriting -------------------------------------------------------------------------------------
+
+
+def rewrite_schema(schema: dict) -> dict:
+    """An equivalent schema with fewer keywords that backends skip (input is not modified)."""
+    out = copy.deepcopy(schema)
+    return _Rewriter(out).run()
+
+
+class _Rewriter:
+    def __init__(self, root: dict) -> None:
+        self.root = root
+
+    def run(self) -> dict:
+        result = self.node(self.root)
+        if result is False:
+            return {"anyOf": [False]}
+        return result if isinstance(result, dict) else {}
+
+    def node(self, node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        self._children(node)
+        for step in (self._drop_annotations, self._not, self._one_of, self._dependencies, self._if_then_else):
+            node = step(node)
+            if not isinstance(node, dict):
+                return node
+        return node
+
+    def _children(self, node: dict) -> None:
+        for key in _SCHEMA_MAP_KEYS:
+            if isinstance(node.get(key), dict):
+                node[key] = {k: self.node(v) for k, v in node[key].items()}
+        for key in _SCHEMA_LIST_KEYS:
+            if isinstance(node.get(key), list):
+                node[key] = [self.node(v) for v in node[key]]
+        for key in _SCHEMA_KEYS:
+            if isinstance(node.get(key), dict):
+                node[key] = self.node(node[key])
+        if isinstance(node.get("items"), dict):
+            node["items"] = self.node(node["items"])
+        elif isinstance(node.get("items"), list):
+            node["items"] = [self.node(v) for v in node["items"]]
+        if isinstance(node.get("dependencies"), dict):
+            node["dependencies"] = {
+                k: self.node(v) if isinstance(v, dict) else v for k, v in node["dependencies"].items()
+            }
+
+    # each step: node -> node | bool
+
+    @staticmethod
+    def _drop_annotations(node: dict) -> Any:
+        if node.get("uniqueItems") is False or (
+            node.get("uniqueItems") is True and isinstance(node.get("maxItems"), int) and node["maxItems"] <= 1
+        ):
+            node.pop("uniqueItems")
+        fmt = node.get("format")
+        if fmt is not None and fmt not in ENFORCED_FORMATS:
+            node.pop("format")
+        if node.get("propertyNames") in ({"type": "string"}, {}, True):
+            node.pop("propertyNames")
+        for key in ("if", "then", "else"):
+            if node.get(key) in ({}, True) and key != "if":
+                node.pop(key)
+        if "if" in node and "then" not in node and "else" not in node:
+            node.pop("if")
+        return node
+
+    def _not(self, node: dict) -> Any:
+        if "not" not in node:
+            return node
+        neg = negate(node["not"], self.root)
+        if neg is None:
+            return node
+        node.pop("not")
+        if neg is True:
+            return node
+        if neg is False:
+            return False
+        return _conjoin(node, neg)
+
+    def _one_of(self, node: dict) -> Any:
+        branches = node.get("oneOf")
+        if not isinstance(branches, list):
+            return node
+        live = [b for b in branches if b is not False]
+        if len(live) <= 1 or pairwise_disjoint(live, self.root):
+            node.pop("oneOf")
+            return _conjoin(node, {"anyOf": live} if live else False)
+        return node
+
+    @staticmethod
+    def _dependencies(node: dict) -> Any:
+        extra: list[Any] = []
+        for key in ("dependencies", "dependentRequired", "dependentSchemas"):
+            deps = node.get(key)
+            if not isinstance(deps, dict):
+                continue
+            for name, dep in deps.items():
+                absent = {"properties": {name: False}}
+                if isinstance(dep, list):
+                    present: Any = {"required": list(dict.fromkeys([name, *dep]))}
+                elif dep is True or dep == {}:
+                    continue
+                else:
+                    present = {"allOf": [{"required": [name]}, dep]}
+                extra.append({"anyOf": [absent, present]})
+            node.pop(key)
+        for schema in extra:
+            node = _conjoin(node, schema)
+        return node
+
+    def _if_then_else(self, node: dict) -> Any:
+        if "if" not in node:
+            return node
+        cond = node["if"]
+        neg = negate(cond, self.root)
+        if neg is None:
+            return node
+        then, other = node.get("then", True), node.get("else", True)
+        for key in ("if", "then", "else"):
+            node.pop(key, None)
+        branches = [b for b in (_all_of([cond, then]), _all_of([neg, other])) if b is not False]
+        return _conjoin(node, {"anyOf": branches} if branches else False)
+
+
+def _all_of(parts: list[Any]) -> Any:
+    parts = [p for p in parts if p is not True and p != {}]
+    if any(p is False for p in parts):
+        return False
+    if not parts:
+        return {}
+    return parts[0] if len(parts) == 1 else {"allOf": parts}
+
+
+def _conjoin(node: dict, extra: Any) -> Any:
+    if extra is False:
+        return False
+    if extra is True or extra == {}:
+        return node
+    node.setdefault("allOf", [])
+    node["allOf"] = [*node["allOf"], extra]
+    return node
+
+
+# -- negation --------------------------------------------------------------------------------------
+
+
+def _resolve(node: Any, root: dict, depth: int = 0) -> Any:
+    while isinstance(node, dict) and isinstance(node.get("$ref"), str) and len(node) == 1 and depth < 32:
+        ref = node["$ref"]
+        if not ref.startswith("#"):
+            return node
+        target: Any = root
+        for part in [p for p in ref[1:].split("/") if p]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if not isinstance(target, dict) or part not in target:
+                return node
+            target = target[part]
+        node, depth = target, depth + 1
+    return node
+
+
+def _meaningful(node: dict) -> dict:
+    return {k: v for k, v in node.items() if k not in ANNOTATIONS}
+
+
+def negate(schema: Any, root: dict) -> Any:
+    """A schema accepting exactly the instances ``schema`` rejects, or None when not expressible."""
+    schema = _resolve(schema, root)
+    if schema is True:
+        return False
+    if schema is False:
+        return True
+    if not isinstance(schema, dict):
+        return None
+    s = _meaningful(schema)
+    if not s:
+        return False
+    if "$ref" in s:
+        return None
+    parts = []
+    for key in list(s):
+        neg = _negate_keyword(key, s, root)
+        if neg is None:
+            return None
+        parts.append(neg)
+    # not (A and B) = (not A) or (not B); keyword groups are handled together by _negate_keyword
+    parts = [p for p in parts if p is not _SKIP]
+    if any(p is True for p in parts):
+        return True
+    parts = [p for p in parts if p is not False]
+    if not parts:
+        return False
+    return parts[0] if len(parts) == 1 else {"anyOf": parts}
+
+
+_SKIP = object()
+
+
+def _type_list(value: Any) -> list[str] | None:
+    types = [value] if isinstance(value, str) else value
+    if not isinstance(types, list) or not all(t in ALL_TYPES for t in types):
+        return None
+    out = set(types)
+    if "number" in out:
+        out.add("integer")
+    return sorted(out)
+
+
+def _negate_keyword(key: str, s: dict, root: dict) -> Any:
+    value = s[key]
+    if key == "type":
+        types = _type_list(value)
+        if types is None:
+            return None
+        rest = [t for t in ALL_TYPES if t not in types and t != "integer"]
+        if "integer" in types and "number" not in types:
+            return None  # "number but not integer" needs multipleOf negation
+        return {"type": rest} if rest else False
+    if key == "required" and isinstance(value, list):
+        if not value:
+            return False
+        return _only_objects([{"properties": {k: False}} for k in value])
+    if key == "properties" and isinstance(value, dict):
+        branches = []
+        for name, sub in value.items():
+            neg = negate(sub, root)
+            if neg is None:
+                return None
+            if neg is not False:
+                branches.append({"required": [name], "properties": {name: neg}})
+        return _only_objects(branches) if branches else False
+    if key in ("const", "enum"):
+        values = [value] if key == "const" else value
+        if not isinstance(values, list):
+            return None
+        return _not_values(values)
+    if key == "anyOf" and isinstance(value, list):
+        negs = [negate(b, root) for b in value]
+        if any(n is None for n in negs):
+            return None
+        return _all_of(negs)
+    if key == "allOf" and isinstance(value, list):
+        negs = [negate(b, root) for b in value]
+        if any(n is None for n in negs):
+            return None
+        negs = [n for n in negs if n is not False]
+        if any(n is True for n in negs):
+            return True
+        return {"anyOf": negs} if negs else False
+    if key == "additionalProperties" and "properties" in s:
+        return None
+    return None
+
+
+def _only_objects(branches: list[Any]) -> Any:
+    # an object-keyword schema accepts every non-object, so its negation is objects only
+    if not branches:
+        return False
+    inner = branches[0] if len(branches) == 1 else {"anyOf": branches}
+    return {"type": "object", "allOf": [inner]}
+
+
+def _not_values(values: list[Any]) -> Any:
+    strings = [v for v in values if isinstance(v, str)]
+    if len(strings) != len(values):
+        return None  # negating non-string literals is not expressible here
+    if sum(len(v) for v in strings) > MAX_COMPLEMENT_CHARS:
+        return None
+    others = [t for t in ALL_TYPES if t not in ("string", "integer")]
+    return {"anyOf": [{"type": others}, {"type": "string", "pattern": "^" + complement_regex(strings) + "$"}]}
+
+
+_CLASS_META = set("\\]^-[")
+_REGEX_META = set("\\.+*?()|[]{}^$")
+_ANY = r"[\s\S]"
+
+
+def complement_regex(words: list[str]) -> str:
+    """Regex (unanchored body) matching every string except the given ones."""
+    trie: dict = {}
+    for w in words:
+        cur = trie
+        for ch in w:
+            cur = cur.setdefault(ch, {})
+        cur[""] = {}
+    return _complement(trie)
+
+
+def _complement(node: dict) -> str:
+    alts = []
+    if "" not in node:
+        alts.append("")
+    kids = [c for c in node if c]
+    if kids:
+        cls = "".join("\\" + c if c in _CLASS_META else c for c in sorted(kids))
+        alts.append(f"[^{cls}]{_ANY}*")
+    else:
+        alts.append(f"{_ANY}+")
+    for c in sorted(kids):
+        lit = "\\" + c if c in _REGEX_META else c
+        alts.append(lit + _complement(node[c]))
+    return "(?:" + "|".join(alts) + ")"
+
+
+# -- disjointness ----------------------------------------------------------------------------------
+
+
+def _literal_values(node: dict) -> list[Any] | None:
+    if "const" in node:
+        return [node["const"]]
+    if isinstance(node.get("enum"), list):
+        return node["enum"]
+    return None
+
+
+def _json_types(value: Any) -> set[str]:
+    if value is None:
+        return {"null"}
+    if isinstance(value, bool):
+        return {"boolean"}
+    if isinstance(value, int):
+        return {"integer", "number"}
+    if isinstance(value, float):
+        return {"integer", "number"} if value.is_integer() else {"number"}
+    if isinstance(value, str):
+        return {"string"}
+    if isinstance(value, list):
+        return {"array"}
+    return {"object"}
+
+
+def _possible_types(node: Any, root: dict, depth: int = 0) -> set[str]:
+    node = _resolve(node, root)
+    if node is False:
+        return set()
+    if not isinstance(node, dict) or depth > 16:
+        return set(ALL_TYPES)
+    types = set(ALL_TYPES)
+    declared = _type_list(node.get("type")) if "type" in node else None
+    if declared is not None:
+        types &= set(declared) | ({"number"} if "integer" in declared else set())
+    lits = _literal_values(node)
+    if lits is not None:
+        types &= set().union(*(_json_types(v) for v in lits)) if lits else set()
+    for key in ("anyOf", "oneOf"):
+        if isinstance(node.get(key), list):
+            types &= set().union(*(_possible_types(b, root, depth + 1) for b in node[key])) if node[key] else set()
+    if isinstance(node.get("allOf"), list):
+        for b in node["allOf"]:
+            types &= _possible_types(b, root, depth + 1)
+    if isinstance(node.get("$ref"), str) and len(node) > 1:
+        types &= _possible_types({"$ref": node["$ref"]}, root, depth + 1)
+    return types
+
+
+def _discriminators(node: Any, root: dict) -> dict[str, list[Any]]:
+    """Required properties with literal values (const/enum) -> the values."""
+    node = _resolve(node, root)
+    if not isinstance(node, dict):
+        return {}
+    out: dict[str, list[Any]] = {}
+    req = set(node.get("required") or [])
+    for name, sub in (node.get("properties") or {}).items():
+        sub = _resolve(sub, root)
+        if name in req and isinstance(sub, dict):
+            lits = _literal_values(sub)
+            if lits is not None:
+                out[name] = lits
+    for part in node.get("allOf") or []:
+        for name, lits in _discriminators(part, root).items():
+            out.setdefault(name, lits)
+    return out
+
+
+def _canon(value: Any) -> str:
+    import json
+
+    return json.dumps(value, sort_keys=True)
+
+
+def _disjoint(a: Any, b: Any, root: dict) -> bool:
+    ta, tb = _possible_types(a, root), _possible_types(b, root)
+    if not ta & tb:
+        return True
+    ra, rb = _resolve(a, root), _resolve(b, root)
+    if isinstance(ra, dict) and isinstance(rb, dict):
+        la, lb = _literal_values(ra), _literal_values(rb)
+        if la is not None and lb is not None and not ({_canon(v) for v in la} & {_canon(v) for v in lb}):
+            return True
+        if ta & tb <= {"object"}:
+            da, db = _discriminators(ra, root), _discriminators(rb, root)
+            for name in set(da) & set(db):
+                if not ({_canon(v) for v in da[name]} & {_canon(v) for v in db[name]}):
+                    return True
+            if _closed_exclusion(ra, rb, root) or _closed_exclusion(rb, ra, root):
+                return True
+    return False
+
+
+def _closed_exclusion(a: dict, b: dict, root: dict) -> bool:
+    """a requires a property that b forbids (b closed via additionalProperties: false)."""
+    if b.get("additionalProperties") is not False or b.get("patternProperties"):
+        return False
+    allowed = set((b.get("properties") or {}).keys())
+    return any(name not in allowed for name in a.get("required") or [])
+
+
+def pairwise_disjoint(branches: list[Any], root: dict) -> bool:
+    """True when no instance can match two of the branches (so oneOf == anyOf)."""
+    return all(
+        _disjoint(branches[i], branches[j], root)
+        for i in range(len(branches))
+        for j in range(i + 1, len(branches))
+    )
+
+
+# -- xgrammar coverage -----------------------------------------------------------------------------
+
+
+def xgrammar_gaps(schema: Any) -> list[tuple[str, str]]:
+    """(pointer, keyword) for every keyword xgrammar would not enforce."""
+    gaps = []
+    for pointer, node in subschemas(schema):
+        if not isinstance(node, dict):
+            continue
+        for key in node:
+            if key not in XGRAMMAR_ENFORCED:
+                gaps.append((pointer or "/", key))
+    return gaps
+
+
+def find_keyword(schema: Any, keyword: str) -> str | None:
+    """Pointer of the first subschema using ``keyword``."""
+    for pointer, node in subschemas(schema):
+        if isinstance(node, dict) and keyword in node:
+            return pointer or "/"
+    return None

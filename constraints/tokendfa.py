@@ -1,0 +1,162 @@
+"""TokenDFA: a token-level DFA in flat tensors (for GPU kernels) and a CPU matcher over it."""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+from .backend import Matcher, TokenizerContext
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+
+@dataclass
+class TokenDFA:
+    """Token-level DFA. States are 0..S-1.
+
+    ``allowed[s]`` is the int32 bitmask of state s (stop tokens set in final states);
+    transitions are CSR: tokens ``trans_tokens[trans_offsets[s]:trans_offsets[s+1]]`` (sorted)
+    lead to ``trans_next`` at the same positions. Stop tokens have no transition.
+    """
+
+    initial_state: int
+    allowed: "torch.Tensor"  # int32 [S, W]
+    trans_offsets: "torch.Tensor"  # int32 [S+1]
+    trans_tokens: "torch.Tensor"  # int32 [E]
+    trans_next: "torch.Tensor"  # int32 [E]
+    final: "torch.Tensor"  # bool [S]
+    stop_token_ids: tuple[int, ...]
+
+    @property
+    def num_states(self) -> int:
+        return int(self.final.shape[0])
+
+
+@dataclass
+class DFATables:
+    """The DFA as numpy arrays (picklable, cheap to ship from a worker process)."""
+
+    initial_state: int
+    offsets: "np.ndarray"  # int32 [S+1]
+    tokens: "np.ndarray"  # int32 [E]
+    next: "np.ndarray"  # int32 [E]
+    final: "np.ndarray"  # bool [S]
+
+    @property
+    def num_states(self) -> int:
+        return int(self.final.shape[0])
+
+    def nbytes(self, words: int) -> int:
+        return int(self.tokens.nbytes * 2 + self.offsets.nbytes) + self.num_states * words * 4
+
+
+def build_allowed(tables: DFATables, words: int, stop_ids: Sequence[int]) -> "torch.Tensor":
+    """Bitmask per state: transition tokens, plus stop tokens in final states."""
+    import numpy as np
+    import torch
+
+    n = tables.num_states
+    bits = np.zeros((n, words * 32), dtype=np.bool_)
+    counts = np.diff(tables.offsets)
+    rows = np.repeat(np.arange(n), counts)
+    bits[rows, tables.tokens] = True
+    for t in stop_ids:
+        bits[tables.final, t] = True
+    packed = np.packbits(bits.reshape(n, words, 32), axis=2, bitorder="little")
+    return torch.from_numpy(packed.view(np.int32).reshape(n, words).copy())
+
+
+def to_token_dfa(tables: DFATables, allowed: "torch.Tensor", stop_ids: Sequence[int]) -> TokenDFA:
+    import torch
+
+    return TokenDFA(
+        initial_state=tables.initial_state,
+        allowed=allowed,
+        trans_offsets=torch.from_numpy(tables.offsets.astype("int32")),
+        trans_tokens=torch.from_numpy(tables.tokens.astype("int32")),
+        trans_next=torch.from_numpy(tables.next.astype("int32")),
+        final=torch.from_numpy(tables.final.astype("bool")),
+        stop_token_ids=tuple(stop_ids),
+    )
+
+
+class DFAMatcher(Matcher):
+    """CPU matcher walking a token DFA; rows of ``allowed`` are copied into the bitmask."""
+
+    def __init__(self, ctx: TokenizerContext, tables: DFATables, allowed: "torch.Tensor") -> None:
+        self.ctx = ctx
+        self._t = tables
+        self._allowed = allowed
+        self._offsets = tables.offsets.tolist()
+        self._tokens = tables.tokens  # numpy; searched per accept
+        self._next = tables.next
+        self._final = tables.final.tolist()
+        self._stops = frozenset(ctx.stop_token_ids)
+        self._states = [tables.initial_state]
+        self._done = False
+
+    def _step(self, state: int, token_id: int) -> int:
+        lo, hi = self._offsets[state], self._offsets[state + 1]
+        i = bisect_left(self._tokens, token_id, lo, hi)
+        if i < hi and self._tokens[i] == token_id:
+            return int(self._next[i])
+        return -1
+
+    def accept_token(self, token_id: int) -> bool:
+        if self._done:
+            return False
+        state = self._states[-1]
+        if token_id in self._stops:
+            if not self._final[state]:
+                return False
+            self._done = True
+            self._states.append(state)
+            return True
+        nxt = self._step(state, token_id)
+        if nxt < 0:
+            return False
+        self._states.append(nxt)
+        return True
+
+    def fill_bitmask(self, bitmask: "torch.Tensor", row: int) -> None:
+        if self._done:
+            bitmask[row].zero_()
+            for t in self._stops:
+                bitmask[row, t // 32] |= 1 << (t % 32) if t % 32 != 31 else -(1 << 31)
+            return
+        bitmask[row].copy_(self._allowed[self._states[-1]])
+
+    def rollback(self, n: int) -> None:
+        if n <= 0:
+            return
+        if n >= len(self._states):
+            raise ValueError("cannot roll back past the initial state")
+        del self._states[-n:]
+        self._done = False
+
+    def is_terminated(self) -> bool:
+        return self._done
+
+    def reset(self) -> None:
+        self._states = [self._t.initial_state]
+        self._done = False
+
+    @property
+    def state(self) -> int:
+        """Current DFA state (for cross-checks with the TokenDFA)."""
+        return self._states[-1]
+
+    def forced_tokens(self) -> list[int]:
+        """Tokens while each state has exactly one transition and is not final (exact, no retokenizing)."""
+        out: list[int] = []
+        state = self._states[-1]
+        while not self._done and len(out) < 64 and not self._final[state]:
+            lo, hi = self._offsets[state], self._offsets[state + 1]
+            if hi - lo != 1:
+                break
+            out.append(int(self._tokens[lo]))
+            state = int(self._next[lo])
+        return out
