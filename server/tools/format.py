@@ -4,7 +4,11 @@ One call is written as::
 
     <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>
 
-Several calls (``parallel_tool_calls``) are separated by a newline. The header up to and including
+Several calls (``parallel_tool_calls``) follow one another directly (``...</tool_call><tool_call>...``,
+no separator): a newline after ``</tool_call>`` is what small models write on their way to ending the
+turn, so with a newline separator (followed by a forced ``<tool_call>``) a greedy model would commit
+to another call with its first newline and repeat calls until ``max_tokens``; without one, starting
+another call (``<``) competes directly with end of turn. The header up to and including
 ``"arguments": `` is fixed text (names only use ``[a-zA-Z0-9_-]``, so they never need escaping);
 the arguments object is JSON valid against the tool's ``parameters`` schema; the call ends with
 ``}</tool_call>``. Tool results are shown to the model as ``<tool_response>...</tool_response>``.
@@ -16,7 +20,7 @@ import json
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
-CALL_SEPARATOR = "\n"
+CALL_SEPARATOR = ""
 RESPONSE_OPEN = "<tool_response>"
 RESPONSE_CLOSE = "</tool_response>"
 ARGS_CLOSE = "}" + CALL_CLOSE

@@ -3,7 +3,7 @@
 Each callable tool becomes one tag: begin = the fixed call header naming the tool, content = its
 ``parameters`` JSON Schema, end = ``}</tool_call>``. Then:
 
-* "required" / "named": ``tags_with_separator`` (separator newline, ``at_least_one``) -- nothing but
+* "required" / "named": ``tags_with_separator`` (no separator, ``at_least_one``) -- nothing but
   calls; with ``parallel=False`` also ``stop_after_first``, so exactly one call.
 * "auto": ``triggered_tags`` on ``<tool_call>`` -- free text until the trigger, then a well-formed
   call; with ``parallel=False`` generation ends after the first call.

@@ -54,8 +54,13 @@ def make_call(name: str, arguments: str, call_id: str | None = None) -> ToolCall
 
 
 def finish_reason(plan: ToolPlan | None, has_calls: bool, default: str) -> str:
-    """The finish reason: "tool_calls" (legacy: "function_call") when calls were made, else ``default``."""
-    if not has_calls or plan is None:
+    """The finish reason: "tool_calls" (legacy: "function_call") when calls were made, else ``default``.
+
+    "length" always stays: the output was cut by ``max_tokens`` (or the context), so the calls may
+    be incomplete -- a call cut short is kept as text by the parser, and a client seeing
+    "tool_calls" would take the calls as all there are.
+    """
+    if not has_calls or plan is None or default == "length":
         return default
     return "function_call" if plan.legacy else "tool_calls"
 

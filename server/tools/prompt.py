@@ -37,5 +37,5 @@ def _policy(plan: ToolPlan) -> str:
     else:
         rule = "Call a function only when it helps; otherwise answer directly."
     if plan.parallel:
-        return rule + f" Several calls go on separate lines, one {CALL_OPEN}...{CALL_CLOSE} each."
+        return rule + f" Several calls follow one another directly: {CALL_OPEN}...{CALL_CLOSE}{CALL_OPEN}...{CALL_CLOSE}"
     return rule + " Make at most one call per reply."

@@ -8,7 +8,8 @@ messages with string content:
 * the tool definitions and calling instructions are appended to the first system message (or a
   new system message is put first); none are shown in mode "none";
 * an assistant turn's calls are written into its content as
-  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` lines after any text;
+  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` calls (no separator) on a line after
+  any text;
 * tool results (roles "tool" and legacy "function") become user messages holding
   ``<tool_response>\\n...\\n</tool_response>`` blocks, consecutive results merged into one.
 
@@ -24,7 +25,7 @@ from typing import Any
 
 from server.errors import bad_request
 from server.protocol import ChatMessage
-from server.tools.format import format_call, format_response
+from server.tools.format import CALL_SEPARATOR, format_call, format_response
 from server.tools.plan import ToolPlan
 from server.tools.prompt import tools_system_prompt
 
@@ -177,8 +178,8 @@ def _default_shape(message: Msg) -> Msg:
         return {"role": "user", "content": format_response(message["content"]), "_result": True}
     if message["role"] != "assistant":
         return message
-    lines = [format_call(c["name"], c["arguments"].strip() or "{}") for c in message["calls"]]
-    text = "\n".join(([message["content"]] if message["content"] else []) + lines)
+    calls = CALL_SEPARATOR.join(format_call(c["name"], c["arguments"].strip() or "{}") for c in message["calls"])
+    text = "\n".join(part for part in (message["content"], calls) if part)
     return {"role": "assistant", "content": text}
 
 

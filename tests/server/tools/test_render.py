@@ -65,7 +65,7 @@ def test_default_format_renders_through_the_real_template(tokenizer: Any) -> Non
     assert json.dumps(WEATHER["function"]) in system and '"get_time"' in system
     assert messages[1]["content"] == "Weather\nand time?"
     assert messages[2]["content"] == (
-        format_call("get_weather", '{"city": "Paris"}') + "\n" + format_call("get_time", '{"zone": "CET"}')
+        format_call("get_weather", '{"city": "Paris"}') + format_call("get_time", '{"zone": "CET"}')
     )
     assert (
         messages[3]["content"]
