@@ -34,9 +34,9 @@ def _tokenizer(ctx: TokenizerContext) -> "llguidance.LLTokenizer":
 class LLGuidanceMatcher(Matcher):
     """Wraps llguidance.LLMatcher; tokens are validated before consuming (no error state)."""
 
-    def __init__(self, ctx: TokenizerContext, tokenizer: "llguidance.LLTokenizer", grammar: str) -> None:
+    def __init__(self, ctx: TokenizerContext, matcher: "llguidance.LLMatcher") -> None:
         self.ctx = ctx
-        self._m = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        self._m = matcher
         self._stops = frozenset(ctx.stop_token_ids)
         self._history: list[tuple[int, bool]] = []  # (token, consumed by llguidance)
 
@@ -83,9 +83,11 @@ class LLGuidanceCompiled(CompiledConstraint):
         self.backend = "llguidance"
         self._ctx = ctx
         self._grammar = grammar
+        # parsing the grammar costs ms; copies of a pristine matcher cost µs
+        self._template = llguidance.LLMatcher(_tokenizer(ctx), grammar, log_level=0)
 
     def new_matcher(self) -> Matcher:
-        return LLGuidanceMatcher(self._ctx, _tokenizer(self._ctx), self._grammar)
+        return LLGuidanceMatcher(self._ctx, self._template.deep_copy())
 
     def size_bytes(self) -> int:
         return 64 * 1024 + 8 * len(self._grammar)
@@ -93,7 +95,11 @@ class LLGuidanceCompiled(CompiledConstraint):
 
 def json_options(spec: ConstraintSpec) -> dict[str, Any]:
     """llguidance JSON options from the spec: strict, bounded whitespace unless told otherwise."""
-    opts: dict[str, Any] = {"lenient": not spec.strict, "coerce_one_of": False}
+    opts: dict[str, Any] = {
+        "lenient": not spec.strict,
+        "coerce_one_of": False,
+        "json_allow_general_unicode_escapes": True,  # json.dumps writes \u00e9 by default
+    }
     if spec.options.get("whitespace_pattern"):
         opts.update(whitespace_flexible=True, whitespace_pattern=spec.options["whitespace_pattern"])
     elif spec.options.get("disable_any_whitespace"):
@@ -118,7 +124,10 @@ class LLGuidanceBackend(Backend):
         err = llguidance.LLMatcher.validate_grammar(grammar, tok)
         if err:
             raise self._error(spec, err)
-        return LLGuidanceCompiled(spec, self.ctx, grammar)
+        compiled = LLGuidanceCompiled(spec, self.ctx, grammar)
+        if compiled._template.is_error():
+            raise self._error(spec, compiled._template.get_error())
+        return compiled
 
     @staticmethod
     def _grammar(spec: ConstraintSpec, source: Any) -> str:

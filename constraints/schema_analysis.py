@@ -86,12 +86,14 @@ def check_schema(schema: dict) -> None:
     """Metaschema check and size budget; raises InvalidConstraintError / ConstraintTooLargeError."""
     _check_size(schema)
     import jsonschema
-    from jsonschema.exceptions import SchemaError
+    from jsonschema.exceptions import best_match
 
-    try:
-        cls = jsonschema.validators.validator_for(schema)
-        cls.check_schema(schema)
-    except SchemaError as exc:
+    cls = jsonschema.validators.validator_for(schema)
+    meta = cls(cls.META_SCHEMA)
+    for exc in meta.iter_errors(schema):
+        if exc.validator == "uniqueItems" and exc.path and exc.path[-1] in _DEDUPABLE:
+            continue  # duplicate enum/required/type members change nothing
+        exc = best_match([exc]) or exc
         pointer = "/" + "/".join(_esc(str(p)) for p in exc.path) if exc.path else ""
         keyword = str(exc.path[-1]) if exc.path else None
         raise InvalidConstraintError(
@@ -99,6 +101,9 @@ def check_schema(schema: dict) -> None:
             pointer=pointer or "/",
             keyword=keyword,
         ) from None
+
+
+_DEDUPABLE = frozenset({"enum", "required", "type"})
 
 
 def _depth(node: Any, limit: int) -> int:

@@ -1,0 +1,377 @@
+"""MaskBench: score JSON-schema enforcement on the default model's tokenizer.
+
+For each schema: compile; for each test instance, serialize it with ``json.dumps``, tokenize,
+and walk the tokens (each must be allowed by the mask and accepted), then EOS. A valid
+instance must pass; an invalid one must fail somewhere. A schema passes when it compiles and
+every instance is classified correctly. Every (engine, schema) runs in a killable worker
+process with a per-schema timeout, so a hang or crash is counted, never fatal.
+
+    python benchmarks/maskbench.py --data ../shared/data/maskbench --limit 500 --backend all
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import os
+import sys
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+ENGINES = ("trellis", "xgrammar", "llguidance", "outlines")
+VERSIONS = {"xgrammar": "xgrammar", "llguidance": "llguidance", "outlines": "outlines_core"}
+MAX_MASK_SAMPLES = 400  # mask timings kept per schema (all are measured)
+
+# ------------------------------------------------------------------------------------------------
+# worker side (runs in `python -m constraints.workers`)
+
+_engine: Any = None
+
+
+def init_worker(engine: str) -> None:
+    """Load the tokenizer and build the engine once per worker process."""
+    global _engine
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.path.insert(0, str(ROOT))
+    from server.model_loader import default_model_dir, load_tokenizer
+
+    tok = load_tokenizer(default_model_dir())
+    _engine = {"trellis": _Trellis, "xgrammar": _XGrammar, "llguidance": _LLGuidance,
+               "outlines": _Outlines}[engine](tok)
+
+
+class _Engine:
+    vocab = 49152
+
+    def __init__(self, tok: Any) -> None:
+        import torch
+
+        self.tok = tok
+        self.eos = tok.eos_token_id
+        self.bitmask = torch.zeros((1, (self.vocab + 31) // 32), dtype=torch.int32)
+
+    def compile(self, schema: dict) -> Any:
+        raise NotImplementedError
+
+    def matcher(self, compiled: Any) -> Any:
+        """Object with fill(bitmask) and accept(token) -> bool."""
+        raise NotImplementedError
+
+
+class _Trellis(_Engine):
+    def __init__(self, tok: Any) -> None:
+        super().__init__(tok)
+        from constraints import ConstraintCompiler
+
+        self.compiler = ConstraintCompiler(tok, self.vocab, compile_timeout_s=5.0, max_workers=1)
+
+    def compile(self, schema: dict) -> Any:
+        from constraints import ConstraintSpec
+
+        return self.compiler.compile(ConstraintSpec("json_schema", schema))
+
+    def matcher(self, compiled: Any) -> Any:
+        m = compiled.new_matcher()
+        return m.fill_bitmask, m.accept_token
+
+
+class _XGrammar(_Engine):
+    def __init__(self, tok: Any) -> None:
+        super().__init__(tok)
+        import xgrammar as xgr
+
+        self.xgr = xgr
+        info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=self.vocab)
+        self.compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+
+    def compile(self, schema: dict) -> Any:
+        return self.compiler.compile_json_schema(json.dumps(schema))
+
+    def matcher(self, compiled: Any) -> Any:
+        m = self.xgr.GrammarMatcher(compiled)
+        return m.fill_next_token_bitmask, m.accept_token
+
+
+class _LLGuidance(_Engine):
+    def __init__(self, tok: Any) -> None:
+        super().__init__(tok)
+        import llguidance
+        import llguidance.hf
+
+        self.llg = llguidance
+        self.lltok = llguidance.hf.from_tokenizer(tok, n_vocab=self.vocab)
+
+    def compile(self, schema: dict) -> Any:
+        grammar = self.llg.LLMatcher.grammar_from_json_schema(json.dumps(schema))
+        err = self.llg.LLMatcher.validate_grammar(grammar, self.lltok)
+        if err:
+            raise ValueError(err)
+        return grammar
+
+    def matcher(self, compiled: Any) -> Any:
+        m = self.llg.LLMatcher(self.lltok, compiled, log_level=0)
+
+        def fill(bm: Any, row: int) -> None:
+            v = bm[row]
+            m.unsafe_compute_mask_ptr(v.data_ptr(), v.numel() * v.element_size())
+
+        def accept(t: int) -> bool:
+            if t == self.eos and m.is_stopped():
+                return True
+            return m.try_consume_tokens([t]) == 1
+
+        return fill, accept
+
+
+class _Outlines(_Engine):
+    def __init__(self, tok: Any) -> None:
+        super().__init__(tok)
+        import outlines_core
+
+        from constraints.backend import TokenizerContext
+        from constraints.backend_outlines import vocabulary_bytes
+
+        ctx = TokenizerContext(tok, self.vocab, len(tok), (self.eos,), "bench")
+        self.oc = outlines_core
+        self.vocabulary = outlines_core.Vocabulary(self.eos, vocabulary_bytes(ctx))
+
+    def compile(self, schema: dict) -> Any:
+        regex = self.oc.json_schema.build_regex_from_schema(json.dumps(schema))
+        return self.oc.Index(regex, self.vocabulary)
+
+    def matcher(self, compiled: Any) -> Any:
+        g = self.oc.Guide(compiled)
+        eos_word, eos_bit = self.eos >> 5, 1 << (self.eos & 31)
+
+        def fill(bm: Any, row: int) -> None:
+            v = bm[row]
+            g.write_mask_into(v.data_ptr(), v.numel(), v.element_size())
+            if compiled.is_final_state(g.get_state()):  # the Guide leaves EOS out at some ends
+                v[eos_word] |= eos_bit
+
+        def accept(t: int) -> bool:
+            if t == self.eos:
+                return compiled.is_final_state(g.get_state())
+            try:
+                g.advance(t, return_tokens=False)
+            except Exception:
+                return False
+            return True
+
+        return fill, accept
+
+
+def _walk(fill: Any, accept: Any, bitmask: Any, ids: list[int], times: list[int]) -> bool:
+    clock = time.perf_counter_ns
+    for t in ids:
+        start = clock()
+        fill(bitmask, 0)
+        times.append(clock() - start)
+        if not (int(bitmask[0, t >> 5]) >> (t & 31)) & 1 or not accept(t):
+            return False
+    return True
+
+
+def score_schema(schema: Any, tests: list[dict]) -> dict:
+    """Compile and walk every test instance; runs in the worker."""
+    eng = _engine
+    start = time.perf_counter_ns()
+    try:
+        compiled = eng.compile(schema)
+    except Exception as exc:
+        return {"status": "compile_error", "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    compile_ns = time.perf_counter_ns() - start
+    times: list[int] = []
+    valid_rejected = invalid_accepted = False
+    for test in tests:
+        ids = list(eng.tok.encode(json.dumps(test["data"]), add_special_tokens=False)) + [eng.eos]
+        fill, accept = eng.matcher(compiled)
+        ok = _walk(fill, accept, eng.bitmask, ids, times)
+        if test["valid"] and not ok:
+            valid_rejected = True
+        elif not test["valid"] and ok:
+            invalid_accepted = True
+    if len(times) > MAX_MASK_SAMPLES:
+        step = len(times) / MAX_MASK_SAMPLES
+        times = [times[int(i * step)] for i in range(MAX_MASK_SAMPLES)]
+    return {
+        "status": "ok",
+        "compile_ns": compile_ns,
+        "mask_ns": times,
+        "valid_rejected": valid_rejected,
+        "invalid_accepted": invalid_accepted,
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# driver side
+
+
+def load_rows(data: Path, limit: int | None) -> list[tuple[str, dict]]:
+    """(subset, row) for every schema; an evenly spread sample of ``limit`` when given."""
+    rows = []
+    for path in sorted(data.glob("*.jsonl.gz")):
+        subset = path.name.split(".")[0]
+        with gzip.open(path, "rt") as f:
+            rows.extend((subset, json.loads(line)) for line in f if line.strip())
+    if limit and limit < len(rows):
+        step = len(rows) / limit
+        rows = [rows[int(i * step)] for i in range(limit)]
+    return rows
+
+
+class _Pool:
+    """``jobs`` worker processes for one engine, each killable on its own."""
+
+    def __init__(self, engine: str, jobs: int) -> None:
+        from constraints.workers import ProcessRunner
+
+        self.free = [ProcessRunner("maskbench:init_worker", (engine,)) for _ in range(jobs)]
+        self.lock = threading.Lock()
+
+    def run(self, schema: Any, tests: list[dict], timeout: float) -> dict:
+        from constraints.errors import ConstraintTimeoutError
+
+        with self.lock:
+            runner = self.free.pop()
+        try:
+            return runner.run("maskbench:score_schema", schema, tests, timeout=timeout)
+        except ConstraintTimeoutError:
+            return {"status": "compile_error", "error": f"timeout after {timeout:g} s"}
+        except Exception as exc:  # worker crash
+            return {"status": "compile_error", "error": f"crash: {str(exc)[:200]}"}
+        finally:
+            with self.lock:
+                self.free.append(runner)
+
+    def close(self) -> None:
+        for runner in self.free:
+            runner.close()
+
+
+def _warm(pool: _Pool, jobs: int) -> None:
+    # first call starts the process and loads the tokenizer: keep that out of the timeout
+    with ThreadPoolExecutor(jobs) as ex:
+        list(ex.map(lambda _: pool.run({"type": "null"}, [], 600.0), range(jobs)))
+
+
+def run_engine(engine: str, rows: list, timeout: float, jobs: int, progress: bool) -> list[dict]:
+    pool = _Pool(engine, jobs)
+    _warm(pool, jobs)
+    results: list[dict] = [{}] * len(rows)
+    done = [0]
+
+    def one(i: int) -> None:
+        subset, row = rows[i]
+        results[i] = pool.run(row["schema"], row.get("tests", []), timeout)
+        done[0] += 1
+        if progress and done[0] % 200 == 0:
+            print(f"  {engine}: {done[0]}/{len(rows)}", file=sys.stderr, flush=True)
+
+    try:
+        with ThreadPoolExecutor(jobs) as ex:
+            list(ex.map(one, range(len(rows))))
+    finally:
+        pool.close()
+    return results
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
+
+
+def summarize(rows: list, results: list[dict]) -> dict[str, dict]:
+    """Per subset and "total": passing, compile errors, valid rejected, invalid accepted, timings."""
+    acc: dict[str, dict] = defaultdict(lambda: {"n": 0, "pass": 0, "cerr": 0, "vrej": 0, "iacc": 0,
+                                                 "mask": [], "compile": []})
+    for (subset, _), res in zip(rows, results):
+        for key in (subset, "total"):
+            a = acc[key]
+            a["n"] += 1
+            if res.get("status") != "ok":
+                a["cerr"] += 1
+                continue
+            a["vrej"] += res["valid_rejected"]
+            a["iacc"] += res["invalid_accepted"]
+            a["pass"] += not (res["valid_rejected"] or res["invalid_accepted"])
+            a["mask"].extend(res["mask_ns"])
+            a["compile"].append(res["compile_ns"])
+    return acc
+
+
+def _version(engine: str) -> str:
+    if engine == "trellis":
+        return "Trellis"
+    from importlib.metadata import version
+
+    return f"{engine} {version(VERSIONS[engine].replace('_', '-'))}"
+
+
+def render(engines: list[str], rows: list, all_results: dict[str, list[dict]]) -> str:
+    lines = [f"MaskBench: {len(rows)} schemas, SmolLM2-135M-Instruct tokenizer", "",
+             "| engine | passing | compile err | valid rejected | invalid accepted | mask p50/p99 µs | compile p50 µs |",
+             "|---|---|---|---|---|---|---|"]
+    sums = {e: summarize(rows, all_results[e]) for e in engines}
+    for e in engines:
+        t = sums[e]["total"]
+        lines.append(
+            f"| {_version(e)} | {t['pass']:,} | {t['cerr']:,} | {t['vrej']:,} | {t['iacc']:,} | "
+            f"{_pct(t['mask'], .5) / 1e3:.1f} / {_pct(t['mask'], .99) / 1e3:.0f} | "
+            f"{_pct(t['compile'], .5) / 1e3:,.0f} |"
+        )
+    lines += ["", "Per subset (passing / compile err / valid rejected / invalid accepted):", "",
+              "| subset | schemas | " + " | ".join(engines) + " |",
+              "|---|---|" + "---|" * len(engines)]
+    subsets = sorted({s for s, _ in rows})
+    for s in subsets:
+        cells = [f"{sums[e][s]['pass']} / {sums[e][s]['cerr']} / {sums[e][s]['vrej']} / {sums[e][s]['iacc']}"
+                 for e in engines]
+        lines.append(f"| {s} | {sums[engines[0]][s]['n']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "maskbench")
+    ap.add_argument("--limit", type=int, default=None, help="evenly spread sample of N schemas")
+    ap.add_argument("--backend", default="all", choices=[*ENGINES, "all"])
+    ap.add_argument("--timeout", type=float, default=30.0, help="per-schema limit in seconds")
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--json", type=Path, default=None, help="also write raw per-schema results")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parent), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    )
+    rows = load_rows(args.data, args.limit)
+    engines = list(ENGINES) if args.backend == "all" else [args.backend]
+    all_results = {}
+    for engine in engines:
+        start = time.monotonic()
+        all_results[engine] = run_engine(engine, rows, args.timeout, args.jobs, not args.quiet)
+        if not args.quiet:
+            print(f"{engine}: {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
+    if args.json:
+        slim = {e: [{k: v for k, v in r.items() if k != "mask_ns"} | {"id": row["id"]}
+                    for (_, row), r in zip(rows, res)] for e, res in all_results.items()}
+        args.json.write_text(json.dumps(slim))
+    print(render(engines, rows, all_results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
