@@ -143,8 +143,10 @@ def _check_size(schema: dict) -> None:
 
 def rewrite_schema(schema: dict) -> dict:
     """An equivalent schema with fewer keywords that backends skip (input is not modified)."""
-    out = copy.deepcopy(schema)
-    return _Rewriter(out).run()
+    try:
+        return _Rewriter(copy.deepcopy(schema)).run()
+    except RecursionError:  # cyclic $refs through negation: leave the schema to the backends
+        return copy.deepcopy(schema)
 
 
 class _Rewriter:
@@ -227,6 +229,10 @@ class _Rewriter:
         if len(live) <= 1 or pairwise_disjoint(live, self.root):
             node.pop("oneOf")
             return _conjoin(node, {"anyOf": live} if live else False)
+        exclusive = exactly_one(live, self.root)
+        if exclusive is not None:
+            node.pop("oneOf")
+            return _conjoin(node, exclusive)
         return node
 
     @staticmethod
@@ -262,6 +268,24 @@ class _Rewriter:
             node.pop(key, None)
         branches = [b for b in (_all_of([cond, then]), _all_of([neg, other])) if b is not False]
         return _conjoin(node, {"anyOf": branches} if branches else False)
+
+
+MAX_ONE_OF_NEGATED = 6
+
+
+def exactly_one(branches: list[Any], root: dict) -> Any:
+    """oneOf as anyOf over "this branch and no other", when every branch can be negated."""
+    if len(branches) > MAX_ONE_OF_NEGATED:
+        return None
+    negs = [negate(b, root) for b in branches]
+    if any(n is None for n in negs):
+        return None
+    options = []
+    for i, branch in enumerate(branches):
+        option = _all_of([branch, *(negs[j] for j in range(len(branches)) if j != i)])
+        if option is not False:
+            options.append(option)
+    return {"anyOf": options} if options else False
 
 
 def _all_of(parts: list[Any]) -> Any:
@@ -389,9 +413,30 @@ def _negate_keyword(key: str, s: dict, root: dict) -> Any:
         if any(n is True for n in negs):
             return True
         return {"anyOf": negs} if negs else False
-    if key == "additionalProperties" and "properties" in s:
-        return None
+    if key in _BOUND_NEGATIONS and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return _negate_bound(key, value)
     return None
+
+
+_BOUND_NEGATIONS = {
+    "maxLength": ("string", "minLength", 1),
+    "minLength": ("string", "maxLength", -1),
+    "maxItems": ("array", "minItems", 1),
+    "minItems": ("array", "maxItems", -1),
+    "minimum": ("number", "exclusiveMaximum", 0),
+    "maximum": ("number", "exclusiveMinimum", 0),
+    "exclusiveMinimum": ("number", "maximum", 0),
+    "exclusiveMaximum": ("number", "minimum", 0),
+}
+
+
+def _negate_bound(key: str, value: float) -> Any:
+    """not {minLength: 3} = strings shorter than 3 (other types always satisfy the keyword)."""
+    type_, other, shift = _BOUND_NEGATIONS[key]
+    bound = value + shift
+    if shift and (not float(value).is_integer() or bound < 0):
+        return False if bound < 0 else None
+    return {"type": type_, other: int(bound) if shift else value}
 
 
 def _only_objects(branches: list[Any]) -> Any:
@@ -403,13 +448,26 @@ def _only_objects(branches: list[Any]) -> Any:
 
 
 def _not_values(values: list[Any]) -> Any:
+    """Everything except the given literals (strings, booleans, null; not numbers or containers)."""
     strings = [v for v in values if isinstance(v, str)]
-    if len(strings) != len(values):
-        return None  # negating non-string literals is not expressible here
+    bools = {v for v in values if isinstance(v, bool)}
+    if any(not (v is None or isinstance(v, (str, bool))) for v in values):
+        return None
     if sum(len(v) for v in strings) > MAX_COMPLEMENT_CHARS:
         return None
-    others = [t for t in ALL_TYPES if t not in ("string", "integer")]
-    return {"anyOf": [{"type": others}, {"type": "string", "pattern": "^" + complement_regex(strings) + "$"}]}
+    kept = [t for t in ("object", "array", "number") ]
+    branches: list[Any] = [{"type": kept}]
+    if None not in values:
+        branches.append({"type": "null"})
+    if not bools:
+        branches.append({"type": "boolean"})
+    elif len(bools) == 1:
+        branches.append({"const": not next(iter(bools))})
+    if strings:
+        branches.append({"type": "string", "pattern": "^" + complement_regex(strings) + "$"})
+    else:
+        branches.append({"type": "string"})
+    return {"anyOf": branches}
 
 
 _CLASS_META = set("\\]^-[")
@@ -495,22 +553,25 @@ def _possible_types(node: Any, root: dict, depth: int = 0) -> set[str]:
     return types
 
 
-def _discriminators(node: Any, root: dict) -> dict[str, list[Any]]:
-    """Required properties with literal values (const/enum) -> the values."""
+def _discriminators(node: Any, root: dict, depth: int = 0) -> dict[str, tuple[list[Any], bool]]:
+    """Properties with literal values (const/enum) -> (values, required)."""
     node = _resolve(node, root)
-    if not isinstance(node, dict):
+    if not isinstance(node, dict) or depth > 8:
         return {}
-    out: dict[str, list[Any]] = {}
+    out: dict[str, tuple[list[Any], bool]] = {}
     req = set(node.get("required") or [])
     for name, sub in (node.get("properties") or {}).items():
         sub = _resolve(sub, root)
-        if name in req and isinstance(sub, dict):
+        if isinstance(sub, dict):
             lits = _literal_values(sub)
             if lits is not None:
-                out[name] = lits
+                out[name] = (lits, name in req)
     for part in node.get("allOf") or []:
-        for name, lits in _discriminators(part, root).items():
-            out.setdefault(name, lits)
+        for name, (lits, required) in _discriminators(part, root, depth + 1).items():
+            if name in out:
+                out[name] = (out[name][0], out[name][1] or required)
+            else:
+                out[name] = (lits, required or name in req)
     return out
 
 
@@ -532,7 +593,8 @@ def _disjoint(a: Any, b: Any, root: dict) -> bool:
         if ta & tb <= {"object"}:
             da, db = _discriminators(ra, root), _discriminators(rb, root)
             for name in set(da) & set(db):
-                if not ({_canon(v) for v in da[name]} & {_canon(v) for v in db[name]}):
+                (va, ra_), (vb, rb_) = da[name], db[name]
+                if (ra_ or rb_) and not ({_canon(v) for v in va} & {_canon(v) for v in vb}):
                     return True
             if _closed_exclusion(ra, rb, root) or _closed_exclusion(rb, ra, root):
                 return True
