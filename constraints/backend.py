@@ -73,7 +73,8 @@ class Matcher(ABC):
             return []
         text = self.forced_text()
         if not text:
-            return []
+            stops = self._allowed_if_only_stops()
+            return stops if len(stops) == 1 else []
         ids = self.ctx.encode(text)
         if self.ctx.decode(ids) != text:
             return []
@@ -95,13 +96,19 @@ class Matcher(ABC):
         return n
 
     def _only_stop_allowed(self) -> bool:
+        return bool(self._allowed_if_only_stops())
+
+    def _allowed_if_only_stops(self) -> list[int]:
+        """The allowed stop tokens when nothing but stop tokens is allowed, else []."""
         import torch
 
         words = (self.ctx.vocab_size + 31) // 32
         mask = torch.zeros((1, words), dtype=torch.int32)
         self.fill_bitmask(mask, 0)
+        if int(torch.count_nonzero(mask)) > len(self.ctx.stop_token_ids):
+            return []
         allowed = _bits_to_ids(mask[0])
-        return bool(allowed) and set(allowed) <= set(self.ctx.stop_token_ids)
+        return allowed if allowed and set(allowed) <= set(self.ctx.stop_token_ids) else []
 
 
 def _bits_to_ids(row: "torch.Tensor") -> list[int]:

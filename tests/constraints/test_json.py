@@ -1,0 +1,225 @@
+"""JSON-schema constraints: acceptance, masks, rollback, jump-forward, strictness, rewrites."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import pytest
+
+from constraints import (
+    ConstraintSpec,
+    InvalidConstraintError,
+    UnsupportedConstraintError,
+    spec_from_request,
+)
+from constraints.schema_analysis import rewrite_schema
+
+from .conftest import allowed, allowed_ids, new_mask, walk_json, walk_text
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def person(compiler):
+    return compiler.compile(ConstraintSpec("json_schema", PERSON))
+
+
+@pytest.mark.parametrize(
+    "doc, ok",
+    [
+        ({"name": "Ann", "age": 3}, True),
+        ({"name": "Ann", "age": 3, "tags": ["a", "b"]}, True),
+        ({"name": "Ann"}, False),
+        ({"name": "Ann", "age": -1}, False),
+        ({"name": "Ann", "age": 3, "tags": ["c"]}, False),
+        ({"name": "Ann", "age": 3, "extra": 1}, False),
+        ({"name": "x" * 21, "age": 3}, False),
+    ],
+)
+def test_person_documents(person, tok, doc, ok):
+    assert walk_json(person, tok, doc) is ok
+
+
+def test_compact_and_spaced_whitespace_bounded(person, tok):
+    assert walk_text(person, tok, '{"name":"A","age":1}')
+    assert walk_text(person, tok, '{\n  "name": "A",\n  "age": 1\n}')
+    assert not walk_text(person, tok, '{' + " " * 40 + '"name": "A", "age": 1}')
+
+
+def test_bitmask_matches_accept_token(person, tok):
+    ids = tok.encode(json.dumps({"name": "Bo", "age": 41}), add_special_tokens=False)
+    m = person.new_matcher()
+    rng = random.Random(0)
+    mask = new_mask()
+    for t in ids:
+        mask.zero_()
+        m.fill_bitmask(mask, 0)
+        for probe in rng.sample(range(49152), 40) + [t, 2]:
+            ok = m.accept_token(probe)
+            assert ok == allowed(mask, probe), probe
+            if ok:
+                m.rollback(1)
+        assert m.accept_token(t)
+    assert not m.is_terminated()
+    mask.zero_()
+    m.fill_bitmask(mask, 0)
+    assert allowed_ids(mask) == {2}  # the object is complete: only the stop token
+    assert m.accept_token(2) and m.is_terminated()
+
+
+def test_rollback_and_reset(person, tok):
+    m = person.new_matcher()
+    ids = tok.encode('{"name": "A", "age": 7}', add_special_tokens=False)
+    for t in ids:
+        assert m.accept_token(t)
+    m.rollback(3)
+    for t in ids[-3:]:
+        assert m.accept_token(t)
+    assert m.accept_token(2) and m.is_terminated()
+    m.rollback(1)
+    assert not m.is_terminated()
+    m.reset()
+    assert m.accept_token(ids[0])
+
+
+def test_rejected_token_leaves_state(person, tok):
+    m = person.new_matcher()
+    assert not m.accept_token(tok.encode("hello", add_special_tokens=False)[0])
+    assert walk_json_from(m, tok, {"name": "A", "age": 1})
+
+
+def walk_json_from(m, tok, doc):
+    for t in tok.encode(json.dumps(doc), add_special_tokens=False):
+        if not m.accept_token(t):
+            return False
+    return m.accept_token(2)
+
+
+def _check_forced(m, tok):
+    forced = m.forced_tokens()
+    if forced:
+        text = tok.decode(forced)
+        assert tok.encode(text, add_special_tokens=False) == forced
+        for t in forced:
+            assert m.accept_token(t)
+    return forced
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_forced_tokens_canonical(compiler, tok, backend):
+    schema = {"type": "object", "properties": {"temperature": {"type": "number"}},
+              "required": ["temperature"], "additionalProperties": False}
+    spec = ConstraintSpec("json_schema", schema, {"backend": backend, "disable_any_whitespace": True})
+    m = compiler.compile(spec).new_matcher()
+    forced = _check_forced(m, tok)
+    prefix = tok.decode(forced)
+    target = '{"temperature": 12}'
+    assert prefix.startswith('{"') and target.startswith(prefix)
+    for t in tok.encode(target[len(prefix):], add_special_tokens=False):
+        assert m.accept_token(t)
+    assert m.forced_tokens() == [2]  # the document is complete: the stop token is forced
+
+
+def test_forced_tokens_empty_when_free(compiler, tok):
+    m = compiler.compile(ConstraintSpec("json_object")).new_matcher()
+    assert m.forced_tokens() == [] or tok.decode(m.forced_tokens()) == "{"
+
+
+def test_json_object(compiler, tok):
+    c = compiler.compile(spec_from_request({"response_format": {"type": "json_object"}}))
+    assert walk_json(c, tok, {"any": [1, {"x": None}]})
+    assert not walk_json(c, tok, [1, 2])
+
+
+def test_strict_rejects_unenforceable_keyword(compiler):
+    spec = spec_from_request({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "t", "schema": {"type": "object", "properties": {"tags": {
+            "type": "array", "items": {"type": "string"}, "uniqueItems": True}}}}}})
+    with pytest.raises(UnsupportedConstraintError) as info:
+        compiler.compile(spec)
+    err = info.value
+    assert err.keyword == "uniqueItems" and err.pointer == "/properties/tags"
+    assert err.param == "response_format.json_schema.schema"
+    assert err.message.startswith("response_format.json_schema.schema: keyword 'uniqueItems' at /properties/tags")
+    assert err.code == "unsupported_constraint"
+
+
+def test_best_effort_when_not_strict(compiler, tok):
+    schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    c = compiler.compile(ConstraintSpec("json_schema", schema, {"strict": False}))
+    assert walk_json(c, tok, [1, 2])
+
+
+def test_forced_xgrammar_refuses_gaps(compiler):
+    spec = ConstraintSpec("json_schema", {"type": "number", "multipleOf": 0.5}, {"backend": "xgrammar"})
+    with pytest.raises(UnsupportedConstraintError) as info:
+        compiler.compile(spec)
+    assert info.value.keyword == "multipleOf"
+
+
+def test_invalid_schema_has_pointer(compiler):
+    spec = ConstraintSpec("json_schema", {"type": "object", "properties": {"a": {"type": "strng"}}})
+    with pytest.raises(InvalidConstraintError) as info:
+        compiler.compile(spec)
+    assert info.value.pointer.startswith("/properties/a")
+
+
+REWRITE_CASES = [
+    ({"oneOf": [{"type": "string"}, {"type": "integer"}]}, ["x", 3, 2.5, None]),
+    ({"type": "object", "oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
+     [{"a": 1}, {"b": 1}, {"a": 1, "b": 2}, {}]),
+    ({"type": "object", "properties": {"kind": {"type": "string"}, "n": {"type": "integer"}},
+      "if": {"properties": {"kind": {"const": "num"}}}, "then": {"required": ["n"]}},
+     [{"kind": "num", "n": 1}, {"kind": "num"}, {"kind": "other"}, {"kind": "nu"}, {"kind": "numb"}, {}]),
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+      "dependentRequired": {"a": ["b"]}}, [{"a": 1}, {"a": 1, "b": 2}, {"b": 2}, {}]),
+    ({"type": "string", "not": {"enum": ["red", "green"]}}, ["red", "green", "blue", "re", "greens", ""]),
+    ({"type": "string", "not": {"maxLength": 2}}, ["ab", "abc", ""]),
+    ({"type": "integer", "not": {"minimum": 5}}, [4, 5, 6]),
+    ({"not": {"type": "null"}}, [None, 1, "x", [], {}]),
+]
+
+
+@pytest.mark.parametrize("schema, docs", REWRITE_CASES)
+def test_rewrites_are_equivalent_and_enforced(compiler, tok, schema, docs):
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    rewritten = rewrite_schema(schema)
+    compiled = compiler.compile(ConstraintSpec("json_schema", schema))
+    for doc in docs:
+        expected = validator.is_valid(doc)
+        assert jsonschema.validators.validator_for(rewritten)(rewritten).is_valid(doc) == expected, doc
+        assert walk_json(compiled, tok, doc) == expected, doc
+
+
+def test_unknown_format_is_annotation(compiler, tok):
+    c = compiler.compile(ConstraintSpec("json_schema", {"type": "string", "format": "uri-reference"}))
+    assert walk_json(c, tok, "../a b")
+
+
+def test_extra_stop_tokens(tok):
+    from constraints import ConstraintCompiler
+
+    c = ConstraintCompiler(tok, 49152 + 64, stop_token_ids=[2, 0])
+    try:
+        for spec in (ConstraintSpec("json_schema", {"type": "integer"}), ConstraintSpec("choice", ["ab"])):
+            m = c.compile(spec).new_matcher()
+            for t in tok.encode("12" if spec.kind == "json_schema" else "ab", add_special_tokens=False):
+                assert m.accept_token(t)
+            mask = __import__("torch").zeros((1, (49152 + 64 + 31) // 32), dtype=__import__("torch").int32)
+            m.fill_bitmask(mask, 0)
+            ids = allowed_ids(mask)
+            assert {0, 2} <= ids and not any(i >= 49152 for i in ids)
+            assert m.accept_token(0) and m.is_terminated()
+    finally:
+        c.close()
