@@ -1,9 +1,9 @@
 """The batched decoding loop (continuous batching) running in its own thread.
 
 Every step: take new requests and aborts, admit waiting sequences into free KV slots, run one
-batched decode forward for every sequence with one pending token and a causal extension forward
-for sequences with several (prefill chunks, jump-forward continuations), fill constraint bitmasks
-on a worker thread while the forward runs, sample all rows in one sampler pass, then append tokens,
+forward over every sequence's pending tokens (one for decoding sequences, several for prefill
+chunks and jump-forward continuations), fill constraint bitmasks on a worker thread while the
+forward runs, sample all rows in one sampler pass, then append tokens,
 detokenize, check stops and report one delta per sequence. Finished sequences leave the batch at
 the end of the step; nothing ever waits for another request to finish.
 """
@@ -21,7 +21,7 @@ import torch
 
 from sampler import Sampler, TokenLogprobs
 from server.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
-from server.engine.model import ModelRunner
+from server.engine.model import ModelRunner, StepBatch
 from server.engine.sequence import GenerationRequest, Sequence
 
 log = logging.getLogger("trellis.engine")
@@ -113,6 +113,7 @@ class Engine:
                 log.exception("engine step failed")
                 self._fail_all(f"engine step failed: {type(exc).__name__}: {exc}")
 
+    @torch.inference_mode()
     def step(self) -> None:
         """Run one scheduling + forward + sampling step."""
         self._drain_inbox()
@@ -125,7 +126,7 @@ class Engine:
         masked = [i for i, seq in enumerate(sampled) if _needs_host_mask(seq)]
         fill = self._start_mask_fill([sampled[i] for i in masked])
         logits = self._forward(decode_rows, extend_plan)
-        if sampled:
+        if logits is not None:
             bitmask, indices = self._finish_mask_fill(fill, masked)
             started = time.perf_counter()
             result = self.sampler.sample(logits, [s.row for s in sampled], bitmask, indices)
@@ -187,41 +188,30 @@ class Engine:
         return decode_rows, extend_plan
 
     def _forward(self, decode_rows, extend_plan) -> torch.Tensor | None:
-        """Run the model; returns logits [R, V] for decode rows, then completed extensions."""
+        """One model pass over every scheduled row; logits [R, V] for the rows that get a token
+        this step (decode rows, then extensions whose pending tokens are all fed)."""
+        rows = [(seq.slot, seq.pending[:1], seq.cached_len) for seq in decode_rows]
+        rows += [(seq.slot, seq.pending[:take], seq.cached_len) for seq, take in extend_plan]
+        if not rows:
+            return None
         started = time.perf_counter()
-        parts: list[torch.Tensor] = []
-        if decode_rows:
-            parts.append(self._decode(decode_rows))
-        for seq, take in extend_plan:
-            chunk = torch.tensor(seq.pending[:take], dtype=torch.long, device=self.runner.device)
-            last = self.runner.extend(seq.slot, chunk, seq.cached_len)
-            seq.cached_len += take
-            del seq.pending[:take]
-            self.stats.extend_tokens += take
-            if not seq.pending:
-                parts.append(last.view(1, -1))
+        batch = StepBatch.build(rows, len(self._running), self.runner.device)
+        logits = self.runner.forward(batch)
         self.stats.forward_s += time.perf_counter() - started
-        return torch.cat(parts) if parts else None
-
-    def _decode(self, decode_rows: list[Sequence]) -> torch.Tensor:
-        """Batched one-token forward over every live slot; rows not decoding get a dummy token
-        whose cache write lands past their cached length and is overwritten by their extension."""
-        n = len(self._running)
-        tokens = [s.pending[0] if len(s.pending) == 1 and not s.finished else 0 for s in self._running]
-        lengths = [min(s.cached_len, self.runner.max_len - 1) for s in self._running]
-        device = self.runner.device
-        logits = self.runner.decode(
-            torch.tensor(tokens, dtype=torch.long, device=device),
-            torch.tensor(lengths, dtype=torch.long, device=device),
-        )
         for seq in decode_rows:
             seq.cached_len += 1
             seq.pending.clear()
         self.stats.decode_tokens += len(decode_rows)
-        if len(decode_rows) == n:
+        complete = list(range(len(decode_rows)))
+        for i, (seq, take) in enumerate(extend_plan):
+            seq.cached_len += take
+            del seq.pending[:take]
+            self.stats.extend_tokens += take
+            if not seq.pending:
+                complete.append(len(decode_rows) + i)
+        if len(complete) == len(rows):
             return logits
-        index = torch.tensor([s.slot for s in decode_rows], device=device)
-        return logits.index_select(0, index)
+        return logits[torch.tensor(complete, dtype=torch.long, device=logits.device)] if complete else None
 
     # ------------------------------------------------------------------ constraints
 

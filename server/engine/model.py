@@ -3,9 +3,11 @@
 transformers loads the weights (safetensors or GGUF, any rope scaling it knows), and this module
 runs the layers itself so that every sequence of a batch can sit at its own position: the cache
 keeps one slot per running sequence, slots ``0..n-1`` are always the live ones (a finished
-sequence's slot is refilled by moving the last one), and a decode step attends over a plain view
-of the first ``n`` slots with a per-row length mask. Extending one sequence by several tokens
-(prefill, jump-forward) is a separate causal forward into its slot.
+sequence's slot is refilled by moving the last one). One step is one forward over all rows' new
+tokens flattened (one token for decoding rows, several for prefill chunks and jump-forward
+continuations), so the weights are read once per step; single-token rows attend together over a
+plain view of the first ``n`` slots with a per-slot length mask, multi-token rows attend causally
+over their own slot.
 """
 
 from __future__ import annotations
@@ -55,6 +57,69 @@ def load_hf_model(directory: Path, dtype: torch.dtype, device: torch.device) -> 
     return model.to(device).eval()
 
 
+@dataclass
+class StepBatch:
+    """One engine step flattened: every row's new tokens back to back.
+
+    tokens / positions / token_slots: [N] per token. last_index: [R] index of each row's last
+    token (where logits are taken). Single-token rows are attended together (decode_index: their
+    token indices, decode_slots: their slots, slot_positions: [n_slots] each slot's decode
+    position, 0 for slots not decoding); multi-token rows are listed in ``extends`` as
+    (slot, first token index, end token index, start position).
+    """
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    token_slots: torch.Tensor
+    last_index: torch.Tensor
+    n_slots: int
+    max_len: int
+    decode_index: torch.Tensor | None
+    decode_slots: torch.Tensor | None
+    slot_positions: torch.Tensor | None
+    dense_decode: bool
+    extends: list[tuple[int, int, int, int]]
+
+    @staticmethod
+    def build(rows: list[tuple[int, list[int], int]], n_slots: int, device: torch.device) -> "StepBatch":
+        """``rows``: (slot, new tokens, tokens already cached) per row, in output order."""
+        tokens: list[int] = []
+        positions: list[int] = []
+        token_slots: list[int] = []
+        last_index: list[int] = []
+        decode_index: list[int] = []
+        decode_slots: list[int] = []
+        slot_positions = [0] * n_slots
+        extends: list[tuple[int, int, int, int]] = []
+        for slot, new, start in rows:
+            first = len(tokens)
+            tokens.extend(new)
+            positions.extend(range(start, start + len(new)))
+            token_slots.extend([slot] * len(new))
+            last_index.append(len(tokens) - 1)
+            if len(new) == 1:
+                decode_index.append(first)
+                decode_slots.append(slot)
+                slot_positions[slot] = start
+            else:
+                extends.append((slot, first, len(tokens), start))
+        as_long = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
+        has_decode = bool(decode_index)
+        return StepBatch(
+            tokens=as_long(tokens),
+            positions=as_long(positions),
+            token_slots=as_long(token_slots),
+            last_index=as_long(last_index),
+            n_slots=n_slots,
+            max_len=max(slot_positions) + 1,
+            decode_index=as_long(decode_index) if has_decode else None,
+            decode_slots=as_long(decode_slots) if has_decode else None,
+            slot_positions=as_long(slot_positions) if has_decode else None,
+            dense_decode=decode_slots == list(range(n_slots)) and decode_index == list(range(n_slots)),
+            extends=extends,
+        )
+
+
 class KVCache:
     """Per-layer key/value tensors ``[slots, kv_heads, max_len, head_dim]``."""
 
@@ -98,76 +163,81 @@ class ModelRunner:
         return self.shape.vocab_size
 
     @torch.inference_mode()
-    def decode(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """One token for each of the first ``n`` slots.
-
-        tokens: [n] next input token per slot; lengths: [n] tokens already cached per slot (the new
-        token goes to position ``lengths[i]``). Returns logits [n, V].
-        """
-        n = tokens.shape[0]
-        positions = lengths.view(n, 1)  # [n, 1]
-        hidden = self._inner.embed_tokens(tokens.view(n, 1))  # [n, 1, D]
-        cos, sin = self._inner.rotary_emb(hidden, positions)
-        max_len = int(lengths.max()) + 1
-        visible = torch.arange(max_len, device=self.device).view(1, max_len) <= positions  # [n, L]
-        attn_bias = torch.zeros(visible.shape, dtype=hidden.dtype, device=self.device)
-        attn_bias.masked_fill_(~visible, float("-inf"))
-        attn_bias = attn_bias.view(n, 1, 1, max_len)
-        rows = torch.arange(n, device=self.device)
+    def forward(self, batch: StepBatch) -> torch.Tensor:
+        """Run every row's new tokens through the model in one pass; returns logits [R, V] at
+        each row's last token. The weights are read once per step however many rows extend."""
+        hidden = self._inner.embed_tokens(batch.tokens.view(1, -1))  # [1, N, D]
+        cos, sin = self._inner.rotary_emb(hidden, batch.positions.view(1, -1))
+        decode_bias = self._decode_bias(batch) if batch.decode_index is not None else None
         for index, layer in enumerate(self._inner.layers):
-            hidden = self._decode_layer(layer, index, hidden, cos, sin, rows, lengths, attn_bias, max_len)
-        return self._logits(hidden[:, -1])
+            hidden = self._layer(layer, index, hidden, cos, sin, batch, decode_bias)
+        return self._logits(hidden[0, batch.last_index])
 
-    def _decode_layer(self, layer, index, hidden, cos, sin, rows, lengths, attn_bias, max_len):
-        n = hidden.shape[0]
+    def decode(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """One token for each of slots ``0..n-1`` at positions ``lengths``; logits [n, V]."""
+        rows = [(slot, [int(t)], int(p)) for slot, (t, p) in enumerate(zip(tokens, lengths))]
+        return self.forward(StepBatch.build(rows, len(rows), self.device))
+
+    def extend(self, slot: int, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        """Append ``tokens`` [T] to ``slot`` whose cache holds ``start`` tokens; logits [V]."""
+        batch = StepBatch.build([(slot, tokens.tolist(), start)], slot + 1, self.device)
+        return self.forward(batch)[0]
+
+    def _decode_bias(self, batch: StepBatch) -> torch.Tensor:
+        """Additive mask [n_slots, 1, 1, L]: slot i sees positions <= its decode position."""
+        limit = batch.slot_positions.view(-1, 1)  # [n_slots, 1]
+        visible = torch.arange(batch.max_len, device=self.device).view(1, -1) <= limit
+        bias = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        bias.masked_fill_(~visible, float("-inf"))
+        return bias.view(batch.n_slots, 1, 1, batch.max_len)
+
+    def _layer(self, layer, index, hidden, cos, sin, batch: StepBatch, decode_bias):
         residual = hidden
-        q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(hidden), cos, sin)  # [n, h, 1, d]
+        q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(hidden), cos, sin)  # [1, h, N, d]
         k_cache, v_cache = self.cache.k[index], self.cache.v[index]
-        k_cache[rows, :, lengths] = k[:, :, 0]
-        v_cache[rows, :, lengths] = v[:, :, 0]
-        keys = k_cache[:n, :, :max_len]  # [n, kv, L, d]
-        values = v_cache[:n, :, :max_len]
-        groups = self.shape.num_heads // self.shape.num_kv_heads
-        q = q.view(n, self.shape.num_kv_heads, groups, self.shape.head_dim)  # [n, kv, g, d]
-        scores = torch.matmul(q, keys.transpose(-1, -2)) * self._scale + attn_bias  # [n, kv, g, L]
-        probs = torch.softmax(scores.float(), dim=-1).to(values.dtype)
-        out = torch.matmul(probs, values)  # [n, kv, g, d]
-        out = out.reshape(n, 1, self.shape.num_heads * self.shape.head_dim)
+        k_cache[batch.token_slots, :, batch.positions] = k[0].transpose(0, 1)  # [N, kv, d]
+        v_cache[batch.token_slots, :, batch.positions] = v[0].transpose(0, 1)
+        q = q[0].transpose(0, 1)  # [N, h, d]
+        out = torch.empty_like(q)
+        if batch.decode_index is not None:
+            out[batch.decode_index] = self._decode_attention(q, batch, decode_bias, k_cache, v_cache)
+        for slot, first, last, start in batch.extends:
+            out[first:last] = self._extend_attention(q[first:last], slot, start, k_cache, v_cache)
+        out = out.reshape(1, -1, self.shape.num_heads * self.shape.head_dim)
         hidden = residual + layer.self_attn.o_proj(out)
         return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 
-    @torch.inference_mode()
-    def extend(self, slot: int, tokens: torch.Tensor, start: int) -> torch.Tensor:
-        """Append ``tokens`` [T] to slot ``slot`` whose cache holds ``start`` tokens.
+    def _decode_attention(self, q, batch: StepBatch, bias, k_cache, v_cache) -> torch.Tensor:
+        """Single-token rows, attended together over slots ``0..n_slots-1``; returns [Rd, h, d]."""
+        n, kv, d = batch.n_slots, self.shape.num_kv_heads, self.shape.head_dim
+        groups = self.shape.num_heads // kv
+        if batch.dense_decode:
+            queries = q[batch.decode_index]
+        else:  # some slots extend this step: their query rows are placeholders, results dropped
+            queries = q.new_zeros((n, self.shape.num_heads, d))
+            queries[batch.decode_slots] = q[batch.decode_index]
+        keys = k_cache[:n, :, : batch.max_len]  # [n, kv, L, d]
+        values = v_cache[:n, :, : batch.max_len]
+        queries = queries.view(n, kv, groups, d)
+        scores = torch.matmul(queries, keys.transpose(-1, -2)) * self._scale + bias  # [n, kv, g, L]
+        probs = torch.softmax(scores.float(), dim=-1).to(values.dtype)
+        out = torch.matmul(probs, values).view(n, self.shape.num_heads, d)
+        return out if batch.dense_decode else out[batch.decode_slots]
 
-        Returns the logits [V] after the last appended token.
-        """
-        length = tokens.shape[0]
-        positions = torch.arange(start, start + length, device=self.device).view(1, length)
-        hidden = self._inner.embed_tokens(tokens.view(1, length))  # [1, T, D]
-        cos, sin = self._inner.rotary_emb(hidden, positions)
+    def _extend_attention(self, q, slot: int, start: int, k_cache, v_cache) -> torch.Tensor:
+        """Causal attention of T new tokens of one slot over its cache; q [T, h, d] → [T, h, d]."""
+        length = q.shape[0]
         end = start + length
-        for index, layer in enumerate(self._inner.layers):
-            hidden = self._extend_layer(layer, index, hidden, cos, sin, slot, start, end)
-        return self._logits(hidden[:, -1])[0]
-
-    def _extend_layer(self, layer, index, hidden, cos, sin, slot, start, end):
-        residual = hidden
-        q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(hidden), cos, sin)  # [1, h, T, d]
-        k_cache, v_cache = self.cache.k[index], self.cache.v[index]
-        k_cache[slot, :, start:end] = k[0]
-        v_cache[slot, :, start:end] = v[0]
+        query = q.transpose(0, 1).unsqueeze(0)  # [1, h, T, d]
         keys = k_cache[slot : slot + 1, :, :end]
         values = v_cache[slot : slot + 1, :, :end]
         if start == 0:
-            out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
+            out = F.scaled_dot_product_attention(query, keys, values, is_causal=True, enable_gqa=True)
         else:
             query_pos = torch.arange(start, end, device=self.device).view(-1, 1)
             mask = torch.arange(end, device=self.device).view(1, -1) <= query_pos  # [T, end]
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-        out = out.transpose(1, 2).reshape(1, end - start, self.shape.num_heads * self.shape.head_dim)
-        hidden = residual + layer.self_attn.o_proj(out)
-        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=True)
+        return out[0].transpose(0, 1)
 
     def _qkv(self, attn, x, cos, sin):
         """Project, (qk-norm for Qwen3), apply rotary embeddings. Returns q, k, v as [b, h, T, d]."""
@@ -185,7 +255,7 @@ class ModelRunner:
         return q, k, v
 
     def _logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
-        """[n, D] → [n, V] float32."""
+        """[R, D] → [R, V] float32."""
         return self.hf.lm_head(self._inner.norm(last_hidden)).float()
 
     def move_slot(self, src: int, dst: int, length: int) -> None:

@@ -1,0 +1,128 @@
+"""Engine behaviour, driven step by step in the test thread (no HTTP)."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+import torch
+
+from constraints import ConstraintCompiler, ConstraintSpec
+from sampler import SamplingParams
+from server.engine.engine import Engine
+from server.engine.model import ModelRunner, load_hf_model
+from server.engine.sequence import GenerationRequest
+
+SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+     "required": ["name", "age"], "additionalProperties": False},
+    {"type": "object", "properties": {"colors": {"type": "array", "items": {"enum": ["red", "green", "blue"]},
+                                                 "minItems": 1, "maxItems": 3}},
+     "required": ["colors"], "additionalProperties": False},
+    {"type": "object", "properties": {"ok": {"type": "boolean"}, "score": {"type": "number"},
+                                      "label": {"enum": ["spam", "ham"]}},
+     "required": ["ok", "score", "label"], "additionalProperties": False},
+]
+
+
+@pytest.fixture(scope="module")
+def real_parts(default_dir, default_tokenizer):
+    hf = load_hf_model(default_dir, torch.float32, torch.device("cpu"))
+    compiler = ConstraintCompiler(default_tokenizer, hf.config.vocab_size, stop_token_ids=[2])
+    yield hf, default_tokenizer, compiler
+    compiler.close()
+
+
+def make_engine(hf, tokenizer, *, jump_forward: bool = True, slots: int = 8) -> Engine:
+    runner = ModelRunner(hf, max_slots=slots, max_len=1024)
+    return Engine(runner, tokenizer, max_batch_size=slots, max_model_len=1024, jump_forward=jump_forward)
+
+
+def prompt_ids(tokenizer, text: str) -> list[int]:
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                             tokenize=False)
+    return tokenizer(rendered, add_special_tokens=False).input_ids
+
+
+def run(engine: Engine, requests: list[dict]) -> list[dict]:
+    """Submit all requests at once and step until every one has finished."""
+    results = [{"tokens": [], "text": "", "finish": None} for _ in requests]
+
+    def sink_for(i):
+        def sink(delta):
+            results[i]["tokens"] += delta.token_ids
+            results[i]["text"] += delta.text
+            results[i]["finish"] = delta.finish_reason or results[i]["finish"]
+        return sink
+
+    for i, fields in enumerate(requests):
+        engine.submit(GenerationRequest(request_id=f"r{i}", sink=sink_for(i), eos_token_ids=frozenset({2}), **fields))
+    for _ in range(5000):
+        if all(r["finish"] for r in results):
+            return results
+        engine.step()
+    raise AssertionError("engine did not finish")
+
+
+def greedy(prompt: list[int], max_tokens: int = 40, **extra) -> dict:
+    return {"prompt_token_ids": prompt, "params": SamplingParams(temperature=0.0), "max_tokens": max_tokens, **extra}
+
+
+def test_free_row_identical_with_constrained_neighbours(real_parts):
+    hf, tokenizer, compiler = real_parts
+    free = greedy(prompt_ids(tokenizer, "Tell me about the moon."))
+    alone = run(make_engine(hf, tokenizer), [free])[0]
+    neighbours = []
+    for i, schema in enumerate(SCHEMAS):
+        matcher = compiler.compile(ConstraintSpec("json_schema", schema)).new_matcher()
+        neighbours.append(greedy(prompt_ids(tokenizer, f"JSON please #{i}"), matcher=matcher))
+    regex = compiler.compile(ConstraintSpec("regex", r"[A-Z][a-z]{2,8}")).new_matcher()
+    neighbours.append({"prompt_token_ids": prompt_ids(tokenizer, "A name"), "max_tokens": 12, "matcher": regex,
+                       "params": SamplingParams(temperature=0.8, seed=5)})
+    mixed = run(make_engine(hf, tokenizer), [free, *neighbours])
+    assert mixed[0]["tokens"] == alone["tokens"]
+
+
+def test_jump_forward_keeps_greedy_output_and_saves_steps(real_parts):
+    hf, tokenizer, compiler = real_parts
+    outputs = {}
+    steps = {}
+    for jump in (False, True):
+        engine = make_engine(hf, tokenizer, jump_forward=jump)
+        requests = [
+            greedy(prompt_ids(tokenizer, "Describe it as JSON."), max_tokens=80,
+                   matcher=compiler.compile(ConstraintSpec("json_schema", schema)).new_matcher())
+            for schema in SCHEMAS
+        ]
+        outputs[jump] = run(engine, requests)
+        steps[jump] = engine.stats.steps
+        if jump:
+            assert engine.stats.forced_tokens > 0
+    for plain, jumped, schema in zip(outputs[False], outputs[True], SCHEMAS):
+        assert jumped["text"] == plain["text"]
+        if plain["finish"] == "stop":
+            jsonschema.validate(json.loads(plain["text"]), schema)
+    assert steps[True] < steps[False]
+
+
+def test_bad_sink_and_abort_do_not_break_the_batch(real_parts):
+    hf, tokenizer, _ = real_parts
+    engine = make_engine(hf, tokenizer)
+    good = []
+
+    def broken(delta):
+        raise RuntimeError("client bug")
+
+    engine.submit(GenerationRequest(request_id="bad", prompt_token_ids=[1, 2, 3], params=SamplingParams(),
+                                    max_tokens=5, sink=broken))
+    engine.submit(GenerationRequest(request_id="gone", prompt_token_ids=[1, 2, 3], params=SamplingParams(),
+                                    max_tokens=50, sink=lambda d: None))
+    engine.submit(GenerationRequest(request_id="good", prompt_token_ids=[4, 5, 6], params=SamplingParams(),
+                                    max_tokens=6, sink=good.append, eos_token_ids=frozenset()))
+    engine.step()
+    engine.abort("gone")
+    for _ in range(20):
+        engine.step()
+    assert good[-1].finish_reason == "length" and good[-1].completion_tokens == 6
+    assert engine.num_running == 0
