@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .backend import Backend, CompiledConstraint, Matcher, TokenizerContext
-from .errors import ConstraintTooLargeError, InvalidConstraintError
+from .errors import ConstraintTooLargeError, EmptyLanguageError, InvalidConstraintError
 from .spec import ConstraintSpec
 from .tokendfa import DFAMatcher, DFATables, TokenDFA, build_allowed, to_token_dfa
 from .workers import ProcessRunner
@@ -43,6 +43,17 @@ def vocabulary_bytes(ctx: TokenizerContext) -> dict[bytes, list[int]]:
     return out
 
 
+def token_bytes(ctx: TokenizerContext) -> list[bytes]:
+    """Raw bytes of every token id (shared per tokenizer)."""
+    raw = ctx.cache.get("token_bytes")
+    if raw is None:
+        from .backend_xgrammar import tokenizer_info
+
+        raw = [bytes(b) for b in tokenizer_info(ctx).decoded_vocab]
+        ctx.cache["token_bytes"] = raw
+    return raw
+
+
 def special_ids(tokenizer: Any) -> set[int]:
     ids = set(getattr(tokenizer, "all_special_ids", []) or [])
     decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
@@ -66,7 +77,7 @@ def check_regex_nonempty(regex: str) -> None:
     except Exception:  # interegular lacks some syntax; outlines-core will judge it
         return
     if fsm.empty():
-        raise InvalidConstraintError("the regex matches no string")
+        raise EmptyLanguageError("the regex matches no string")
 
 
 def _build_tables(regex: str, stop_ids: tuple[int, ...]) -> DFATables:
@@ -81,6 +92,8 @@ def _build_tables(regex: str, stop_ids: tuple[int, ...]) -> DFATables:
         raise InvalidConstraintError(f"invalid regex: {str(exc).splitlines()[0][:200]}") from None
     trans = index.get_transitions()
     finals = set(index.get_final_states())
+    if not finals:
+        raise EmptyLanguageError("the regex matches no string")
     order = sorted(set(trans) | finals | {index.get_initial_state()})
     num = {s: i for i, s in enumerate(order)}
     stops = set(stop_ids)
@@ -111,7 +124,7 @@ class OutlinesCompiled(CompiledConstraint):
         self._bytes = tables.nbytes(words)
 
     def new_matcher(self) -> Matcher:
-        return DFAMatcher(self._ctx, self._tables, self._allowed)
+        return DFAMatcher(self._ctx, self._tables, self._allowed, token_bytes(self._ctx))
 
     def token_dfa(self) -> TokenDFA:
         if self._dfa is None:

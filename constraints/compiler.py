@@ -14,7 +14,7 @@ from .backend import Backend, CompiledConstraint, TokenizerContext
 from .errors import (
     ConstraintError,
     ConstraintTimeoutError,
-    ConstraintTooLargeError,
+    EmptyLanguageError,
     InvalidConstraintError,
     UnsupportedConstraintError,
 )
@@ -52,8 +52,7 @@ class _Cache:
                 self._drop(key)
                 item = None
             if item is None:
-                self.misses += 1
-                return None
+                return None  # misses are counted by the caller: joining an in-flight compile is none
             self._items.move_to_end(key)
             self.hits += 1
             return item[0]
@@ -181,6 +180,7 @@ class ConstraintCompiler:
                 return future, future.started  # type: ignore[attr-defined]
             if self._closed:
                 raise RuntimeError("ConstraintCompiler is closed")
+            self._cache.misses += 1
             future = self._executor.submit(self._compile_and_cache, spec, key)
             future.started = time.monotonic()  # type: ignore[attr-defined]
             self._inflight[key] = future
@@ -246,24 +246,27 @@ class ConstraintCompiler:
 
         attempts = plan(spec)
         errors: list[ConstraintError] = []
-        for attempt in attempts:
+        for i, attempt in enumerate(attempts):
             if time.monotonic() > deadline:
                 raise self._timeout_error()
+            last = i == len(attempts) - 1
             try:
-                return self._try(attempt, spec, deadline)
+                return self._try(attempt, spec, deadline, last)
             except (InvalidConstraintError, ConstraintTimeoutError) as exc:
-                if attempt.final_on_invalid or isinstance(exc, ConstraintTimeoutError):
+                if last or attempt.final_on_invalid or isinstance(exc, EmptyLanguageError):
                     raise
                 errors.append(exc)
             except ConstraintError as exc:
                 errors.append(exc)
         raise attempts.failure(errors)
 
-    def _try(self, attempt: Any, spec: ConstraintSpec, deadline: float) -> CompiledConstraint:
+    def _try(self, attempt: Any, spec: ConstraintSpec, deadline: float, last: bool) -> CompiledConstraint:
         backend = self._backend(attempt.backend)
         remaining = max(0.05, deadline - time.monotonic())
         if attempt.backend == "outlines":
-            return backend.compile(spec, attempt.source, timeout=remaining)  # type: ignore[call-arg]
+            # a DFA that explodes gets half the budget; the lazy backends get the rest
+            budget = remaining if last else remaining / 2
+            return backend.compile(spec, attempt.source, timeout=budget)  # type: ignore[call-arg]
         return backend.compile(spec, attempt.source)
 
 

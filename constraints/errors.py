@@ -54,6 +54,10 @@ class InvalidConstraintError(ConstraintError):
     default_code = "invalid_constraint"
 
 
+class EmptyLanguageError(InvalidConstraintError):
+    """The constraint admits no output at all (e.g. a regex matching no string)."""
+
+
 class UnsupportedConstraintError(ConstraintError):
     """The constraint is valid but no backend can enforce all of it."""
 

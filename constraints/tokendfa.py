@@ -86,8 +86,11 @@ def to_token_dfa(tables: DFATables, allowed: "torch.Tensor", stop_ids: Sequence[
 class DFAMatcher(Matcher):
     """CPU matcher walking a token DFA; rows of ``allowed`` are copied into the bitmask."""
 
-    def __init__(self, ctx: TokenizerContext, tables: DFATables, allowed: "torch.Tensor") -> None:
+    def __init__(
+        self, ctx: TokenizerContext, tables: DFATables, allowed: "torch.Tensor", token_bytes: Sequence[bytes]
+    ) -> None:
         self.ctx = ctx
+        self._bytes = token_bytes
         self._t = tables
         self._allowed = allowed
         self._offsets = tables.offsets.tolist()
@@ -149,14 +152,32 @@ class DFAMatcher(Matcher):
         """Current DFA state (for cross-checks with the TokenDFA)."""
         return self._states[-1]
 
-    def forced_tokens(self) -> list[int]:
-        """Tokens while each state has exactly one transition and is not final (exact, no retokenizing)."""
-        out: list[int] = []
+    def forced_text(self) -> str:
+        """Longest text every continuation starts with: the common prefix of the allowed
+        tokens' bytes, followed through the token that spells exactly that prefix."""
+        out = b""
         state = self._states[-1]
-        while not self._done and len(out) < 64 and not self._final[state]:
+        while not self._done and not self._final[state] and len(out) < 256:
             lo, hi = self._offsets[state], self._offsets[state + 1]
-            if hi - lo != 1:
+            if hi == lo or hi - lo > 4096:
                 break
-            out.append(int(self._tokens[lo]))
-            state = int(self._next[lo])
-        return out
+            words = [self._bytes[int(t)] for t in self._tokens[lo:hi]]
+            prefix = _common_prefix(words)
+            if not prefix:
+                break
+            try:
+                i = words.index(prefix)
+            except ValueError:
+                out += prefix
+                break
+            out += prefix
+            state = int(self._next[lo + i])
+        return out.decode("utf-8", errors="ignore")
+
+
+def _common_prefix(words: list[bytes]) -> bytes:
+    lo, hi = min(words), max(words)
+    n = 0
+    while n < len(lo) and lo[n] == hi[n]:
+        n += 1
+    return lo[:n]
