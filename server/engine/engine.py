@@ -220,6 +220,7 @@ class Engine:
             return None
         bitmask = torch.empty((len(masked), self._words), dtype=torch.int32)
 
+        @torch.inference_mode()  # the buffer was made in the step's inference mode
         def fill() -> torch.Tensor:
             started = time.perf_counter()
             for i, seq in enumerate(masked):
