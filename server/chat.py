@@ -28,7 +28,7 @@ from server.requests import (
     stop_strings,
 )
 from server.sse import done_event, sse_event, stream_error_event
-from server.state import ServerState
+from server.state import ServerState, sequence_constraint
 from server.structured import compile_constraint, constraint_spec
 
 
@@ -62,12 +62,7 @@ async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
     spec = constraint_spec(wire, plan)
     compiled = await compile_constraint(state, spec)
     specs = [
-        SequenceSpec(
-            prompt_token_ids=prompt_ids,
-            params=with_seed(params, i),
-            max_tokens=max_tokens,
-            matcher=compiled.new_matcher() if compiled else None,
-        )
+        SequenceSpec(prompt_ids, with_seed(params, i), max_tokens, *sequence_constraint(state, compiled))
         for i in range(req.n)
     ]
     echo = _echo_prefix(req)

@@ -21,7 +21,7 @@ from server.requests import (
     stop_strings,
 )
 from server.sse import done_event, sse_event, stream_error_event
-from server.state import ServerState
+from server.state import ServerState, sequence_constraint
 from server.structured import compile_constraint, constraint_spec
 
 
@@ -74,8 +74,7 @@ async def prepare_completion(state: ServerState, body: bytes) -> CompletionJob:
         max_tokens = resolve_max_tokens(req.max_tokens if req.max_tokens is not None else 16, len(prompt),
                                         state.settings.max_model_len, "max_tokens")
         for j in range(req.n):
-            matcher = compiled.new_matcher() if compiled else None
-            specs.append(SequenceSpec(prompt, with_seed(params, j), max_tokens, matcher))
+            specs.append(SequenceSpec(prompt, with_seed(params, j), max_tokens, *sequence_constraint(state, compiled)))
     echo = [state.tokenizer.decode(p) if req.echo else "" for p in prompts]
     return CompletionJob(req, new_request_id("cmpl"), prompts, specs, echo)
 

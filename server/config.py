@@ -21,6 +21,7 @@ class Settings:
     device: str = "auto"
     prefill_budget: int = 1024
     jump_forward: bool = True
+    device_dfa: str = "auto"
     compile_timeout: float = 5.0
     log_level: str = "info"
 
@@ -36,6 +37,7 @@ _HELP = {
     "device": "auto (CUDA when available), cpu or cuda",
     "prefill_budget": "most prompt tokens processed per engine step (chunked prefill)",
     "jump_forward": "append tokens a constraint forces without sampling them (on|off)",
+    "device_dfa": "regex/choice constraints as a device-resident DFA masked by a kernel: auto (on with CUDA), on, off",
     "compile_timeout": "seconds a constraint (schema, regex, grammar) may take to compile",
     "log_level": "debug, info, warning or error",
 }
@@ -43,6 +45,7 @@ _CHOICES = {
     "dtype": ["auto", "float32", "bfloat16", "float16"],
     "device": ["auto", "cpu", "cuda"],
     "log_level": ["debug", "info", "warning", "error"],
+    "device_dfa": ["auto", "on", "off"],
 }
 
 

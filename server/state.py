@@ -27,6 +27,7 @@ class ServerState:
     eos_token_ids: frozenset[int]
     token_texts: TokenTexts
     vocab_size: int
+    device_dfa: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
 
     def close(self) -> None:
@@ -88,7 +89,16 @@ def build_state(settings: Settings, source: ModelSource | None = None) -> Server
         eos_token_ids=eos,
         token_texts=TokenTexts(tokenizer),
         vocab_size=runner.vocab_size,
+        device_dfa=settings.device_dfa == "on" or (settings.device_dfa == "auto" and device.type == "cuda"),
     )
+
+
+def sequence_constraint(state: ServerState, compiled) -> tuple[object | None, object | None]:
+    """A fresh (matcher, token DFA) pair for one sequence; the DFA only where it runs on the device."""
+    if compiled is None:
+        return None, None
+    token_dfa = compiled.token_dfa() if state.device_dfa else None
+    return compiled.new_matcher(), token_dfa
 
 
 def _build_compiler(tokenizer, vocab_size: int, eos: frozenset[int], timeout: float):

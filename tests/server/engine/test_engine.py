@@ -71,7 +71,7 @@ def greedy(prompt: list[int], max_tokens: int = 40, **extra) -> dict:
 
 def test_free_row_identical_with_constrained_neighbours(real_parts):
     hf, tokenizer, compiler = real_parts
-    free = greedy(prompt_ids(tokenizer, "Tell me about the moon."))
+    free = greedy(prompt_ids(tokenizer, "Tell me about the moon."), max_tokens=24)
     alone = run(make_engine(hf, tokenizer), [free])[0]
     neighbours = []
     for i, schema in enumerate(SCHEMAS):
@@ -126,3 +126,21 @@ def test_bad_sink_and_abort_do_not_break_the_batch(real_parts):
         engine.step()
     assert good[-1].finish_reason == "length" and good[-1].completion_tokens == 6
     assert engine.num_running == 0
+
+
+def test_device_dfa_rows_match_host_matcher_rows(real_parts):
+    """Regex/choice through the device-resident DFA kernel path == through the CPU matcher."""
+    hf, tokenizer, compiler = real_parts
+    specs = [ConstraintSpec("regex", r"\(\d{3}\) \d{3}-\d{4}"), ConstraintSpec("choice", ["yes", "no", "maybe"])]
+    compiled = [compiler.compile(spec) for spec in specs]
+    assert all(c.token_dfa() is not None for c in compiled)
+    outputs = {}
+    for use_dfa in (False, True):
+        requests = [
+            greedy(prompt_ids(tokenizer, "Phone number or answer?"), max_tokens=20, matcher=c.new_matcher(),
+                   token_dfa=c.token_dfa() if use_dfa else None)
+            for c in compiled
+        ]
+        outputs[use_dfa] = [r["text"] for r in run(make_engine(hf, tokenizer), requests)]
+    assert outputs[True] == outputs[False]
+    assert outputs[True][1] in ("yes", "no", "maybe")
