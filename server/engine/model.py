@@ -80,6 +80,11 @@ class StepBatch:
     dense_decode: bool
     extends: list[tuple[int, int, int, int]]
 
+    @property
+    def all_single(self) -> bool:
+        """Every row feeds exactly one token (so row i's last token is token i)."""
+        return not self.extends
+
     @staticmethod
     def build(rows: list[tuple[int, list[int], int]], n_slots: int, device: torch.device) -> "StepBatch":
         """``rows``: (slot, new tokens, tokens already cached) per row, in output order."""
@@ -171,7 +176,8 @@ class ModelRunner:
         decode_bias = self._decode_bias(batch) if batch.decode_index is not None else None
         for index, layer in enumerate(self._inner.layers):
             hidden = self._layer(layer, index, hidden, cos, sin, batch, decode_bias)
-        return self._logits(hidden[0, batch.last_index])
+        last = hidden[0] if batch.all_single else hidden[0, batch.last_index]
+        return self._logits(last)
 
     def decode(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """One token for each of slots ``0..n-1`` at positions ``lengths``; logits [n, V]."""
@@ -199,7 +205,9 @@ class ModelRunner:
         v_cache[batch.token_slots, :, batch.positions] = v[0].transpose(0, 1)
         q = q[0].transpose(0, 1)  # [N, h, d]
         out = torch.empty_like(q)
-        if batch.decode_index is not None:
+        if batch.dense_decode:  # decode tokens are the first n_slots, in slot order
+            out[: batch.n_slots] = self._decode_attention(q, batch, decode_bias, k_cache, v_cache)
+        elif batch.decode_index is not None:
             out[batch.decode_index] = self._decode_attention(q, batch, decode_bias, k_cache, v_cache)
         for slot, first, last, start in batch.extends:
             out[first:last] = self._extend_attention(q[first:last], slot, start, k_cache, v_cache)
@@ -212,7 +220,7 @@ class ModelRunner:
         n, kv, d = batch.n_slots, self.shape.num_kv_heads, self.shape.head_dim
         groups = self.shape.num_heads // kv
         if batch.dense_decode:
-            queries = q[batch.decode_index]
+            queries = q[:n]
         else:  # some slots extend this step: their query rows are placeholders, results dropped
             queries = q.new_zeros((n, self.shape.num_heads, d))
             queries[batch.decode_slots] = q[batch.decode_index]
