@@ -1,18 +1,32 @@
 """The generation constraint for tool calls, as an xgrammar structural tag.
 
 Each callable tool becomes one tag: begin = the fixed call header naming the tool, content = its
-``parameters`` JSON Schema, end = ``}</tool_call>``. Then:
+``parameters`` JSON Schema as a grammar for compact JSON, end = ``}</tool_call>``. Then:
 
 * "required" / "named": ``tags_with_separator`` (no separator, ``at_least_one``) -- nothing but
   calls; with ``parallel=False`` also ``stop_after_first``, so exactly one call.
 * "auto": ``triggered_tags`` on ``<tool_call>`` -- free text until the trigger, then a well-formed
   call; with ``parallel=False`` generation ends after the first call.
 * "none": no constraint.
+
+The arguments are written in one fixed layout, the one ``json.dumps`` uses: no whitespace but the
+single spaces in ``", "`` and ``": "`` (whitespace carries no meaning in JSON). Left free to pick
+whitespace, a small model pretty-prints, and in an indented layout it loses track of nesting (a
+``,`` where an array should close, a key written inside an array) and rambles until
+``max_tokens``; in the layout of the tool definitions and of arguments quoted by the user it copies
+closing quotes and brackets reliably -- and spends fewer tokens. Properties come in the schema's
+order and undeclared properties are not generated (xgrammar's strict mode); every output still
+validates against the schema as given.
 """
 
 from __future__ import annotations
 
+import json
+import re
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
+
+from server.errors import bad_request
 
 from server.tools.format import ARGS_CLOSE, CALL_OPEN, CALL_SEPARATOR, call_prefix
 from server.tools.plan import ToolPlan, ToolSpec
@@ -20,17 +34,12 @@ from server.tools.plan import ToolPlan, ToolSpec
 if TYPE_CHECKING:
     from constraints import ConstraintSpec
 
-MAX_WHITESPACE = 16
-"""Longest whitespace run allowed between JSON tokens of the arguments (a small model must not be
-able to pad forever); whitespace inside strings is not limited."""
-
-
 def tool_structural_tag(plan: ToolPlan | None) -> dict[str, Any] | None:
     """The xgrammar structural tag (``{"type": "structural_tag", "format": ...}``) enforcing the
     plan, or None when nothing is enforced."""
     if plan is None or plan.mode == "none":
         return None
-    tags = [_tag(tool) for tool in plan.callable_tools()]
+    tags = [_tag(tool, _param(plan, tool)) for tool in plan.callable_tools()]
     if plan.mode == "auto":
         fmt: dict[str, Any] = {
             "type": "triggered_tags",
@@ -61,17 +70,38 @@ def tool_constraint_spec(plan: ToolPlan | None) -> ConstraintSpec | None:
     return ConstraintSpec(kind="structural_tag", source=tag)
 
 
-def _tag(tool: ToolSpec) -> dict[str, Any]:
+def _tag(tool: ToolSpec, param: str) -> dict[str, Any]:
     return {
         "type": "tag",
         "begin": call_prefix(tool.name),
-        "content": {
-            "type": "json_schema",
-            "json_schema": _object_schema(tool.parameters),
-            "max_whitespace_cnt": MAX_WHITESPACE,
-        },
+        "content": {"type": "grammar", "grammar": _arguments_grammar(tool, param)},
         "end": ARGS_CLOSE,
     }
+
+
+def _param(plan: ToolPlan, tool: ToolSpec) -> str:
+    """The request field holding ``tool``'s parameters schema (for error messages)."""
+    index = plan.tools.index(tool)
+    return f"functions[{index}].parameters" if plan.legacy else f"tools[{index}].function.parameters"
+
+
+def _arguments_grammar(tool: ToolSpec, param: str) -> str:
+    schema = json.dumps(_object_schema(tool.parameters), sort_keys=False)
+    try:
+        return _compact_json_ebnf(schema)
+    except Exception as exc:  # xgrammar raises RuntimeError/ValueError/TypeError on schemas it cannot convert
+        lines = str(exc).strip().splitlines()
+        reason = re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", lines[0]) if lines else type(exc).__name__
+        raise bad_request(f"Invalid schema for function '{tool.name}': cannot enforce it: {reason}", param) from None
+
+
+@lru_cache(maxsize=512)
+def _compact_json_ebnf(schema: str) -> str:
+    """EBNF for the JSON text of instances of ``schema`` in ``json.dumps`` layout."""
+    import xgrammar as xgr  # lazy: keeps this module importable on its own
+
+    grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False, separators=(", ", ": "), strict_mode=True)
+    return str(grammar)
 
 
 def _object_schema(schema: dict[str, Any]) -> dict[str, Any]:

@@ -3,16 +3,18 @@ calls the plan allows."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
+from server.errors import APIError
 from server.tools import format_call, tool_constraint_spec, tool_structural_tag
 
 from .toolcases import NOARGS, TIME, WEATHER, matches, plan_for
 
 PARIS = format_call("get_weather", '{"city": "Paris", "unit": "c"}')
-UTC = format_call("get_time", '{"zone":"UTC"}')
+UTC = format_call("get_time", '{"zone": "UTC"}')
 PING = format_call("ping", "{}")
 
 
@@ -44,9 +46,12 @@ def test_constraint_spec_wraps_the_tag() -> None:
         (PARIS + PARIS + PING, True),
         (PARIS + "\n" + UTC, False),
         (PARIS + "\n", False),
-        (format_call("get_weather", '{ "city" : "Oslo" }'), True),
-        (format_call("get_weather", '{"city":' + " " * 16 + '"a                  b"}'), True),
-        (format_call("get_weather", '{"city":' + " " * 17 + '"Oslo"}'), False),
+        (format_call("get_weather", '{"city": "a                  b"}'), True),
+        (format_call("get_weather", '{"city": "Oslo", "unit": "f"}'), True),
+        (format_call("get_weather", '{ "city" : "Oslo" }'), False),
+        (format_call("get_weather", '{"city":"Oslo"}'), False),
+        (format_call("get_weather", '{\n  "city": "Oslo"\n}'), False),
+        (format_call("get_weather", '{"unit": "f", "city": "Oslo"}'), False),
         ("", False),
         ("Sure! " + PARIS, False),
         (PARIS + " done", False),
@@ -118,3 +123,40 @@ def test_legacy_functions_constraint(compiler: Any, tokenizer: Any) -> None:
     assert _accepts(compiler, tokenizer, plan, PARIS)
     assert not _accepts(compiler, tokenizer, plan, PARIS + "\n" + PARIS)
     assert not _accepts(compiler, tokenizer, plan, PARIS + PARIS)
+
+
+def test_arguments_in_json_dumps_layout(compiler: Any, tokenizer: Any) -> None:
+    nested = {
+        "type": "function",
+        "function": {
+            "name": "plot",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "points": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
+                    "style": {"type": "object", "properties": {"color": {"type": "string"}}},
+                    "any": {},
+                },
+                "required": ["points"],
+            },
+        },
+    }
+    plan = plan_for([nested], tool_choice="required")
+    arguments = {"points": [[1, 2.5], [-3, 0]], "style": {"color": "red"}, "any": {"k": [None, True, "x"]}}
+    assert _accepts(compiler, tokenizer, plan, format_call("plot", json.dumps(arguments)))
+    assert not _accepts(compiler, tokenizer, plan, format_call("plot", json.dumps(arguments, indent=2)))
+    assert not _accepts(compiler, tokenizer, plan, format_call("plot", '{"points": [], "extra": 1}'))
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_schema_the_grammar_cannot_enforce_is_a_400(legacy: bool) -> None:
+    bad = {"name": "f", "parameters": {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}
+    if legacy:
+        plan = plan_for(None, functions=[WEATHER["function"], bad])
+    else:
+        plan = plan_for([WEATHER, {"type": "function", "function": bad}], tool_choice="required")
+    with pytest.raises(APIError) as info:
+        tool_structural_tag(plan)
+    assert info.value.status == 400
+    assert info.value.param == ("functions[1].parameters" if legacy else "tools[1].function.parameters")
+    assert "Cannot find field" in info.value.message and not info.value.message.startswith("[")
