@@ -347,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "maskbench")
     ap.add_argument("--limit", type=int, default=None, help="evenly spread sample of N schemas")
-    ap.add_argument("--backend", default="all", choices=[*ENGINES, "all"])
+    ap.add_argument("--backend", default="all",
+                    help="trellis|xgrammar|llguidance|outlines|all, or a comma-separated list")
     ap.add_argument("--timeout", type=float, default=30.0, help="per-schema limit in seconds")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None, help="also write raw per-schema results")
@@ -358,13 +359,18 @@ def main(argv: list[str] | None = None) -> int:
         [str(Path(__file__).resolve().parent), str(ROOT), os.environ.get("PYTHONPATH", "")]
     )
     rows = load_rows(args.data, args.limit)
-    engines = list(ENGINES) if args.backend == "all" else [args.backend]
+    engines = list(ENGINES) if args.backend == "all" else args.backend.split(",")
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown:
+        ap.error(f"unknown backend(s): {', '.join(unknown)}")
     all_results = {}
     for engine in engines:
         start = time.monotonic()
         all_results[engine] = run_engine(engine, rows, args.timeout, args.jobs, not args.quiet)
         if not args.quiet:
             print(f"{engine}: {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
+            if engine != engines[-1]:  # partial table: a long run is useful before it ends
+                print(render(list(all_results), rows, all_results) + "\n", file=sys.stderr, flush=True)
     if args.json:
         slim = {e: [{k: v for k, v in r.items() if k != "mask_ns"} | {"id": row["id"]}
                     for (_, row), r in zip(rows, res)] for e, res in all_results.items()}

@@ -125,10 +125,8 @@ class DFAMatcher(Matcher):
         return True
 
     def fill_bitmask(self, bitmask: "torch.Tensor", row: int) -> None:
-        if self._done:
+        if self._done:  # terminated: nothing may follow
             bitmask[row].zero_()
-            for t in self._stops:
-                bitmask[row, t // 32] |= 1 << (t % 32) if t % 32 != 31 else -(1 << 31)
             return
         bitmask[row].copy_(self._allowed[self._states[-1]])
 
