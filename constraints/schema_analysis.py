@@ -26,6 +26,19 @@ ALL_TYPES = ("null", "boolean", "object", "array", "number", "string", "integer"
 ENFORCED_FORMATS = frozenset(
     {"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri"}
 )
+# formats the JSON Schema drafts define: validators may assert them, so they are never dropped;
+# any other format name is a pure annotation (no validator can check it) and is dropped
+SPEC_FORMATS = ENFORCED_FORMATS | frozenset(
+    {"idn-email", "idn-hostname", "uri-reference", "iri", "iri-reference", "uri-template",
+     "json-pointer", "relative-json-pointer", "regex", "ip-address", "host-name", "color",
+     "utc-millisec", "style", "phone", "duration"}
+)
+# spec formats enforced through an exact pattern instead
+FORMAT_PATTERNS = {
+    "json-pointer": r"^(/([^~/]|~[01])*)*$",
+    "relative-json-pointer": r"^(0|[1-9][0-9]*)(#|(/([^~/]|~[01])*)*)$",
+}
+FORMAT_ALIASES = {"ip-address": "ipv4", "host-name": "hostname"}  # draft-03 names
 ANNOTATIONS = frozenset(
     {"title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly",
      "$schema", "$id", "id", "contentMediaType", "contentEncoding", "$anchor", "nullable", "example",
@@ -197,7 +210,13 @@ class _Rewriter:
         ):
             node.pop("uniqueItems")
         fmt = node.get("format")
-        if fmt is not None and fmt not in ENFORCED_FORMATS:
+        if isinstance(fmt, str) and fmt in FORMAT_ALIASES:
+            node["format"] = fmt = FORMAT_ALIASES[fmt]
+        if isinstance(fmt, str) and fmt in FORMAT_PATTERNS:
+            node.pop("format")
+            node = _conjoin(node, {"pattern": FORMAT_PATTERNS[fmt]}) if "pattern" in node else node
+            node.setdefault("pattern", FORMAT_PATTERNS[fmt])
+        elif fmt is not None and fmt not in SPEC_FORMATS:
             node.pop("format")
         if node.get("propertyNames") in ({"type": "string"}, {}, True):
             node.pop("propertyNames")

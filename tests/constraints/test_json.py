@@ -203,8 +203,16 @@ def test_rewrites_are_equivalent_and_enforced(compiler, tok, schema, docs):
 
 
 def test_unknown_format_is_annotation(compiler, tok):
-    c = compiler.compile(ConstraintSpec("json_schema", {"type": "string", "format": "uri-reference"}))
+    c = compiler.compile(ConstraintSpec("json_schema", {"type": "string", "format": "file-path"}))
     assert walk_json(c, tok, "../a b")
+
+
+def test_spec_format_never_dropped(compiler, tok):
+    with pytest.raises(UnsupportedConstraintError) as info:
+        compiler.compile(ConstraintSpec("json_schema", {"type": "string", "format": "uri-template"}))
+    assert info.value.keyword == "format"
+    c = compiler.compile(ConstraintSpec("json_schema", {"type": "string", "format": "json-pointer"}))
+    assert walk_json(c, tok, "/a/b~1c") and not walk_json(c, tok, "a/b") and not walk_json(c, tok, "/~2")
 
 
 def test_extra_stop_tokens(tok):
