@@ -9,14 +9,13 @@ Each callable tool becomes one tag: begin = the fixed call header naming the too
   call; with ``parallel=False`` generation ends after the first call.
 * "none": no constraint.
 
-The arguments are written in one fixed layout, the one ``json.dumps`` uses: no whitespace but the
-single spaces in ``", "`` and ``": "`` (whitespace carries no meaning in JSON). Left free to pick
-whitespace, a small model pretty-prints, and in an indented layout it loses track of nesting (a
-``,`` where an array should close, a key written inside an array) and rambles until
-``max_tokens``; in the layout of the tool definitions and of arguments quoted by the user it copies
-closing quotes and brackets reliably -- and spends fewer tokens. Properties come in the schema's
-order and undeclared properties are not generated (xgrammar's strict mode); every output still
-validates against the schema as given.
+The arguments are written in one fixed layout, the one ``json.dumps`` uses (and the tool
+definitions in the default prompt): no whitespace but the single spaces in ``", "`` and ``": "``
+(whitespace carries no meaning in JSON). A model cannot pad with whitespace, spends no tokens on
+indentation (the default model's pretty-printed weather call took 41 tokens, compact 36), and
+``arguments`` come out in the same layout every time. Properties come in the schema's order and
+undeclared properties are not generated (xgrammar's strict mode, as for its structural-tag JSON
+content); every output still validates against the schema as given.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from server.errors import bad_request
-
 from server.tools.format import ARGS_CLOSE, CALL_OPEN, CALL_SEPARATOR, call_prefix
 from server.tools.plan import ToolPlan, ToolSpec
 
