@@ -48,7 +48,7 @@ ANNOTATIONS = frozenset(
 XGRAMMAR_ENFORCED = frozenset(
     {"type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems",
      "maxItems", "enum", "const", "anyOf", "$ref", "$defs", "definitions", "minLength", "maxLength",
-     "pattern"}
+     "pattern", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
 ) | ANNOTATIONS
 
 _SCHEMA_MAP_KEYS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")

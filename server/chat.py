@@ -29,7 +29,7 @@ from server.requests import (
 )
 from server.sse import done_event, sse_event, stream_error_event
 from server.state import ServerState, sequence_constraint
-from server.structured import compile_constraint, constraint_spec
+from server.structured import compile_constraint, constraint_spec_async
 
 
 @dataclass
@@ -59,7 +59,7 @@ async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = resolve_max_tokens(requested, len(prompt_ids), state.settings.max_model_len, param)
-    spec = constraint_spec(wire, plan)
+    spec = await constraint_spec_async(state, wire, plan)
     compiled = await compile_constraint(state, spec)
     specs = [
         SequenceSpec(prompt_ids, with_seed(params, i), max_tokens, *sequence_constraint(state, compiled))

@@ -22,7 +22,7 @@ from server.requests import (
 )
 from server.sse import done_event, sse_event, stream_error_event
 from server.state import ServerState, sequence_constraint
-from server.structured import compile_constraint, constraint_spec
+from server.structured import compile_constraint, constraint_spec_async
 
 
 @dataclass
@@ -68,7 +68,7 @@ async def prepare_completion(state: ServerState, body: bytes) -> CompletionJob:
     )
     stop_strings(req.stop)
     prompts = _prompts(state, req)
-    compiled = await compile_constraint(state, constraint_spec(wire, None))
+    compiled = await compile_constraint(state, await constraint_spec_async(state, wire, None))
     specs = []
     for prompt in prompts:
         max_tokens = resolve_max_tokens(req.max_tokens if req.max_tokens is not None else 16, len(prompt),

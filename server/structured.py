@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from server.state import ServerState
+
+
+async def constraint_spec_async(state: ServerState, wire: dict[str, Any], tool_plan) -> Any:
+    """:func:`constraint_spec` on a worker thread under the compile budget (tool schemas are
+    turned into grammars while the spec is built), so the event loop never waits on it."""
+    work = asyncio.to_thread(constraint_spec, wire, tool_plan)
+    try:
+        return await asyncio.wait_for(work, timeout=state.settings.compile_timeout)
+    except TimeoutError:
+        from server.errors import APIError
+
+        raise APIError(
+            f"building the constraint exceeded the {state.settings.compile_timeout:g} s budget",
+            param="tools" if tool_plan is not None else None,
+            code="constraint_timeout",
+        ) from None
 
 
 def constraint_spec(wire: dict[str, Any], tool_plan) -> Any:

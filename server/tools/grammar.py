@@ -84,7 +84,7 @@ def _param(plan: ToolPlan, tool: ToolSpec) -> str:
 
 
 def _arguments_grammar(tool: ToolSpec, param: str) -> str:
-    schema = json.dumps(_object_schema(tool.parameters), sort_keys=False)
+    schema = json.dumps(_enforceable_schema(tool, param), sort_keys=False)
     try:
         return _compact_json_ebnf(schema)
     except Exception as exc:  # xgrammar raises RuntimeError/ValueError/TypeError on schemas it cannot convert
@@ -100,6 +100,29 @@ def _compact_json_ebnf(schema: str) -> str:
 
     grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False, separators=(", ", ": "), strict_mode=True)
     return str(grammar)
+
+
+def _enforceable_schema(tool: ToolSpec, param: str) -> dict[str, Any]:
+    """The parameters schema rewritten into keywords xgrammar enforces, or a 400 naming the
+    keyword and where it is: a call must never be only half-checked against its schema."""
+    from constraints import ConstraintError
+    from constraints.schema_analysis import check_schema, rewrite_schema, xgrammar_gaps
+
+    schema = _object_schema(tool.parameters)
+    try:
+        check_schema(schema)
+        rewritten = rewrite_schema(schema)
+    except ConstraintError as exc:
+        raise bad_request(f"Invalid schema for function '{tool.name}': {exc.message}", param) from None
+    gaps = xgrammar_gaps(rewritten)
+    if gaps:
+        pointer, keyword = gaps[0]
+        raise bad_request(
+            f"Schema for function '{tool.name}': keyword '{keyword}' at {pointer} cannot be enforced",
+            param,
+            code="unsupported_constraint",
+        )
+    return rewritten
 
 
 def _object_schema(schema: dict[str, Any]) -> dict[str, Any]:

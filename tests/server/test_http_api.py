@@ -279,3 +279,10 @@ def test_concurrent_requests_share_decode_steps(tiny_server):
     for t in threads:
         t.join()
     assert (stats.decode_tokens - tokens) / (stats.steps - steps) > 2.0
+
+
+def test_tool_schema_keyword_that_cannot_be_enforced_is_refused(tiny_server):
+    tool = {"type": "function", "function": {"name": "tag", "parameters": {
+        "type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}}}
+    error = assert_error(chat(tiny_server, tools=[tool], tool_choice="required"), 400, "tools[0].function.parameters")
+    assert "uniqueItems" in error["message"] and "/properties/tags" in error["message"]
