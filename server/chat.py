@@ -10,7 +10,7 @@ import msgspec
 
 from server import tools as tool_calls
 from server.errors import APIError, bad_request
-from server.generation import GenerationStream, SequenceSpec, new_request_id, with_seed
+from server.generation import SequenceSpec, new_request_id, start_generation, with_seed
 from server.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -114,21 +114,6 @@ def _echo_prefix(req: ChatCompletionRequest) -> str:
 # --------------------------------------------------------------------------- running
 
 
-def _submit(state: ServerState, job: ChatJob) -> GenerationStream:
-    stream = GenerationStream(state.engine, job.request_id)
-    req = job.req
-    stream.submit(
-        job.specs,
-        stop=stop_strings(req.stop),
-        stop_token_ids=frozenset(req.stop_token_ids or ()),
-        eos_token_ids=state.eos_token_ids,
-        ignore_eos=req.ignore_eos,
-        include_stop_str_in_output=req.include_stop_str_in_output,
-        skip_special_tokens=req.skip_special_tokens,
-    )
-    return stream
-
-
 @dataclass
 class _ChoiceState:
     text: list[str] = field(default_factory=list)
@@ -140,7 +125,7 @@ class _ChoiceState:
 
 async def run_chat(state: ServerState, job: ChatJob) -> ChatCompletion:
     """Generate all choices and build the non-streamed response."""
-    stream = _submit(state, job)
+    stream = start_generation(state.engine, job.request_id, job.specs, job.req, state.eos_token_ids)
     choices = [_ChoiceState() for _ in job.specs]
     try:
         async for index, delta in stream:
@@ -190,7 +175,7 @@ def _usage(job: ChatJob, completion_tokens: int) -> Usage:
 
 async def stream_chat(state: ServerState, job: ChatJob) -> AsyncIterator[bytes]:
     """SSE chunks in OpenAI's format, ending with ``data: [DONE]``."""
-    stream = _submit(state, job)
+    stream = start_generation(state.engine, job.request_id, job.specs, job.req, state.eos_token_ids)
     options = job.req.stream_options
     include_usage = bool(options and options.include_usage)
     continuous = bool(options and options.continuous_usage_stats)

@@ -10,7 +10,7 @@ import msgspec
 
 from server.chat import check_model
 from server.errors import APIError, bad_request
-from server.generation import GenerationStream, SequenceSpec, new_request_id, with_seed
+from server.generation import SequenceSpec, new_request_id, start_generation, with_seed
 from server.protocol import Completion, CompletionChoice, CompletionRequest, Usage
 from server.requests import (
     decode_request,
@@ -79,28 +79,13 @@ async def prepare_completion(state: ServerState, body: bytes) -> CompletionJob:
     return CompletionJob(req, new_request_id("cmpl"), prompts, specs, echo)
 
 
-def _submit(state: ServerState, job: CompletionJob) -> GenerationStream:
-    stream = GenerationStream(state.engine, job.request_id)
-    req = job.req
-    stream.submit(
-        job.specs,
-        stop=stop_strings(req.stop),
-        stop_token_ids=frozenset(req.stop_token_ids or ()),
-        eos_token_ids=state.eos_token_ids,
-        ignore_eos=req.ignore_eos,
-        include_stop_str_in_output=req.include_stop_str_in_output,
-        skip_special_tokens=req.skip_special_tokens,
-    )
-    return stream
-
-
 def _usage(job: CompletionJob, completion_tokens: int) -> Usage:
     prompt = sum(len(p) for p in job.prompts)
     return Usage(prompt_tokens=prompt, completion_tokens=completion_tokens, total_tokens=prompt + completion_tokens)
 
 
 async def run_completion(state: ServerState, job: CompletionJob) -> Completion:
-    stream = _submit(state, job)
+    stream = start_generation(state.engine, job.request_id, job.specs, job.req, state.eos_token_ids)
     texts = [[] for _ in job.specs]
     logprobs = [[] for _ in job.specs]
     finish: list[tuple[str | None, object]] = [(None, None)] * len(job.specs)
@@ -127,7 +112,7 @@ async def run_completion(state: ServerState, job: CompletionJob) -> Completion:
 
 
 async def stream_completion(state: ServerState, job: CompletionJob) -> AsyncIterator[bytes]:
-    stream = _submit(state, job)
+    stream = start_generation(state.engine, job.request_id, job.specs, job.req, state.eos_token_ids)
     options = job.req.stream_options
     include_usage = bool(options and options.include_usage)
     tokens = [0] * len(job.specs)

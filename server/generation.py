@@ -15,6 +15,7 @@ from sampler import SamplingParams, TokenLogprobs
 from server.engine.engine import Engine
 from server.engine.sequence import GenerationRequest, SequenceDelta
 from server.protocol import CompletionLogprobs, TokenLogprob, TopLogprob
+from server.requests import stop_strings
 
 
 def new_request_id(prefix: str) -> str:
@@ -87,6 +88,21 @@ class GenerationStream:
         if self._open and not self._closed:
             self.engine.abort(self.request_id)
         self._closed = True
+
+
+def start_generation(engine: Engine, request_id: str, specs: list[SequenceSpec], req, eos_token_ids) -> GenerationStream:
+    """Submit one API request's sequences with the request-wide stop/EOS settings of ``req``."""
+    stream = GenerationStream(engine, request_id)
+    stream.submit(
+        specs,
+        stop=stop_strings(req.stop),
+        stop_token_ids=frozenset(req.stop_token_ids or ()),
+        eos_token_ids=eos_token_ids,
+        ignore_eos=req.ignore_eos,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        skip_special_tokens=req.skip_special_tokens,
+    )
+    return stream
 
 
 def with_seed(params: SamplingParams, index: int) -> SamplingParams:
