@@ -649,6 +649,11 @@ def xgrammar_gaps(schema: Any) -> list[tuple[str, str]]:
         for key in node:
             if key not in XGRAMMAR_ENFORCED:
                 gaps.append((pointer or "/", key))
+        if "pattern" in node:  # xgrammar drops length bounds next to a pattern
+            gaps.extend((pointer or "/", k) for k in ("minLength", "maxLength") if k in node)
+        for key in ("exclusiveMinimum", "exclusiveMaximum"):
+            if isinstance(node.get(key), bool):  # draft-04 form
+                gaps.append((pointer or "/", key))
     return gaps
 
 

@@ -168,6 +168,23 @@ def test_forced_xgrammar_refuses_gaps(compiler):
     assert info.value.keyword == "multipleOf"
 
 
+@pytest.mark.parametrize("schema, docs", [
+    ({"type": "number", "minimum": 1.5, "exclusiveMaximum": 3}, [1.4, 1.5, 2.9, 3, 10]),
+    ({"type": "integer", "minimum": -5, "maximum": 120}, [-6, -5, 120, 121]),
+])
+def test_xgrammar_numeric_bounds(compiler, tok, schema, docs):
+    c = compiler.compile(ConstraintSpec("json_schema", schema, {"backend": "xgrammar"}))
+    for doc in docs:
+        assert walk_json(c, tok, doc) == jsonschema.Draft202012Validator(schema).is_valid(doc), doc
+
+
+def test_xgrammar_pattern_with_length_is_a_gap(compiler):
+    schema = {"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}
+    with pytest.raises(UnsupportedConstraintError) as info:
+        compiler.compile(ConstraintSpec("json_schema", schema, {"backend": "xgrammar"}))
+    assert info.value.keyword == "maxLength"
+
+
 def test_invalid_schema_has_pointer(compiler):
     spec = ConstraintSpec("json_schema", {"type": "object", "properties": {"a": {"type": "strng"}}})
     with pytest.raises(InvalidConstraintError) as info:
