@@ -432,6 +432,8 @@ def _negate_keyword(key: str, s: dict, root: dict) -> Any:
         if any(n is True for n in negs):
             return True
         return {"anyOf": negs} if negs else False
+    if key == "not":  # double negation
+        return value
     if key in _BOUND_NEGATIONS and isinstance(value, (int, float)) and not isinstance(value, bool):
         return _negate_bound(key, value)
     return None

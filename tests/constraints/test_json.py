@@ -205,6 +205,7 @@ REWRITE_CASES = [
     ({"type": "string", "not": {"maxLength": 2}}, ["ab", "abc", ""]),
     ({"type": "integer", "not": {"minimum": 5}}, [4, 5, 6]),
     ({"not": {"type": "null"}}, [None, 1, "x", [], {}]),
+    ({"type": "array", "not": {"not": {"maxItems": 1}}}, [[], [1], [1, 2]]),
 ]
 
 
