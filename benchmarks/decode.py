@@ -1,6 +1,7 @@
 """Decode-loop benchmark: free vs structured workloads, jump-forward off/on, back to back in one run.
 
-Drives the engine directly (no HTTP). Each workload keeps the batch full (a finished sequence is
+Drives the engine directly (no HTTP). ``json_schema`` uses the default JSON layout;
+``json_schema_ws`` lets the model choose (bounded) whitespace, which leaves less to jump forward. Each workload keeps the batch full (a finished sequence is
 replaced at once) and is measured over a fixed number of steps after a warm-up, so every workload
 sees the same batch size. Prints output tokens/s, decode step time, mask fill, sampler and forward
 time per step, and the ratio of each structured workload to the free one.
@@ -48,6 +49,7 @@ PEOPLE = {
 WORKLOADS = {
     "free": None,
     "json_schema": ConstraintSpec("json_schema", PEOPLE),
+    "json_schema_ws": ConstraintSpec("json_schema", PEOPLE, {"disable_any_whitespace": False}),
     "regex": ConstraintSpec("regex", r"(\(\d{3}\) \d{3}-\d{4}\n)+"),
     "choice": ConstraintSpec("choice", ["positive", "negative", "neutral", "mixed feelings"]),
 }
@@ -144,8 +146,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=None, help="default: 1 8 32 (CPU), 1 8 32 64 128 (GPU)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
     batches = args.batch or ([1, 8, 32, 64, 128] if device.type == "cuda" else [1, 8, 32])
