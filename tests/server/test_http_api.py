@@ -286,3 +286,19 @@ def test_tool_schema_keyword_that_cannot_be_enforced_is_refused(tiny_server):
         "type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}}}
     error = assert_error(chat(tiny_server, tools=[tool], tool_choice="required"), 400, "tools[0].function.parameters")
     assert "uniqueItems" in error["message"] and "/properties/tags" in error["message"]
+
+
+def test_continuous_usage_stats_on_every_chunk(tiny_server):
+    response = chat(tiny_server, max_tokens=4, ignore_eos=True, stream=True,
+                    stream_options={"include_usage": True, "continuous_usage_stats": True})
+    chunks = [c for c in sse_chunks(response) if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert chunks and all("usage" in c for c in chunks)
+    counts = [c["usage"]["completion_tokens"] for c in chunks]
+    assert counts == sorted(counts) and counts[-1] <= 4
+
+
+def test_continue_final_message_with_echo(tiny_server):
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Well, the answer"}]
+    body = chat(tiny_server, messages=messages, continue_final_message=True, add_generation_prompt=False,
+                echo=True, max_tokens=3, ignore_eos=True).json()
+    assert body["choices"][0]["message"]["content"].startswith("Well, the answer")
