@@ -19,6 +19,7 @@ class Settings:
     max_model_len: int = 2048
     dtype: str = "auto"
     device: str = "auto"
+    cpu_threads: int = 0
     prefill_budget: int = 1024
     jump_forward: bool = True
     device_dfa: str = "auto"
@@ -35,6 +36,7 @@ _HELP = {
     "max_model_len": "context length: prompt + completion tokens per sequence",
     "dtype": "weights dtype: auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16",
     "device": "auto (CUDA when available), cpu or cuda",
+    "cpu_threads": "torch CPU threads for the forward (0 = torch's default: one per core)",
     "prefill_budget": "most prompt tokens processed per engine step (chunked prefill)",
     "jump_forward": "append tokens a constraint forces without sampling them (on|off)",
     "device_dfa": "regex/choice constraints as a device-resident DFA masked by a kernel: auto (on with CUDA), on, off",

@@ -66,6 +66,8 @@ def build_state(settings: Settings, source: ModelSource | None = None) -> Server
     """Load the model and start the engine (blocking; seconds on the CPU)."""
     source = source or resolve_model(settings.model)
     device = pick_device(settings.device)
+    if settings.cpu_threads > 0:
+        torch.set_num_threads(settings.cpu_threads)
     dtype = resolve_dtype(settings.dtype, device)
     tokenizer = load_tokenizer(source.directory)
     hf_model = load_hf_model(source.directory, dtype, device)
