@@ -10,7 +10,7 @@ import msgspec
 
 from server import tools as tool_calls
 from server.errors import APIError, bad_request
-from server.generation import SequenceSpec, new_request_id, start_generation, with_seed
+from server.generation import ChoiceResult, SequenceSpec, collect, new_request_id, start_generation, with_seed
 from server.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -114,32 +114,10 @@ def _echo_prefix(req: ChatCompletionRequest) -> str:
 # --------------------------------------------------------------------------- running
 
 
-@dataclass
-class _ChoiceState:
-    text: list[str] = field(default_factory=list)
-    logprobs: list = field(default_factory=list)
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    completion_tokens: int = 0
-
-
 async def run_chat(state: ServerState, job: ChatJob) -> ChatCompletion:
     """Generate all choices and build the non-streamed response."""
     stream = start_generation(state.engine, job.request_id, job.specs, job.req, state.eos_token_ids)
-    choices = [_ChoiceState() for _ in job.specs]
-    try:
-        async for index, delta in stream:
-            if delta.finish_reason == "error":
-                raise APIError(delta.error or "generation failed", status=500, code="generation_error")
-            choice = choices[index]
-            choice.text.append(delta.text)
-            if delta.logprobs:
-                choice.logprobs.extend(delta.logprobs)
-            choice.completion_tokens = delta.completion_tokens
-            if delta.finish_reason:
-                choice.finish_reason, choice.stop_reason = delta.finish_reason, delta.stop_reason
-    finally:
-        stream.close()
+    choices = await collect(stream, len(job.specs))
     return ChatCompletion(
         id=job.request_id,
         created=job.created,
@@ -149,7 +127,7 @@ async def run_chat(state: ServerState, job: ChatJob) -> ChatCompletion:
     )
 
 
-def _chat_choice(state: ServerState, job: ChatJob, index: int, choice: _ChoiceState) -> ChatChoice:
+def _chat_choice(state: ServerState, job: ChatJob, index: int, choice: ChoiceResult) -> ChatChoice:
     text = job.echo_prefix + "".join(choice.text)
     finish = choice.finish_reason
     message = AssistantMessage(content=text)

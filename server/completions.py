@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import msgspec
 
 from server.chat import check_model
-from server.errors import APIError, bad_request
-from server.generation import SequenceSpec, new_request_id, start_generation, with_seed
+from server.errors import bad_request
+from server.generation import SequenceSpec, collect, new_request_id, start_generation, with_seed
 from server.protocol import Completion, CompletionChoice, CompletionRequest, Usage
 from server.requests import (
     decode_request,
@@ -86,29 +86,15 @@ def _usage(job: CompletionJob, completion_tokens: int) -> Usage:
 
 async def run_completion(state: ServerState, job: CompletionJob) -> Completion:
     stream = start_generation(state.engine, job.request_id, job.specs, job.req, state.eos_token_ids)
-    texts = [[] for _ in job.specs]
-    logprobs = [[] for _ in job.specs]
-    finish: list[tuple[str | None, object]] = [(None, None)] * len(job.specs)
-    tokens = [0] * len(job.specs)
-    try:
-        async for index, delta in stream:
-            if delta.finish_reason == "error":
-                raise APIError(delta.error or "generation failed", status=500, code="generation_error")
-            texts[index].append(delta.text)
-            logprobs[index].extend(delta.logprobs or [])
-            tokens[index] = delta.completion_tokens
-            if delta.finish_reason:
-                finish[index] = (delta.finish_reason, delta.stop_reason)
-    finally:
-        stream.close()
+    results = await collect(stream, len(job.specs))
     choices = []
-    for i in range(len(job.specs)):
+    for i, result in enumerate(results):
         echo = job.echo_texts[i // job.req.n]
-        lp = state.token_texts.completion_logprobs(logprobs[i], len(echo)) if job.req.logprobs is not None else None
-        choices.append(CompletionChoice(index=i, text=echo + "".join(texts[i]), logprobs=lp,
-                                        finish_reason=finish[i][0], stop_reason=finish[i][1]))
+        lp = state.token_texts.completion_logprobs(result.logprobs, len(echo)) if job.req.logprobs is not None else None
+        choices.append(CompletionChoice(index=i, text=echo + "".join(result.text), logprobs=lp,
+                                        finish_reason=result.finish_reason, stop_reason=result.stop_reason))
     return Completion(id=job.request_id, created=job.created, model=state.model_name, choices=choices,
-                      usage=_usage(job, sum(tokens)))
+                      usage=_usage(job, sum(r.completion_tokens for r in results)))
 
 
 async def stream_completion(state: ServerState, job: CompletionJob) -> AsyncIterator[bytes]:

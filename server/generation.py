@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from sampler import SamplingParams, TokenLogprobs
 from server.engine.engine import Engine
@@ -103,6 +103,37 @@ def start_generation(engine: Engine, request_id: str, specs: list[SequenceSpec],
         skip_special_tokens=req.skip_special_tokens,
     )
     return stream
+
+
+@dataclass
+class ChoiceResult:
+    """Everything one choice produced, for a non-streamed response."""
+
+    text: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    completion_tokens: int = 0
+
+
+async def collect(stream: GenerationStream, n_choices: int) -> list[ChoiceResult]:
+    """Drain ``stream`` into per-choice results; a failed generation becomes a 500 APIError."""
+    from server.errors import APIError
+
+    results = [ChoiceResult() for _ in range(n_choices)]
+    try:
+        async for index, delta in stream:
+            if delta.finish_reason == "error":
+                raise APIError(delta.error or "generation failed", status=500, code="generation_error")
+            result = results[index]
+            result.text.append(delta.text)
+            result.logprobs.extend(delta.logprobs or ())
+            result.completion_tokens = delta.completion_tokens
+            if delta.finish_reason:
+                result.finish_reason, result.stop_reason = delta.finish_reason, delta.stop_reason
+    finally:
+        stream.close()
+    return results
 
 
 def with_seed(params: SamplingParams, index: int) -> SamplingParams:
