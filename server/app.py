@@ -1,10 +1,19 @@
-"""The Litestar application: routes, lifespan, request ids and error handlers."""
+"""The Litestar application: routes, lifespan, request envelope (ids, metrics, log), error handlers.
+
+Every generation request goes through the same guard rails: 503 while loading, draining or with a
+dead engine; 415 for a body that is not JSON; bounded preparation (render, compile) that is dropped
+at once when the client goes away; 429 with ``Retry-After`` when the waiting queue is full; and a
+deadline (``--request-timeout``) from arrival to the last token.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -18,19 +27,61 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from server.chat import prepare_chat, run_chat, stream_chat
 from server.completions import prepare_completion, run_completion, stream_completion
 from server.config import Settings
+from server.context import begin_request, request_log
+from server.engine.errors import EngineOverloaded
 from server.errors import EXCEPTION_HANDLERS, APIError
+from server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from server.openapi_doc import document_bodies
 from server.protocol import ModelCard, ModelList
+from server.sse import done_event, stream_error_event
 from server.state import ServerState, build_state
 
 _JSON = "application/json"
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/ready", "/metrics")
+_STEP_STALL_S = 30.0
+access_log = logging.getLogger("trellis.access")
 
 
-def _server(state: State) -> ServerState:
-    server = state.get("server")
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+# --------------------------------------------------------------------------- guard rails
+
+
+def _serving(state: State) -> ServerState:
+    """The server state, or 503 while loading, draining, or after the engine died."""
+    server: ServerState | None = state.get("server")
     if server is None:
-        raise APIError("the model is still loading", status=503, code="model_loading")
+        raise APIError("the model is still loading", status=503, code="model_loading",
+                       headers={"Retry-After": "5"})
+    if server.draining:
+        raise APIError("the server is shutting down", status=503, code="server_draining")
+    if not server.engine.alive:
+        raise APIError("the engine has stopped; the server is restarting", status=503, code="engine_dead")
     return server
+
+
+def _require_json(request: Request) -> None:
+    """415 for a body that says it is not JSON (a missing Content-Type is read as JSON)."""
+    content_type = request.headers.get("content-type")
+    if content_type is None:
+        return
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    if media_type != _JSON:
+        raise APIError(f"Content-Type must be {_JSON}, got {media_type or 'nothing'!r}", status=415,
+                       code="unsupported_media_type")
+
+
+def _deadline(server: ServerState) -> float | None:
+    timeout = server.settings.request_timeout
+    return time.monotonic() + timeout if timeout > 0 else None
+
+
+def _timeout_error(server: ServerState) -> APIError:
+    return APIError(f"the request exceeded the server's {server.settings.request_timeout:g} s limit",
+                    status=504, code="request_timeout", type="timeout_error")
 
 
 async def _until_disconnect(request: Request) -> None:
@@ -41,87 +92,224 @@ async def _until_disconnect(request: Request) -> None:
             return
 
 
-async def _respond(request: Request, make: Awaitable[Any]) -> Response:
-    """Await a non-streamed result, cancelling the work if the client disconnects first."""
-    work = asyncio.ensure_future(make)
+async def _guarded(request: Request, server: ServerState, work: Awaitable[Any], deadline: float | None) -> Any:
+    """Await ``work`` unless the client disconnects (ClientGone) or the deadline passes (504)."""
+    task = asyncio.ensure_future(work)
     watch = asyncio.ensure_future(_until_disconnect(request))
+    timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
     try:
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, watch}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watch.cancel()
-    if not work.done():
-        work.cancel()  # closes the generation stream → aborts the sequences
+    if task.done():
+        return task.result()
+    task.cancel()  # closes a generation stream → aborts its sequences
+    if watch.done():
+        raise ClientGone()
+    raise _timeout_error(server)
+
+
+def _check_admission(server: ServerState, job) -> None:
+    """429 before anything is queued when the waiting work is over its bound."""
+    tokens = sum(len(spec.prompt_token_ids) for spec in job.specs)
+    try:
+        server.engine.check_admission(len(job.specs), tokens)
+    except EngineOverloaded as exc:
+        raise _overloaded(server, exc) from None
+    server.metrics.prompt_tokens.inc(tokens)
+    request_log().update(prompt_tokens=tokens, sequences=len(job.specs))
+
+
+def _overloaded(server: ServerState, exc: EngineOverloaded) -> APIError:
+    server.metrics.rejected.labels(reason="queue_full").inc()
+    retry = max(1, int(round(exc.retry_after)))
+    return APIError(f"the server is busy ({exc}); retry after {retry} s", status=429,
+                    code="server_overloaded", headers={"Retry-After": str(retry)})
+
+
+async def _bounded_events(server: ServerState, events: AsyncIterator[bytes], deadline: float | None):
+    """SSE events until done, the deadline (an error event), or a late queue-full refusal."""
+    iterator = aiter(events)
+    try:
+        while True:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                event = await asyncio.wait_for(anext(iterator), timeout)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                error = _timeout_error(server)
+                yield stream_error_event(error.message, code=error.code)
+                yield done_event()
+                return
+            except EngineOverloaded as exc:
+                error = _overloaded(server, exc)
+                yield stream_error_event(error.message, code=error.code)
+                yield done_event()
+                return
+            yield event
+    finally:
+        await iterator.aclose()
+
+
+async def _generate(
+    request: Request,
+    state: State,
+    prepare: Callable[[ServerState, bytes], Awaitable[Any]],
+    run: Callable[[ServerState, Any], Awaitable[Any]],
+    stream: Callable[[ServerState, Any], AsyncIterator[bytes]],
+) -> Response | Stream:
+    server = _serving(state)
+    _require_json(request)
+    deadline = _deadline(server)
+    body = await request.body()
+    try:
+        job = await _guarded(request, server, prepare(server, body), deadline)
+        request_log().update(model=server.model_name, stream=bool(job.req.stream))
+        _check_admission(server, job)
+        if job.req.stream:
+            return Stream(_bounded_events(server, stream(server, job), deadline), media_type="text/event-stream",
+                          headers=_SSE_HEADERS)
+        result = await _guarded(request, server, run(server, job), deadline)
+    except ClientGone:
+        request_log().update(client_gone=True)
         return Response(content=b"", status_code=499)
-    return Response(content=msgspec.json.encode(work.result()), media_type=_JSON)
+    except EngineOverloaded as exc:
+        raise _overloaded(server, exc) from None
+    return Response(content=msgspec.json.encode(result), media_type=_JSON)
 
 
-def _sse(events: AsyncIterator[bytes]) -> Stream:
-    return Stream(events, media_type="text/event-stream", headers=_SSE_HEADERS)
+# --------------------------------------------------------------------------- routes
 
 
-@post("/v1/chat/completions", status_code=200)
+@post("/v1/chat/completions", status_code=200, summary="Create a chat completion")
 async def chat_completions(request: Request, state: State) -> Response | Stream:
-    server = _server(state)
-    job = await prepare_chat(server, await request.body())
-    if job.req.stream:
-        return _sse(stream_chat(server, job))
-    return await _respond(request, run_chat(server, job))
+    return await _generate(request, state, prepare_chat, run_chat, stream_chat)
 
 
-@post("/v1/completions", status_code=200)
+@post("/v1/completions", status_code=200, summary="Create a text completion")
 async def completions(request: Request, state: State) -> Response | Stream:
-    server = _server(state)
-    job = await prepare_completion(server, await request.body())
-    if job.req.stream:
-        return _sse(stream_completion(server, job))
-    return await _respond(request, run_completion(server, job))
+    return await _generate(request, state, prepare_completion, run_completion, stream_completion)
 
 
-@get("/v1/models")
-async def list_models(state: State) -> Response:
-    server = _server(state)
+@get("/v1/models", summary="List the served model")
+async def list_models(state: State) -> ModelList:
+    server = state.get("server")
+    if server is None:
+        raise APIError("the model is still loading", status=503, code="model_loading")
     card = ModelCard(
         id=server.model_name, created=server.created, root=server.model_name, max_model_len=server.settings.max_model_len
     )
-    return Response(content=msgspec.json.encode(ModelList(data=[card])), media_type=_JSON)
+    return ModelList(data=[card])
 
 
-@get("/health")
+@get("/health", summary="Liveness: 200 while the engine thread lives")
 async def health(state: State) -> Response:
-    server = state.get("server")
-    body = {"status": "ok" if server else "loading"}
-    if server:
-        body |= {"running": server.engine.num_running, "waiting": server.engine.num_waiting}
-    return Response(content=msgspec.json.encode(body), media_type=_JSON, status_code=200 if server else 503)
+    server: ServerState | None = state.get("server")
+    if server is None:
+        return _json({"status": "loading"}, 503)
+    engine = server.engine
+    body = {"status": "ok" if engine.alive else "dead", "running": engine.num_running, "waiting": engine.num_waiting}
+    if not engine.alive:
+        body["error"] = str(engine.error)
+    return _json(body, 200 if engine.alive else 503)
 
 
-def request_id_middleware(app: ASGIApp) -> ASGIApp:
-    """Give every HTTP response an ``x-request-id`` (the client's own, when it sent one)."""
+@get("/ready", summary="Readiness: model loaded, engine stepping, not draining")
+async def ready(state: State) -> Response:
+    server: ServerState | None = state.get("server")
+    if server is None:
+        return _json({"status": "loading"}, 503)
+    engine = server.engine
+    reasons = []
+    if not engine.alive:
+        reasons.append("engine dead")
+    elif time.monotonic() - engine.last_step_at > _STEP_STALL_S:
+        reasons.append("engine not stepping")
+    if server.draining:
+        reasons.append("draining")
+    return _json({"status": "ready" if not reasons else "not ready", "reasons": reasons}, 503 if reasons else 200)
 
-    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await app(scope, receive, send)
-            return
+
+@get("/metrics", summary="Prometheus metrics", media_type=METRICS_CONTENT_TYPE)
+async def metrics(state: State) -> Response:
+    server: ServerState | None = state.get("server")
+    if server is None:
+        return _json({"status": "loading"}, 503)
+    return Response(content=server.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+
+def _json(body: dict, status: int) -> Response:
+    return Response(content=msgspec.json.encode(body), media_type=_JSON, status_code=status)
+
+
+# --------------------------------------------------------------------------- request envelope
+
+
+class Envelope:
+    """ASGI middleware: request id, in-flight count, per-route metrics and one log line per request."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.inflight = 0
+        self.server: ServerState | None = None
+
+    def __call__(self, app: ASGIApp) -> ASGIApp:
+        async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http":
+                await app(scope, receive, send)
+                return
+            await self._handle(app, scope, receive, send)
+
+        return middleware
+
+    async def _handle(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
         incoming = dict(scope.get("headers") or []).get(b"x-request-id")
-        request_id = incoming or secrets.token_hex(16).encode()
+        rid = incoming.decode("latin-1")[:128] if incoming else secrets.token_hex(16)
+        fields = begin_request(rid)
+        started = time.monotonic()
+        status = 500
 
         async def send_with_id(message: Message) -> None:
+            nonlocal status
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id)]
+                status = message["status"]
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode("latin-1"))]
             await send(message)
 
-        await app(scope, receive, send_with_id)
+        self.inflight += 1
+        try:
+            await app(scope, receive, send_with_id)
+        finally:
+            self.inflight -= 1
+            self._record(scope, status, time.monotonic() - started, rid, fields)
 
-    return middleware
+    def _record(self, scope: Scope, status: int, elapsed: float, rid: str, fields: dict) -> None:
+        path = scope.get("path", "")
+        route = path if path in _ROUTES else "other"
+        if self.server is not None:
+            self.server.metrics.requests.labels(route=route, status=str(status)).inc()
+            self.server.metrics.request_latency.labels(route=route).observe(elapsed)
+        if self.settings.log_requests and route not in ("/health", "/ready", "/metrics"):
+            line = {"request_id": rid, "method": scope.get("method"), "path": path, "status": status,
+                    "duration_s": round(elapsed, 4), **fields}
+            access_log.info(json.dumps(line, default=str))
+
+
+# --------------------------------------------------------------------------- app factory
 
 
 def create_app(settings: Settings, server: ServerState | None = None) -> Litestar:
-    """App factory. With ``server`` given (tests), the lifespan neither loads nor closes a model."""
+    """App factory. With ``server`` given (tests, the CLI), the lifespan neither loads nor closes a model."""
+    envelope = Envelope(settings)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         owned = server is None
         app.state.server = server or await asyncio.to_thread(build_state, settings)
+        app.state.envelope = envelope
+        envelope.server = app.state.server
+        document_bodies(app)
         try:
             yield
         finally:
@@ -129,11 +317,11 @@ def create_app(settings: Settings, server: ServerState | None = None) -> Litesta
                 app.state.server.close()
 
     return Litestar(
-        route_handlers=[chat_completions, completions, list_models, health],
+        route_handlers=[chat_completions, completions, list_models, health, ready, metrics],
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
-        middleware=[request_id_middleware],
+        middleware=[envelope],
         openapi_config=OpenAPIConfig(title="Trellis", version="0.1.0", path="/docs"),
-        request_max_body_size=32 * 1024 * 1024,
+        request_max_body_size=settings.max_body_bytes,
         debug=False,
     )

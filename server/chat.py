@@ -10,7 +10,8 @@ import msgspec
 
 from server import tools as tool_calls
 from server.errors import APIError, bad_request
-from server.generation import ChoiceResult, SequenceSpec, collect, new_request_id, start_generation, with_seed
+from server.generation import ChoiceResult, SequenceSpec, collect, new_request_id, with_seed
+from server.render import RenderJob
 from server.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -20,6 +21,7 @@ from server.protocol import (
     Usage,
 )
 from server.requests import (
+    check_limits,
     decode_request,
     logprob_settings,
     reject_unimplemented,
@@ -49,13 +51,14 @@ async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
     req, wire = decode_request(body, ChatCompletionRequest)
     check_model(state, req.model)
     reject_unimplemented(req)
+    check_limits(req)
     plan = tool_calls.plan_tools(req)
     want_logprobs, top = logprob_settings(req.logprobs, req.top_logprobs, chat=True)
     params = sampling_params(
         req, vocab_size=state.vocab_size, eos_token_ids=state.eos_token_ids, logprobs=want_logprobs, top_logprobs=top
     )
     stop_strings(req.stop)
-    prompt_ids = render_prompt(state, req, plan)
+    prompt_ids = await render_prompt(state, req, plan)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = resolve_max_tokens(requested, len(prompt_ids), state.settings.max_model_len, param)
@@ -74,8 +77,8 @@ def check_model(state: ServerState, model: str | None) -> None:
         raise APIError(f"The model `{model}` does not exist.", status=404, param="model", code="model_not_found")
 
 
-def render_prompt(state: ServerState, req: ChatCompletionRequest, plan) -> list[int]:
-    """Apply the chat template (request overrides first) and tokenize."""
+async def render_prompt(state: ServerState, req: ChatCompletionRequest, plan) -> list[int]:
+    """Apply the chat template (request overrides first) and tokenize, off the event loop."""
     if not req.messages:
         raise bad_request("'messages' must contain at least one message", param="messages")
     if req.continue_final_message and req.add_generation_prompt:
@@ -86,20 +89,14 @@ def render_prompt(state: ServerState, req: ChatCompletionRequest, plan) -> list[
     kwargs = dict(req.chat_template_kwargs or {})
     if tools is not None:
         kwargs["tools"] = tools
-    add_generation_prompt = req.add_generation_prompt and not req.continue_final_message
-    try:
-        text = state.tokenizer.apply_chat_template(
-            messages,
-            chat_template=req.chat_template,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=req.continue_final_message,
-            tokenize=False,
-            **kwargs,
-        )
-    except Exception as exc:  # jinja errors, template raise_exception(...)
-        param = "chat_template" if req.chat_template else "messages"
-        raise bad_request(f"the chat template could not render these messages: {exc}", param=param) from exc
-    return list(state.tokenizer(text, add_special_tokens=False).input_ids)
+    job = RenderJob(
+        messages=messages,
+        chat_template=req.chat_template,
+        add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
+        continue_final_message=req.continue_final_message,
+        kwargs=kwargs,
+    )
+    return await state.renderer.render(job)
 
 
 def _echo_prefix(req: ChatCompletionRequest) -> str:
@@ -116,7 +113,7 @@ def _echo_prefix(req: ChatCompletionRequest) -> str:
 
 async def run_chat(state: ServerState, job: ChatJob) -> ChatCompletion:
     """Generate all choices and build the non-streamed response."""
-    stream = start_generation(state.engine, job.request_id, job.specs, job.req, state.eos_token_ids)
+    stream = state.start_generation(job.request_id, job.specs, job.req)
     choices = await collect(stream, len(job.specs))
     return ChatCompletion(
         id=job.request_id,
@@ -153,7 +150,7 @@ def _usage(job: ChatJob, completion_tokens: int) -> Usage:
 
 async def stream_chat(state: ServerState, job: ChatJob) -> AsyncIterator[bytes]:
     """SSE chunks in OpenAI's format, ending with ``data: [DONE]``."""
-    stream = start_generation(state.engine, job.request_id, job.specs, job.req, state.eos_token_ids)
+    stream = state.start_generation(job.request_id, job.specs, job.req)
     options = job.req.stream_options
     include_usage = bool(options and options.include_usage)
     continuous = bool(options and options.continuous_usage_stats)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import threading
+import time
 
 from server.config import Settings, add_serve_arguments, settings_from_args
 
@@ -26,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def serve(settings: Settings) -> int:
-    """Load the model, then run the HTTP server until interrupted."""
+    """Load the model, then run the HTTP server until SIGTERM/SIGINT (drained) or an engine failure."""
     import uvicorn
 
     from server.app import create_app
@@ -40,13 +42,79 @@ def serve(settings: Settings) -> int:
     except (ModelLoadError, UnsupportedModelError, RuntimeError, OSError) as exc:
         print(f"trellis: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
+    _say_how_open(settings)
     app = create_app(settings, state)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                            timeout_graceful_shutdown=5)
+    server = DrainingServer(config, state, settings.drain_timeout)
     print(f"trellis: serving {state.model_name} on http://{settings.host}:{settings.port}/v1", file=sys.stderr)
     try:
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, timeout_graceful_shutdown=5)
+        server.run()
     finally:
         state.close()
+    if server.engine_failed:
+        print(f"trellis: error: the engine stopped: {state.engine.error}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _say_how_open(settings: Settings) -> None:
+    if settings.allow_client_chat_template:
+        logging.getLogger("trellis").info(
+            "requests may send their own chat_template (sandboxed worker process); --allow-client-chat-template off refuses them"
+        )
+
+
+class DrainingServer:
+    """uvicorn, with SIGTERM/SIGINT draining: refuse new work (503), let running requests finish up to
+    ``drain_timeout`` seconds, then exit; and an engine watchdog that stops the process if the engine dies."""
+
+    def __init__(self, config, state, drain_timeout: float) -> None:
+        import uvicorn
+
+        outer = self
+
+        class _Server(uvicorn.Server):
+            def handle_exit(self, sig, frame) -> None:  # runs in the signal handler
+                outer.begin_drain()
+
+        self._server = _Server(config)
+        self._state = state
+        self._drain_timeout = drain_timeout
+        self._draining = threading.Event()
+        self.engine_failed = False
+
+    def run(self) -> None:
+        threading.Thread(target=self._watch_engine, name="trellis-watchdog", daemon=True).start()
+        self._server.run()
+
+    def begin_drain(self) -> None:
+        if self._draining.is_set():  # a second signal: stop now
+            self._server.should_exit = True
+            self._server.force_exit = True
+            return
+        self._draining.set()
+        self._state.draining = True
+        threading.Thread(target=self._drain, name="trellis-drain", daemon=True).start()
+
+    def _drain(self) -> None:
+        deadline = time.monotonic() + self._drain_timeout
+        envelope = getattr(self._server.config.app.state, "envelope", None)
+        while time.monotonic() < deadline:
+            busy = envelope.inflight if envelope is not None else 0
+            if not busy and not self._state.engine.num_running and not self._state.engine.num_waiting:
+                break
+            time.sleep(0.1)
+        self._server.should_exit = True
+
+    def _watch_engine(self) -> None:
+        while not self._server.should_exit:
+            if not self._state.engine.alive:
+                logging.getLogger("trellis").error("the engine stopped (%s); exiting", self._state.engine.error)
+                self.engine_failed = True
+                self._server.should_exit = True
+                return
+            time.sleep(0.5)
 
 
 def main(argv: list[str] | None = None) -> int:

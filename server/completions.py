@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -10,9 +11,10 @@ import msgspec
 
 from server.chat import check_model
 from server.errors import bad_request
-from server.generation import SequenceSpec, collect, new_request_id, start_generation, with_seed
+from server.generation import SequenceSpec, collect, new_request_id, with_seed
 from server.protocol import Completion, CompletionChoice, CompletionRequest, Usage
 from server.requests import (
+    check_limits,
     decode_request,
     logprob_settings,
     reject_unimplemented,
@@ -46,6 +48,12 @@ def _prompts(state: ServerState, req: CompletionRequest) -> list[list[int]]:
     return [_prompt_ids(state, req, i, item) for i, item in enumerate(items)]
 
 
+def _prompt_count(prompt) -> int:
+    if isinstance(prompt, str) or all(isinstance(p, int) for p in prompt):
+        return 1
+    return len(prompt)
+
+
 def _prompt_ids(state: ServerState, req: CompletionRequest, i: int, item) -> list[int]:
     if isinstance(item, str):
         ids = list(state.tokenizer(item, add_special_tokens=req.add_special_tokens).input_ids)
@@ -67,7 +75,8 @@ async def prepare_completion(state: ServerState, body: bytes) -> CompletionJob:
         req, vocab_size=state.vocab_size, eos_token_ids=state.eos_token_ids, logprobs=want_logprobs, top_logprobs=top
     )
     stop_strings(req.stop)
-    prompts = _prompts(state, req)
+    check_limits(req, _prompt_count(req.prompt))
+    prompts = await asyncio.to_thread(_prompts, state, req)
     compiled = await compile_constraint(state, await constraint_spec_async(state, wire, None))
     specs = []
     for prompt in prompts:
@@ -85,7 +94,7 @@ def _usage(job: CompletionJob, completion_tokens: int) -> Usage:
 
 
 async def run_completion(state: ServerState, job: CompletionJob) -> Completion:
-    stream = start_generation(state.engine, job.request_id, job.specs, job.req, state.eos_token_ids)
+    stream = state.start_generation(job.request_id, job.specs, job.req)
     results = await collect(stream, len(job.specs))
     choices = []
     for i, result in enumerate(results):
@@ -98,7 +107,7 @@ async def run_completion(state: ServerState, job: CompletionJob) -> Completion:
 
 
 async def stream_completion(state: ServerState, job: CompletionJob) -> AsyncIterator[bytes]:
-    stream = start_generation(state.engine, job.request_id, job.specs, job.req, state.eos_token_ids)
+    stream = state.start_generation(job.request_id, job.specs, job.req)
     options = job.req.stream_options
     include_usage = bool(options and options.include_usage)
     tokens = [0] * len(job.specs)

@@ -24,6 +24,15 @@ class Settings:
     jump_forward: bool = True
     device_dfa: str = "auto"
     compile_timeout: float = 5.0
+    compile_memory_mb: int = 4096
+    max_waiting_seqs: int = 256
+    max_waiting_tokens: int = 262144
+    request_timeout: float = 600.0
+    drain_timeout: float = 30.0
+    max_body_bytes: int = 8 * 1024 * 1024
+    template_timeout: float = 2.0
+    allow_client_chat_template: bool = True
+    log_requests: bool = True
     log_level: str = "info"
 
 
@@ -41,6 +50,15 @@ _HELP = {
     "jump_forward": "append tokens a constraint forces without sampling them (on|off)",
     "device_dfa": "regex/choice constraints as a device-resident DFA masked by a kernel: auto (on with CUDA), on, off",
     "compile_timeout": "seconds a constraint (schema, regex, grammar) may take to compile",
+    "compile_memory_mb": "address-space cap of each constraint-compile worker process in MiB (0 = none)",
+    "max_waiting_seqs": "most sequences waiting for a batch slot; more -> 429 with Retry-After",
+    "max_waiting_tokens": "most prompt tokens waiting for a batch slot; more -> 429 with Retry-After",
+    "request_timeout": "seconds a request may take from arrival to its last token (0 = no limit)",
+    "drain_timeout": "seconds running requests may finish after SIGTERM before the server exits",
+    "max_body_bytes": "largest request body in bytes (larger -> 413)",
+    "template_timeout": "seconds a chat template may take to render (then 400)",
+    "allow_client_chat_template": "accept a request's own 'chat_template' (rendered sandboxed in a worker process)",
+    "log_requests": "one structured log line per request (on|off)",
     "log_level": "debug, info, warning or error",
 }
 _CHOICES = {

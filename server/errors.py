@@ -11,6 +11,8 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
 from constraints import ConstraintError
+from server.engine.errors import EngineUnavailable
+from server.context import request_id, request_log
 from server.protocol import ErrorBody, ErrorResponse
 
 log = logging.getLogger("trellis")
@@ -41,6 +43,7 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         type: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -48,6 +51,7 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.type = type or _TYPE_BY_STATUS.get(status, "invalid_request_error")
+        self.headers = headers or {}
 
 
 def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> APIError:
@@ -67,31 +71,50 @@ def not_implemented(param: str) -> APIError:
 
 def error_body(error: APIError) -> bytes:
     body = ErrorResponse(
-        error=ErrorBody(message=error.message, type=error.type, param=error.param, code=error.code)
+        error=ErrorBody(message=error.message, type=error.type, param=error.param, code=error.code),
+        code=error.code,
+        message=error.message,
+        request_id=request_id(),
     )
     return msgspec.json.encode(body)
 
 
 def error_response(error: APIError) -> Response:
-    return Response(content=error_body(error), status_code=error.status, media_type="application/json")
+    request_log().update(error_code=error.code)
+    return Response(
+        content=error_body(error), status_code=error.status, media_type="application/json", headers=error.headers
+    )
 
 
 def _from_constraint_error(exc: ConstraintError) -> APIError:
-    message = exc.message
-    return APIError(message, status=400, param=exc.param, code=exc.code)
+    return APIError(exc.message, status=400, param=exc.param, code=exc.code)
 
 
 def handle_api_error(_: Request, exc: APIError) -> Response:
     return error_response(exc)
 
 
-def handle_constraint_error(_: Request, exc: ConstraintError) -> Response:
+def handle_constraint_error(request: Request, exc: ConstraintError) -> Response:
+    server = request.app.state.get("server")
+    if server is not None:
+        keyword = _keyword_label(exc.keyword)
+        server.metrics.refusals.labels(code=exc.code or "none", keyword=keyword).inc()
     return error_response(_from_constraint_error(exc))
+
+
+_CODE_BY_STATUS = {
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+}
 
 
 def handle_http_exception(_: Request, exc: HTTPException) -> Response:
     status = exc.status_code
-    code = {404: "not_found", 405: "method_not_allowed"}.get(status)
+    if status >= 500:  # Litestar's own 5xx are internal failures: logged, never shown raw
+        log.error("HTTP %s from the framework: %s", status, exc.detail)
+    code = _CODE_BY_STATUS.get(status, "invalid_request" if status < 500 else "internal_error")
     return error_response(APIError(str(exc.detail), status=status, code=code))
 
 
@@ -102,7 +125,28 @@ def handle_unexpected(request: Request, exc: Exception) -> Response:
     )
 
 
+_MAX_KEYWORD_LABELS = 64
+_keyword_labels: set[str] = set()
+
+
+def _keyword_label(keyword: str | None) -> str:
+    """Keywords come from client schemas: bound the label set so metrics cannot grow without end."""
+    if not keyword:
+        return "none"
+    if keyword in _keyword_labels:
+        return keyword
+    if len(_keyword_labels) < _MAX_KEYWORD_LABELS and len(keyword) <= 40 and keyword.replace("_", "").isalnum():
+        _keyword_labels.add(keyword)
+        return keyword
+    return "other"
+
+
+def handle_engine_unavailable(_: Request, exc: Exception) -> Response:
+    return error_response(APIError(f"the engine cannot take requests: {exc}", status=503, code="engine_unavailable"))
+
+
 EXCEPTION_HANDLERS = {
+    EngineUnavailable: handle_engine_unavailable,
     APIError: handle_api_error,
     ConstraintError: handle_constraint_error,
     HTTPException: handle_http_exception,

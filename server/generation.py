@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 
@@ -40,32 +41,65 @@ class SequenceSpec:
     token_dfa: object | None = None
 
 
+@dataclass
+class GenerationTiming:
+    """When a request's tokens arrived, for TTFT/TPOT metrics and the request log."""
+
+    started: float = field(default_factory=time.monotonic)
+    first_token: float | None = None
+    last_token: float | None = None
+    tokens: int = 0
+
+    def saw(self, new_tokens: int) -> None:
+        if not new_tokens:
+            return
+        now = time.monotonic()
+        if self.first_token is None:
+            self.first_token = now
+        self.last_token = now
+        self.tokens += new_tokens
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.started
+
+    @property
+    def tpot(self) -> float | None:
+        if self.first_token is None or self.tokens < 2:
+            return None
+        return (self.last_token - self.first_token) / (self.tokens - 1)
+
+
 class GenerationStream:
     """Submits sequences to the engine and iterates their deltas until all have finished."""
 
-    def __init__(self, engine: Engine, request_id: str) -> None:
+    def __init__(self, engine: Engine, request_id: str, on_close: Callable[[GenerationTiming], None] | None = None) -> None:
         self.engine = engine
         self.request_id = request_id
+        self.timing = GenerationTiming()
+        self._on_close = on_close
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[tuple[int, SequenceDelta]] = asyncio.Queue()
         self._open = 0
         self._closed = False
 
     def submit(self, specs: list[SequenceSpec], **request_fields) -> None:
-        for index, spec in enumerate(specs):
-            self.engine.submit(
-                GenerationRequest(
-                    request_id=self.request_id,
-                    prompt_token_ids=spec.prompt_token_ids,
-                    params=spec.params,
-                    max_tokens=spec.max_tokens,
-                    sink=self._sink(index),
-                    matcher=spec.matcher,
-                    token_dfa=spec.token_dfa,
-                    **request_fields,
-                )
+        """Queue every sequence of the request at once (EngineOverloaded: none was queued)."""
+        requests = [
+            GenerationRequest(
+                request_id=self.request_id,
+                prompt_token_ids=spec.prompt_token_ids,
+                params=spec.params,
+                max_tokens=spec.max_tokens,
+                sink=self._sink(index),
+                matcher=spec.matcher,
+                token_dfa=spec.token_dfa,
+                **request_fields,
             )
-            self._open += 1
+            for index, spec in enumerate(specs)
+        ]
+        self.engine.submit_all(requests)
+        self._open += len(requests)
 
     def _sink(self, index: int) -> Callable[[SequenceDelta], None]:
         def deliver(delta: SequenceDelta) -> None:
@@ -81,18 +115,26 @@ class GenerationStream:
             index, delta = await self._queue.get()
             if delta.finish_reason is not None:
                 self._open -= 1
+            self.timing.saw(len(delta.token_ids))
             yield index, delta
 
     def close(self) -> None:
         """Abort sequences still running (client gone, error elsewhere)."""
-        if self._open and not self._closed:
+        if self._closed:
+            return
+        if self._open:
             self.engine.abort(self.request_id)
         self._closed = True
+        if self._on_close is not None:
+            self._on_close(self.timing)
 
 
-def start_generation(engine: Engine, request_id: str, specs: list[SequenceSpec], req, eos_token_ids) -> GenerationStream:
-    """Submit one API request's sequences with the request-wide stop/EOS settings of ``req``."""
-    stream = GenerationStream(engine, request_id)
+def start_generation(
+    engine: Engine, request_id: str, specs: list[SequenceSpec], req, eos_token_ids, on_close=None
+) -> GenerationStream:
+    """Submit one API request's sequences with the request-wide stop/EOS settings of ``req``;
+    ``on_close`` gets the request's :class:`GenerationTiming` when the stream closes."""
+    stream = GenerationStream(engine, request_id, on_close)
     stream.submit(
         specs,
         stop=stop_strings(req.stop),

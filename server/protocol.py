@@ -243,4 +243,9 @@ class ErrorBody(_Response, kw_only=True):
 
 
 class ErrorResponse(_Response, kw_only=True):
+    """OpenAI's ``error`` object plus the hosted platform's top-level ``code``, ``message``, ``request_id``."""
+
     error: ErrorBody
+    code: str | None
+    message: str
+    request_id: str | None

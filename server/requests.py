@@ -19,6 +19,12 @@ T = TypeVar("T", ChatCompletionRequest, CompletionRequest)
 
 MAX_N = 64
 MAX_TOP_LOGPROBS = 20
+MAX_JSON_DEPTH = 128
+MAX_MESSAGES = 1024
+MAX_STOP = 32
+MAX_LOGIT_BIAS = 1024
+MAX_TOOLS = 128
+MAX_PROMPTS_TIMES_N = 256
 _FIELD_AT = re.compile(r"at `\$(.*)`$")
 _UNKNOWN_FIELD = re.compile(r"unknown field `([^`]*)`")
 
@@ -28,10 +34,7 @@ def decode_request(body: bytes, cls: type[T]) -> tuple[T, dict[str, Any]]:
 
     Returns the typed request and the merged plain dict (the wire view the constraint parser reads).
     """
-    try:
-        data = msgspec.json.decode(body)
-    except msgspec.DecodeError as exc:
-        raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+    data = parse_json_body(body)
     if not isinstance(data, dict):
         raise bad_request("request body must be a JSON object", code="invalid_json")
     extra = data.pop("extra_body", None)
@@ -46,6 +49,59 @@ def decode_request(body: bytes, cls: type[T]) -> tuple[T, dict[str, Any]]:
         return msgspec.convert(data, cls), data
     except msgspec.ValidationError as exc:
         raise _validation_error(exc) from exc
+
+
+def parse_json_body(body: bytes) -> Any:
+    """The body as JSON; 400 ``invalid_json`` for bad JSON, bad UTF-8 or nesting over the bound."""
+    try:
+        data = msgspec.json.decode(body)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        data = None
+    if data is None or json_depth(data) > MAX_JSON_DEPTH:
+        raise bad_request(f"request body nests deeper than {MAX_JSON_DEPTH} levels", code="invalid_json")
+    return data
+
+
+def json_depth(value: Any) -> int:
+    """Deepest nesting of arrays/objects in ``value`` (iterative: safe on any depth)."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if depth > MAX_JSON_DEPTH:
+            break
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
+
+
+def check_limits(req: ChatCompletionRequest | CompletionRequest, n_prompts: int = 1) -> None:
+    """Bounds on the request's sizes, each a 400 naming the field."""
+    if isinstance(req, ChatCompletionRequest):
+        _at_most(len(req.messages), MAX_MESSAGES, "messages")
+        _at_most(len(req.tools or ()) + len(req.functions or ()), MAX_TOOLS, "tools")
+    stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
+    _at_most(len(stops), MAX_STOP, "stop")
+    _at_most(len(req.stop_token_ids or ()), MAX_LOGIT_BIAS, "stop_token_ids")
+    _at_most(len(req.logit_bias or {}), MAX_LOGIT_BIAS, "logit_bias")
+    if n_prompts * req.n > MAX_PROMPTS_TIMES_N:
+        raise bad_request(
+            f"{n_prompts} prompts x n={req.n} is {n_prompts * req.n} sequences; at most {MAX_PROMPTS_TIMES_N} per request",
+            param="n",
+        )
+
+
+def _at_most(count: int, limit: int, name: str) -> None:
+    if count > limit:
+        raise bad_request(f"'{name}' has {count} entries; at most {limit} are allowed", param=name)
 
 
 def _validation_error(exc: msgspec.ValidationError) -> APIError:

@@ -9,12 +9,19 @@ from dataclasses import dataclass, field
 import torch
 
 from server.config import Settings
+from server.context import request_log
 from server.engine.engine import Engine
 from server.engine.model import ModelRunner, load_hf_model, resolve_dtype
-from server.generation import TokenTexts
+from server.generation import GenerationStream, GenerationTiming, TokenTexts, start_generation
+from server.metrics import Metrics
+from server.render import PromptRenderer
 from server.model_loader import ModelSource, load_tokenizer, resolve_model
 
 log = logging.getLogger("trellis")
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 @dataclass
@@ -27,11 +34,50 @@ class ServerState:
     eos_token_ids: frozenset[int]
     token_texts: TokenTexts
     vocab_size: int
+    renderer: PromptRenderer | None = None
     device_dfa: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
+    metrics: Metrics = field(default_factory=Metrics)
+    draining: bool = False
+
+    def __post_init__(self) -> None:
+        self.metrics.watch_many(self._engine_gauges)
+
+    def start_generation(self, request_id: str, specs, req) -> GenerationStream:
+        """Submit a request's sequences (EngineOverloaded when the waiting queue is full)."""
+        return start_generation(self.engine, request_id, specs, req, self.eos_token_ids, self._observe)
+
+    def _observe(self, timing: GenerationTiming) -> None:
+        self.metrics.generation_tokens.inc(timing.tokens)
+        if timing.ttft is not None:
+            self.metrics.ttft.observe(timing.ttft)
+        if timing.tpot is not None:
+            self.metrics.tpot.observe(timing.tpot)
+        request_log().update(completion_tokens=timing.tokens, ttft_s=_rounded(timing.ttft))
+
+    def _engine_gauges(self) -> dict[str, tuple[str, float]]:
+        engine = self.engine
+        stats = engine.stats
+        gauges = {
+            "trellis_running_sequences": ("sequences in the running batch", engine.num_running),
+            "trellis_waiting_sequences": ("sequences waiting for a batch slot", engine.num_waiting),
+            "trellis_waiting_prompt_tokens": ("prompt tokens waiting for a batch slot", engine.waiting_tokens),
+            "trellis_kv_cache_usage": ("fraction of the KV cache holding live tokens", engine.kv_usage),
+            "trellis_engine_alive": ("1 while the engine thread is stepping", float(engine.alive)),
+            "trellis_engine_steps": ("engine steps run", stats.steps),
+            "trellis_forced_tokens": ("tokens appended by jump-forward", stats.forced_tokens),
+        }
+        if self.compiler is not None:
+            cache = self.compiler.cache_stats()
+            gauges["trellis_constraint_cache_hits"] = ("compiled-constraint cache hits", cache["hits"])
+            gauges["trellis_constraint_cache_misses"] = ("compiled-constraint cache misses", cache["misses"])
+            gauges["trellis_constraint_cache_bytes"] = ("compiled-constraint cache size", cache["bytes"])
+        return gauges
 
     def close(self) -> None:
         self.engine.shutdown()
+        if self.renderer is not None:
+            self.renderer.close()
         if self.compiler is not None:
             self.compiler.close()
 
@@ -79,15 +125,25 @@ def build_state(settings: Settings, source: ModelSource | None = None) -> Server
         max_model_len=settings.max_model_len,
         prefill_budget=settings.prefill_budget,
         jump_forward=settings.jump_forward,
+        max_waiting_seqs=settings.max_waiting_seqs,
+        max_waiting_tokens=settings.max_waiting_tokens,
     )
     engine.start()
     eos = eos_ids(tokenizer, source.directory)
+    renderer = PromptRenderer(
+        tokenizer,
+        source.directory,
+        timeout_s=settings.template_timeout,
+        allow_client_templates=settings.allow_client_chat_template,
+    )
+    renderer.warm_up()
     return ServerState(
         settings=settings,
         model_name=settings.served_model_name or source.name,
         tokenizer=tokenizer,
         engine=engine,
-        compiler=_build_compiler(tokenizer, runner.vocab_size, eos, settings.compile_timeout),
+        compiler=_build_compiler(tokenizer, runner.vocab_size, eos, settings),
+        renderer=renderer,
         eos_token_ids=eos,
         token_texts=TokenTexts(tokenizer),
         vocab_size=runner.vocab_size,
@@ -103,9 +159,13 @@ def sequence_constraint(state: ServerState, compiled) -> tuple[object | None, ob
     return compiled.new_matcher(), token_dfa
 
 
-def _build_compiler(tokenizer, vocab_size: int, eos: frozenset[int], timeout: float):
+def _build_compiler(tokenizer, vocab_size: int, eos: frozenset[int], settings: Settings):
     from constraints import ConstraintCompiler
 
     return ConstraintCompiler(
-        tokenizer, vocab_size, stop_token_ids=sorted(eos), compile_timeout_s=timeout
+        tokenizer,
+        vocab_size,
+        stop_token_ids=sorted(eos),
+        compile_timeout_s=settings.compile_timeout,
+        compile_memory_mb=settings.compile_memory_mb,
     )

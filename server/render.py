@@ -1,0 +1,181 @@
+"""Prompt rendering and tokenisation off the event loop, bounded in time and size.
+
+The model's own chat template is the operator's (trusted): it renders on a worker thread under a
+time limit. A template sent by a client is untrusted code: it renders in a separate worker process
+(Jinja's sandbox, plus an address-space cap) that is killed when it runs over its time budget, so a
+template that loops or builds a huge string costs one worker, never the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from server.errors import APIError, bad_request
+
+MAX_PROMPT_CHARS = 16 * 1024 * 1024
+_WORKER_MEMORY_MB = 2048
+_WORKER_START_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class RenderJob:
+    """Everything ``apply_chat_template`` needs, as plain data (it crosses a process boundary)."""
+
+    messages: list[dict[str, Any]]
+    chat_template: str | None
+    add_generation_prompt: bool
+    continue_final_message: bool
+    kwargs: dict[str, Any]
+
+
+class TemplateError(Exception):
+    """The template raised (``raise_exception``, a Jinja error, an undefined value …)."""
+
+
+def render_and_tokenize(tokenizer, job: RenderJob) -> list[int]:
+    """Apply the chat template and tokenize; raises TemplateError or ValueError (too large)."""
+    try:
+        text = tokenizer.apply_chat_template(
+            job.messages,
+            chat_template=job.chat_template,
+            add_generation_prompt=job.add_generation_prompt,
+            continue_final_message=job.continue_final_message,
+            tokenize=False,
+            **job.kwargs,
+        )
+    except Exception as exc:  # jinja errors, template raise_exception(...), sandbox violations
+        raise TemplateError(str(exc) or type(exc).__name__) from None
+    if len(text) > MAX_PROMPT_CHARS:
+        raise ValueError(f"the rendered prompt has {len(text)} characters (limit {MAX_PROMPT_CHARS})")
+    return list(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+class PromptRenderer:
+    """Renders chat prompts for one tokenizer; thread-safe."""
+
+    def __init__(self, tokenizer, tokenizer_dir: Path | str, *, timeout_s: float, allow_client_templates: bool) -> None:
+        self.tokenizer = tokenizer
+        self.timeout_s = timeout_s
+        self.allow_client_templates = allow_client_templates
+        self._tokenizer_dir = str(tokenizer_dir)
+        self._runner = None
+        self._warm = False
+        self._lock = threading.Lock()
+
+    async def render(self, job: RenderJob) -> list[int]:
+        """Token ids of the rendered prompt; APIError (400) for a bad or runaway template."""
+        param = "chat_template" if job.chat_template else "messages"
+        if job.chat_template is not None and not self.allow_client_templates:
+            raise bad_request("this server does not accept a request's own chat_template", param="chat_template",
+                              code="unsupported_parameter")
+        if job.chat_template is not None:
+            work = asyncio.to_thread(self._render_in_worker, job)
+        else:
+            work = asyncio.to_thread(render_and_tokenize, self.tokenizer, job)
+        try:
+            return await asyncio.wait_for(work, timeout=self.timeout_s + 1.0)
+        except TemplateError as exc:
+            raise bad_request(f"the chat template could not render these messages: {exc}", param=param) from None
+        except ValueError as exc:
+            raise bad_request(str(exc), param=param, code="prompt_too_large") from None
+        except (TimeoutError, _RenderTimeout):
+            raise bad_request(f"rendering the chat template exceeded the {self.timeout_s:g} s budget",
+                              param=param, code="template_timeout") from None
+
+    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        """Tokenize raw text (call on a worker thread for long inputs)."""
+        return list(self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._runner is not None:
+                self._runner.close()
+
+    def warm_up(self) -> None:
+        """Start the client-template worker ahead of the first request (it loads the tokenizer)."""
+        if self.allow_client_templates:
+            threading.Thread(target=self._ensure_worker, name="trellis-render-warmup", daemon=True).start()
+
+    # -- the client-template worker process ---------------------------------------------------
+
+    def _ensure_worker(self):
+        from constraints.workers import ProcessRunner
+
+        with self._lock:
+            if self._runner is None:
+                self._runner = ProcessRunner("server.render:init_worker", (self._tokenizer_dir, _WORKER_MEMORY_MB))
+            if not self._warm:  # a fresh worker loads transformers + the tokenizer outside the budget
+                try:
+                    self._runner.run("server.render:ping", timeout=_WORKER_START_TIMEOUT_S)
+                    self._warm = True
+                except Exception as exc:
+                    raise APIError(f"the template worker could not start: {exc}", status=503,
+                                   code="template_worker_unavailable") from None
+            return self._runner
+
+    def _render_in_worker(self, job: RenderJob) -> list[int]:
+        from constraints.errors import ConstraintTimeoutError
+
+        runner = self._ensure_worker()
+        try:
+            return runner.run("server.render:render_in_worker", job, timeout=self.timeout_s)
+        except ConstraintTimeoutError:
+            self._warm = False
+            raise _RenderTimeout() from None
+        except RuntimeError as exc:  # the worker died: over its memory cap, most likely
+            self._warm = False
+            raise ValueError(f"rendering the chat template failed: {exc} (memory limit?)") from None
+
+
+class _RenderTimeout(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------- in the worker process
+
+_worker_tokenizer = None
+
+
+def init_worker(tokenizer_dir: str, memory_mb: int) -> None:
+    """Runs once in a fresh render worker: cap its memory, load the tokenizer."""
+    global _worker_tokenizer
+    from server.model_loader import load_tokenizer
+
+    _worker_tokenizer = load_tokenizer(Path(tokenizer_dir))
+    _cap_memory(memory_mb)
+
+
+def _cap_memory(memory_mb: int) -> None:
+    import resource
+
+    limit = memory_mb << 20
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    current = _address_space_bytes()
+    resource.setrlimit(resource.RLIMIT_AS, (current + limit, hard))
+
+
+def _address_space_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as statm:
+            import os
+
+            return int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+def ping() -> bool:
+    return True
+
+
+def render_in_worker(job: RenderJob) -> list[int]:
+    try:
+        return render_and_tokenize(_worker_tokenizer, job)
+    except MemoryError:
+        raise ValueError("rendering the chat template ran out of its memory budget") from None
