@@ -396,17 +396,16 @@ class Engine:
             return
         try:
             self._take_sampled(seq, token, logprob)
-        except SequenceFailed as exc:
-            self._fail(seq, str(exc))
+        except SequenceFailed as exc:  # its output of this step is incomplete, whatever it finished with
+            self._fail(seq, str(exc), replace_finish=True)
         except Exception as exc:
             log.exception("sequence of %s failed", seq.request.request_id)
-            self._fail(seq, f"internal error: {_describe(exc)}")
+            self._fail(seq, f"internal error: {_describe(exc)}", replace_finish=True)
 
     def _take_sampled(self, seq: Sequence, token: int, logprob: TokenLogprobs | None) -> None:
         matcher = seq.request.matcher
         if matcher is not None and not _guarded("constraint matcher", matcher.accept_token, token):
-            seq.error = f"constraint rejected sampled token {token}"
-            seq.finish("error")
+            self._fail(seq, f"constraint rejected sampled token {token}")
             return
         if self._append(seq, token, logprob):
             return
@@ -464,14 +463,18 @@ class Engine:
 
     # ------------------------------------------------------------------ failures
 
-    def _fail(self, seq: Sequence, message: str) -> None:
-        """End ``seq`` with finish_reason "error" (reported and freed at the end of the step)."""
-        if seq.finished:
+    def _fail(self, seq: Sequence, message: str, *, replace_finish: bool = False) -> None:
+        """End ``seq`` with finish_reason "error" (reported and freed at the end of the step).
+
+        A sequence already finished keeps its finish unless ``replace_finish`` (and it was
+        neither aborted nor reported yet)."""
+        if seq.closed or seq.aborted or seq.finish_reason == "error":
+            return
+        if seq.finished and not replace_finish:
             return
         log.warning("sequence of %s failed: %s", seq.request.request_id, message)
         self.stats.failed_sequences += 1
-        seq.error = message
-        seq.finish("error")
+        seq.fail(message)
 
     def _fail_batch(self, seqs: list[Sequence], message: str) -> None:
         log.error("batch of %d sequences failed: %s", len(seqs), message)

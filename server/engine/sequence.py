@@ -82,6 +82,10 @@ class Sequence:
             self.finish_reason = reason
             self.stop_reason = stop_reason
 
+    def fail(self, message: str) -> None:
+        """End with finish_reason "error", replacing a finish of this step not yet reported."""
+        self.finish_reason, self.stop_reason, self.error = "error", None, message
+
     def take_delta(self) -> SequenceDelta:
         """The step's output as one delta; resets the step buffers."""
         if self.finished:

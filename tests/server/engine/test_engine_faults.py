@@ -188,6 +188,23 @@ def test_failing_text_handling_fails_only_its_sequence(make_engine, monkeypatch,
     assert free.tokens == expected
 
 
+def test_failure_while_finishing_replaces_the_finish_reason(make_engine, monkeypatch):
+    engine = make_engine()
+    new_sequence = engine._new_sequence
+
+    def sabotaged(req):
+        seq = new_sequence(req)
+        monkeypatch.setattr(seq.detokenizer, "flush", lambda: 1 / 0)
+        return seq
+
+    monkeypatch.setattr(engine, "_new_sequence", sabotaged)
+    sink = Collector()
+    engine.submit_all([request("bad", sink, max_tokens=3)])
+    step_until_done(engine, [sink])
+    assert sink.finish == "error" and sink.error == "detokenizer failed: ZeroDivisionError: division by zero"
+    assert len(sink.tokens) == 3 and sink.finals == 1
+
+
 def test_broken_sink_fails_only_its_sequence(make_engine):
     expected = free_alone(make_engine)
     engine = make_engine()
