@@ -6,6 +6,12 @@ chunks and jump-forward continuations), fill constraint bitmasks on a worker thr
 forward runs, sample all rows in one sampler pass, then append tokens,
 detokenize, check stops and report one delta per sequence. Finished sequences leave the batch at
 the end of the step; nothing ever waits for another request to finish.
+
+Failures stay as small as they can: whatever fails for one sequence (its matcher, detokenizer,
+stop strings or sink) ends only that sequence with finish_reason "error"; a failed forward or
+sampler pass ends only the sequences of that step. The waiting queue is bounded
+(:class:`AdmissionControl`), and if the thread dies anyway every pending sequence gets a final
+error delta and :attr:`Engine.alive` turns False.
 """
 
 from __future__ import annotations
@@ -20,11 +26,18 @@ from dataclasses import dataclass
 import torch
 
 from sampler import Sampler, TokenLogprobs
+from server.engine.admission import AdmissionControl
 from server.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from server.engine.errors import EngineDead, EngineOverloaded, EngineUnavailable
 from server.engine.model import ModelRunner, StepBatch
-from server.engine.sequence import GenerationRequest, Sequence
+from server.engine.sequence import GenerationRequest, Sequence, SequenceDelta, error_delta
+
+__all__ = ["Engine", "EngineDead", "EngineOverloaded", "EngineStats", "EngineUnavailable"]
 
 log = logging.getLogger("trellis.engine")
+
+DEFAULT_MAX_WAITING_SEQS = 256
+DEFAULT_MAX_WAITING_TOKENS = 262144
 
 
 @dataclass
@@ -36,10 +49,17 @@ class EngineStats:
     mask_fill_s: float = 0.0
     forward_s: float = 0.0
     sample_s: float = 0.0
+    failed_sequences: int = 0  # finished with "error"
+    failed_batches: int = 0  # forward or sampler passes that raised
+    failed_steps: int = 0  # steps that raised out of Engine.step (a bug): the running batch failed
+
+
+class SequenceFailed(Exception):
+    """One sequence's own work failed; the message is what its client is told."""
 
 
 class Engine:
-    """Owns the model runner, the sampler and all sequences; thread-safe ``submit``/``abort``."""
+    """Owns the model runner, the sampler and all sequences; thread-safe ``submit_all``/``abort``."""
 
     def __init__(
         self,
@@ -50,6 +70,8 @@ class Engine:
         max_model_len: int,
         prefill_budget: int = 1024,
         jump_forward: bool = True,
+        max_waiting_seqs: int = DEFAULT_MAX_WAITING_SEQS,
+        max_waiting_tokens: int = DEFAULT_MAX_WAITING_TOKENS,
     ) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
@@ -59,6 +81,8 @@ class Engine:
         self.prefill_budget = prefill_budget
         self.jump_forward = jump_forward
         self.stats = EngineStats()
+        self.last_step_at = time.monotonic()
+        self._admission = AdmissionControl(max_waiting_seqs, max_waiting_tokens)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -66,7 +90,9 @@ class Engine:
         self._running: list[Sequence] = []  # _running[i].slot == i
         self._mask_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trellis-mask")
         self._words = (runner.vocab_size + 31) // 32
+        self._valid_bits = _valid_bits(runner.vocab_size, self._words)
         self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
 
     # ------------------------------------------------------------------ public, any thread
 
@@ -75,6 +101,7 @@ class Engine:
         self._thread.start()
 
     def shutdown(self) -> None:
+        """Stop the thread; sequences still pending get a final error delta."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
@@ -82,8 +109,26 @@ class Engine:
         self._mask_pool.shutdown(wait=False)
 
     def submit(self, request: GenerationRequest) -> None:
-        """Queue a sequence; its deltas arrive through ``request.sink`` (called on the engine thread)."""
-        self._inbox.put(("add", request))
+        """Queue one sequence (see :meth:`submit_all`)."""
+        self.submit_all([request])
+
+    def submit_all(self, requests: list[GenerationRequest]) -> None:
+        """Queue all sequences of one API request, or none of them.
+
+        Deltas arrive through each ``request.sink`` (called on the engine thread).
+
+        Raises:
+            EngineOverloaded: the waiting queue has no room for all of them (``retry_after`` s).
+            EngineDead: the engine thread has stopped.
+        """
+        if not requests:
+            return
+
+        def enqueue() -> None:
+            for request in requests:
+                self._inbox.put(("add", request))
+
+        self._admission.reserve([len(r.prompt_token_ids) for r in requests], enqueue)
         self._wake.set()
 
     def abort(self, request_id: str) -> None:
@@ -92,26 +137,87 @@ class Engine:
         self._wake.set()
 
     @property
+    def alive(self) -> bool:
+        """The engine thread is running and has not crashed."""
+        thread = self._thread
+        return thread is not None and thread.is_alive() and self._error is None and not self._stop.is_set()
+
+    @property
+    def error(self) -> BaseException | None:
+        """What killed the engine thread (None while it lives or after a clean shutdown)."""
+        return self._error
+
+    @property
     def num_running(self) -> int:
+        """Sequences holding a KV slot."""
         return len(self._running)
 
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting)
+        """Sequences submitted but not yet running (including those not yet seen by the thread)."""
+        return self._admission.waiting_seqs
+
+    @property
+    def waiting_tokens(self) -> int:
+        """Prompt tokens of the waiting sequences."""
+        return self._admission.waiting_tokens
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of the KV cache (slots x max length) holding tokens of running sequences."""
+        cache = self.runner.cache
+        return sum(seq.cached_len for seq in list(self._running)) / (cache.max_slots * cache.max_len)
 
     # ------------------------------------------------------------------ engine thread
 
     def _loop(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # anything that ends the thread must be visible
+            self._error = exc
+            log.critical("engine thread died", exc_info=exc)
+        finally:
+            self._close()
+
+    def _run(self) -> None:
         while not self._stop.is_set():
             if not self._running and not self._waiting and self._inbox.empty():
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
-                continue
+            else:
+                try:
+                    self.step()
+                except Exception as exc:  # a bug in the step itself: only the running batch pays
+                    log.exception("engine step failed")
+                    self.stats.failed_steps += 1
+                    self._fail_running(f"engine step failed: {_describe(exc)}")
+            self.last_step_at = time.monotonic()
+
+    def _close(self) -> None:
+        """The thread ends: refuse new work, give every pending sequence a final error delta."""
+        reason = f"engine stopped: {_describe(self._error)}" if self._error else "engine shut down"
+        try:
+            self._admission.close(reason)
+            self._fail_running(reason)
+            waiting, self._waiting = self._waiting, []
+            for seq in waiting:
+                self._fail(seq, reason)
+                self._deliver(seq)
+                seq.row.release()
+            for request in self._pending_adds():
+                _send_quietly(request, error_delta(request, reason))
+        except BaseException:
+            log.exception("closing the engine failed")
+
+    def _pending_adds(self) -> list[GenerationRequest]:
+        requests = []
+        while True:
             try:
-                self.step()
-            except Exception as exc:  # never let one bad step kill the engine
-                log.exception("engine step failed")
-                self._fail_all(f"engine step failed: {type(exc).__name__}: {exc}")
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                return requests
+            if kind == "add":
+                requests.append(payload)
 
     @torch.inference_mode()
     def step(self) -> None:
@@ -125,14 +231,15 @@ class Engine:
         sampled = decode_rows + [seq for seq, take in extend_plan if take == len(seq.pending)]
         masked = [i for i, seq in enumerate(sampled) if _needs_host_mask(seq)]
         fill = self._start_mask_fill([sampled[i] for i in masked])
-        logits = self._forward(decode_rows, extend_plan)
-        if logits is not None:
-            bitmask, indices = self._finish_mask_fill(fill, masked)
-            started = time.perf_counter()
-            result = self.sampler.sample(logits, [s.row for s in sampled], bitmask, indices)
-            self.stats.sample_s += time.perf_counter() - started
-            for seq, token, logprob in zip(sampled, result.token_ids, result.logprobs):
-                self._accept_sampled(seq, token, logprob)
+        try:
+            logits = self._forward(decode_rows, extend_plan)
+        except Exception as exc:
+            _wait_quietly(fill)  # its matchers must be idle before anyone touches them again
+            self._fail_batch(decode_rows + [seq for seq, _ in extend_plan], f"model forward failed: {_describe(exc)}")
+        else:
+            bitmask, indices = self._finish_mask_fill(fill, masked, sampled)
+            if logits is not None:
+                self._sample(logits, sampled, bitmask, indices)
         self._report_and_retire()
 
     def _drain_inbox(self) -> None:
@@ -142,9 +249,20 @@ class Engine:
             except queue.Empty:
                 return
             if kind == "add":
-                self._waiting.append(self._new_sequence(payload))
+                self._add(payload)
             else:
                 self._abort(payload)
+
+    def _add(self, request: GenerationRequest) -> None:
+        try:
+            seq = self._new_sequence(request)
+        except Exception as exc:
+            log.warning("sequence of %s could not start: %s", request.request_id, _describe(exc))
+            self.stats.failed_sequences += 1
+            self._admission.dropped(len(request.prompt_token_ids))
+            _send_quietly(request, error_delta(request, f"sequence could not start: {_describe(exc)}"))
+            return
+        self._waiting.append(seq)
 
     def _new_sequence(self, request: GenerationRequest) -> Sequence:
         row = self.sampler.new_row(request.params, request.prompt_token_ids)
@@ -163,13 +281,22 @@ class Engine:
             if seq.request.request_id == request_id:
                 seq.aborted = True
                 seq.finish("abort")
-        self._waiting = [s for s in self._waiting if not s.aborted]
+        waiting = self._waiting
+        self._waiting = [s for s in waiting if not s.aborted]
+        for seq in waiting:
+            if seq.aborted:  # running ones are reported and freed at the end of the step
+                self._admission.dropped(len(seq.request.prompt_token_ids))
+                self._deliver(seq)
+                seq.row.release()
 
     def _admit(self) -> None:
+        admitted = []
         while self._waiting and len(self._running) < self.max_batch_size:
             seq = self._waiting.pop(0)
             seq.slot = len(self._running)
             self._running.append(seq)
+            admitted.append(len(seq.request.prompt_token_ids))
+        self._admission.admitted(admitted)
 
     def _schedule(self) -> tuple[list[Sequence], list[tuple[Sequence, int]]]:
         """Split live sequences into one-token decode rows and (sequence, n_tokens) extensions."""
@@ -213,6 +340,17 @@ class Engine:
             return logits
         return logits[torch.tensor(complete, dtype=torch.long, device=logits.device)] if complete else None
 
+    def _sample(self, logits: torch.Tensor, sampled: list[Sequence], bitmask, indices) -> None:
+        started = time.perf_counter()
+        try:
+            result = self.sampler.sample(logits, [s.row for s in sampled], bitmask, indices)
+        except Exception as exc:
+            self._fail_batch(sampled, f"sampler failed: {_describe(exc)}")
+            return
+        self.stats.sample_s += time.perf_counter() - started
+        for seq, token, logprob in zip(sampled, result.token_ids, result.logprobs):
+            self._accept_sampled(seq, token, logprob)
+
     # ------------------------------------------------------------------ constraints
 
     def _start_mask_fill(self, masked: list[Sequence]) -> Future | None:
@@ -221,32 +359,53 @@ class Engine:
         bitmask = torch.empty((len(masked), self._words), dtype=torch.int32)
 
         @torch.inference_mode()  # the buffer was made in the step's inference mode
-        def fill() -> torch.Tensor:
+        def fill() -> tuple[torch.Tensor, dict[int, str]]:
             started = time.perf_counter()
+            failures: dict[int, str] = {}
             for i, seq in enumerate(masked):
-                seq.request.matcher.fill_bitmask(bitmask, i)
+                try:
+                    seq.request.matcher.fill_bitmask(bitmask, i)
+                except Exception as exc:
+                    failures[i] = f"constraint matcher failed: {_describe(exc)}"
+                    bitmask[i] = -1  # the row is dropped; a full mask keeps the sampler's math sane
             self.stats.mask_fill_s += time.perf_counter() - started
-            return bitmask
+            return bitmask, failures
 
         return self._mask_pool.submit(fill)
 
-    def _finish_mask_fill(self, fill: Future | None, masked: list[int]):
-        """Wait for the bitmask; returns (bitmask [R, W], row indices [R]) on the model's device."""
+    def _finish_mask_fill(self, fill: Future | None, masked: list[int], sampled: list[Sequence]):
+        """Wait for the bitmask and fail the rows whose matcher raised or allows nothing;
+        returns (bitmask [R, W], row indices [R]) on the model's device."""
         if fill is None:
             return None, None
+        bitmask, failures = fill.result()
+        for i, message in failures.items():
+            self._fail(sampled[masked[i]], message)
+        empty = (bitmask & self._valid_bits).eq(0).all(dim=1)
+        if bool(empty.any()):
+            for i in empty.nonzero().flatten().tolist():
+                self._fail(sampled[masked[i]], "constraint matcher failed: no token is allowed (empty mask)")
+            bitmask[empty] = -1
         device = self.runner.device
-        bitmask = fill.result().to(device, non_blocking=True)
-        return bitmask, torch.tensor(masked, dtype=torch.long, device=device)
+        return bitmask.to(device, non_blocking=True), torch.tensor(masked, dtype=torch.long, device=device)
 
     # ------------------------------------------------------------------ tokens
 
     def _accept_sampled(self, seq: Sequence, token: int, logprob: TokenLogprobs | None) -> None:
         if seq.finished:
             return
+        try:
+            self._take_sampled(seq, token, logprob)
+        except SequenceFailed as exc:  # its output of this step is incomplete, whatever it finished with
+            self._fail(seq, str(exc), replace_finish=True)
+        except Exception as exc:
+            log.exception("sequence of %s failed", seq.request.request_id)
+            self._fail(seq, f"internal error: {_describe(exc)}", replace_finish=True)
+
+    def _take_sampled(self, seq: Sequence, token: int, logprob: TokenLogprobs | None) -> None:
         matcher = seq.request.matcher
-        if matcher is not None and not matcher.accept_token(token):
-            seq.error = f"constraint rejected sampled token {token}"
-            seq.finish("error")
+        if matcher is not None and not _guarded("constraint matcher", matcher.accept_token, token):
+            self._fail(seq, f"constraint rejected sampled token {token}")
             return
         if self._append(seq, token, logprob):
             return
@@ -258,9 +417,9 @@ class Engine:
         """Append the tokens the automaton forces; they are fed to the model in one extension."""
         matcher = seq.request.matcher
         room = seq.request.max_tokens - len(seq.output_ids)
-        forced = matcher.forced_tokens()[: max(room - 1, 0)]
+        forced = _guarded("constraint matcher", matcher.forced_tokens)[: max(room - 1, 0)]
         for token in forced:
-            if not matcher.accept_token(token):
+            if not _guarded("constraint matcher", matcher.accept_token, token):
                 break
             self.stats.forced_tokens += 1
             forced_logprob = TokenLogprobs(token, 0.0, [(token, 0.0)] * bool(seq.request.params.top_logprobs))
@@ -281,22 +440,56 @@ class Engine:
             seq.finish("stop", token)
         elif token in request.eos_token_ids and not request.ignore_eos:
             seq.finish("stop")
-        elif matcher is not None and matcher.is_terminated():
+        elif matcher is not None and _guarded("constraint matcher", matcher.is_terminated):
             seq.finish("stop")
         if seq.finished:
-            seq.step_text.append(seq.stops.feed(seq.detokenizer.flush())[0])
+            seq.step_text.append(self._feed_stops(seq, _guarded("detokenizer", seq.detokenizer.flush))[0])
             return True
-        text, hit = seq.stops.feed(seq.detokenizer.push([token]))
+        text, hit = self._feed_stops(seq, _guarded("detokenizer", seq.detokenizer.push, [token]))
         seq.step_text.append(text)
         if hit is not None:
             seq.finish("stop", hit)
         elif len(seq.output_ids) >= request.max_tokens or self._at_context_limit(seq):
-            seq.step_text.append(seq.stops.feed(seq.detokenizer.flush())[0])
+            seq.step_text.append(self._feed_stops(seq, _guarded("detokenizer", seq.detokenizer.flush))[0])
             seq.finish("length")
         return seq.finished
 
+    @staticmethod
+    def _feed_stops(seq: Sequence, text: str) -> tuple[str, str | None]:
+        return _guarded("stop-string matching", seq.stops.feed, text)
+
     def _at_context_limit(self, seq: Sequence) -> bool:
         return len(seq.request.prompt_token_ids) + len(seq.output_ids) >= self.max_model_len
+
+    # ------------------------------------------------------------------ failures
+
+    def _fail(self, seq: Sequence, message: str, *, replace_finish: bool = False) -> None:
+        """End ``seq`` with finish_reason "error" (reported and freed at the end of the step).
+
+        A sequence already finished keeps its finish unless ``replace_finish`` (and it was
+        neither aborted nor reported yet)."""
+        if seq.closed or seq.aborted or seq.finish_reason == "error":
+            return
+        if seq.finished and not replace_finish:
+            return
+        log.warning("sequence of %s failed: %s", seq.request.request_id, message)
+        self.stats.failed_sequences += 1
+        seq.fail(message)
+
+    def _fail_batch(self, seqs: list[Sequence], message: str) -> None:
+        log.error("batch of %d sequences failed: %s", len(seqs), message)
+        self.stats.failed_batches += 1
+        for seq in seqs:
+            self._fail(seq, message)
+
+    def _fail_running(self, message: str) -> None:
+        """Fail and free every running sequence without touching the KV cache (it may be what broke)."""
+        running, self._running = self._running, []
+        for seq in running:
+            self._fail(seq, message)
+            self._deliver(seq)
+            seq.slot = -1
+            seq.row.release()
 
     # ------------------------------------------------------------------ reporting
 
@@ -308,11 +501,18 @@ class Engine:
             self._release(seq)
 
     def _deliver(self, seq: Sequence) -> None:
+        """Send the step's delta; a sink that raises fails only its own sequence."""
+        if seq.closed:
+            return
+        seq.closed = seq.finished
         try:
             seq.request.sink(seq.take_delta())
-        except Exception:  # a broken sink must not break the batch
-            log.exception("delivering output of %s failed", seq.request.request_id)
-            seq.finish("abort")
+        except Exception as exc:
+            log.warning("delivering output of %s failed: %s", seq.request.request_id, _describe(exc))
+            if not seq.finished:
+                self._fail(seq, f"output sink failed: {_describe(exc)}")
+                seq.closed = True
+                _send_quietly(seq.request, seq.take_delta())  # one last try: it may have been transient
 
     def _release(self, seq: Sequence) -> None:
         """Free ``seq``'s slot, moving the last live slot into the hole to keep slots dense."""
@@ -325,15 +525,42 @@ class Engine:
         seq.slot = -1
         seq.row.release()
 
-    def _fail_all(self, message: str) -> None:
-        for seq in self._running + self._waiting:
-            seq.error = message
-            seq.finish("error")
-            self._deliver(seq)
-        self._running.clear()
-        self._waiting.clear()
-
 
 def _needs_host_mask(seq: Sequence) -> bool:
     """Constrained rows whose mask is not computed on the device by a resident DFA."""
     return seq.request.matcher is not None and seq.row.dfa is None
+
+
+def _valid_bits(vocab_size: int, words: int) -> torch.Tensor:
+    """int32 [words]: the bitmask bits that stand for real tokens."""
+    valid = torch.full((words,), -1, dtype=torch.int32)
+    if vocab_size % 32:
+        valid[-1] = (1 << (vocab_size % 32)) - 1
+    return valid
+
+
+def _describe(exc: BaseException | None) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _guarded(what: str, fn, *args):
+    """``fn(*args)``, with any exception turned into a :class:`SequenceFailed` naming ``what``."""
+    try:
+        return fn(*args)
+    except Exception as exc:
+        raise SequenceFailed(f"{what} failed: {_describe(exc)}") from exc
+
+
+def _wait_quietly(fill: Future | None) -> None:
+    if fill is not None:
+        try:
+            fill.result()
+        except Exception:
+            log.exception("constraint mask fill failed")
+
+
+def _send_quietly(request: GenerationRequest, delta: SequenceDelta) -> None:
+    try:
+        request.sink(delta)
+    except Exception:
+        log.exception("delivering output of %s failed", request.request_id)

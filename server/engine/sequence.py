@@ -43,6 +43,14 @@ class SequenceDelta:
     error: str | None = None
 
 
+def error_delta(request: GenerationRequest, message: str) -> SequenceDelta:
+    """The final delta of a sequence that fails before it ever ran."""
+    return SequenceDelta(
+        text="", token_ids=[], logprobs=None, finish_reason="error",
+        prompt_tokens=len(request.prompt_token_ids), error=message,
+    )
+
+
 @dataclass
 class Sequence:
     """Engine-side state of one running sequence."""
@@ -59,6 +67,7 @@ class Sequence:
     stop_reason: int | str | None = None
     error: str | None = None
     aborted: bool = False
+    closed: bool = False  # the final delta (with finish_reason) went to the sink
     # Collected during a step, flushed to the sink once per step.
     step_text: list[str] = field(default_factory=list)
     step_tokens: list[int] = field(default_factory=list)
@@ -72,6 +81,10 @@ class Sequence:
         if self.finish_reason is None:
             self.finish_reason = reason
             self.stop_reason = stop_reason
+
+    def fail(self, message: str) -> None:
+        """End with finish_reason "error", replacing a finish of this step not yet reported."""
+        self.finish_reason, self.stop_reason, self.error = "error", None, message
 
     def take_delta(self) -> SequenceDelta:
         """The step's output as one delta; resets the step buffers."""
