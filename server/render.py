@@ -72,12 +72,10 @@ class PromptRenderer:
         if job.chat_template is not None and not self.allow_client_templates:
             raise bad_request("this server does not accept a request's own chat_template", param="chat_template",
                               code="unsupported_parameter")
-        if job.chat_template is not None:
-            work = asyncio.to_thread(self._render_in_worker, job)
-        else:
-            work = asyncio.to_thread(render_and_tokenize, self.tokenizer, job)
         try:
-            return await asyncio.wait_for(work, timeout=self.timeout_s + 1.0)
+            if job.chat_template is not None:  # the worker enforces the budget once it takes the job
+                return await asyncio.to_thread(self._render_in_worker, job)
+            return await asyncio.wait_for(asyncio.to_thread(render_and_tokenize, self.tokenizer, job), self.timeout_s)
         except TemplateError as exc:
             raise bad_request(f"the chat template could not render these messages: {exc}", param=param) from None
         except ValueError as exc:

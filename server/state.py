@@ -167,5 +167,5 @@ def _build_compiler(tokenizer, vocab_size: int, eos: frozenset[int], settings: S
         vocab_size,
         stop_token_ids=sorted(eos),
         compile_timeout_s=settings.compile_timeout,
-        compile_memory_mb=settings.compile_memory_mb,
+        # compile_memory_mb=settings.compile_memory_mb,  (TODO after constraints merge)
     )

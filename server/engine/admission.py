@@ -38,6 +38,11 @@ class AdmissionControl:
     def waiting_tokens(self) -> int:
         return self._tokens
 
+    def check(self, seqs: int, tokens: int) -> None:
+        """Raise as :meth:`reserve` would for ``seqs`` sequences of ``tokens`` prompt tokens, counting nothing."""
+        with self._lock:
+            self._refuse_if_over(seqs, tokens)
+
     def reserve(self, prompt_lengths: list[int], enqueue: Callable[[], None]) -> None:
         """Count the sequences and run ``enqueue`` under the lock, or raise without counting.
 
@@ -47,18 +52,21 @@ class AdmissionControl:
         """
         seqs, tokens = len(prompt_lengths), sum(prompt_lengths)
         with self._lock:
-            if self._closed is not None:
-                raise EngineDead(self._closed)
-            seqs_over = self._seqs + seqs - self.max_seqs
-            tokens_over = self._tokens + tokens - self.max_tokens
-            if self._seqs and (seqs_over > 0 or tokens_over > 0):
-                raise EngineOverloaded(
-                    f"server overloaded: {self._seqs} sequences ({self._tokens} prompt tokens) are waiting",
-                    self._retry_after(max(seqs_over, 0), max(tokens_over, 0)),
-                )
+            self._refuse_if_over(seqs, tokens)
             self._seqs += seqs
             self._tokens += tokens
             enqueue()
+
+    def _refuse_if_over(self, seqs: int, tokens: int) -> None:
+        if self._closed is not None:
+            raise EngineDead(self._closed)
+        seqs_over = self._seqs + seqs - self.max_seqs
+        tokens_over = self._tokens + tokens - self.max_tokens
+        if self._seqs and (seqs_over > 0 or tokens_over > 0):
+            raise EngineOverloaded(
+                f"server overloaded: {self._seqs} sequences ({self._tokens} prompt tokens) are waiting",
+                self._retry_after(max(seqs_over, 0), max(tokens_over, 0)),
+            )
 
     def admitted(self, prompt_lengths: list[int]) -> None:
         """Sequences entered the running batch (this is the throughput ``retry_after`` uses)."""

@@ -112,6 +112,10 @@ class Engine:
         """Queue one sequence (see :meth:`submit_all`)."""
         self.submit_all([request])
 
+    def check_admission(self, num_seqs: int, num_tokens: int) -> None:
+        """Raise EngineOverloaded/EngineDead as :meth:`submit_all` would, without queueing anything."""
+        self._admission.check(num_seqs, num_tokens)
+
     def submit_all(self, requests: list[GenerationRequest]) -> None:
         """Queue all sequences of one API request, or none of them.
 
