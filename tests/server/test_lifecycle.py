@@ -198,3 +198,38 @@ def test_client_template_can_be_disabled(tiny_model_dir):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def test_dead_engine_turns_health_red_and_watchdog_stops_the_server(tiny_model_dir):
+    from server.cli import DrainingServer
+    from server.config import Settings
+    from server.model_loader import ModelSource
+    from tests.conftest import start_server
+
+    settings = Settings(model=str(tiny_model_dir), served_model_name=MODEL, max_batch_size=2)
+    running, stop = start_server(settings, ModelSource(tiny_model_dir, name=MODEL))
+    try:
+        engine = running.state.engine
+
+        def die() -> None:
+            raise SystemExit("simulated engine crash")
+
+        engine.step = die
+        response = _chat(running)
+        assert response.status_code == 500 and "engine stopped" in response.json()["error"]["message"]
+        assert not engine.alive
+        health = httpx.get(running.base_url + "/health")
+        assert health.status_code == 503 and health.json()["status"] == "dead"
+        assert httpx.get(running.base_url + "/ready").status_code == 503
+        assert _chat(running).json()["error"]["code"] == "engine_dead"
+
+        class _Config:
+            app = None
+
+        watchdog = DrainingServer.__new__(DrainingServer)
+        watchdog._state, watchdog.engine_failed = running.state, False
+        watchdog._server = type("FakeUvicorn", (), {"should_exit": False, "config": _Config()})()
+        watchdog._watch_engine()
+        assert watchdog.engine_failed and watchdog._server.should_exit
+    finally:
+        stop()
