@@ -19,7 +19,7 @@ T = TypeVar("T", ChatCompletionRequest, CompletionRequest)
 
 MAX_N = 64
 MAX_TOP_LOGPROBS = 20
-MAX_JSON_DEPTH = 128
+MAX_JSON_DEPTH = 64
 MAX_MESSAGES = 1024
 MAX_STOP = 32
 MAX_LOGIT_BIAS = 1024

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
+from server.context import request_log
 from server.state import ServerState
 
 
@@ -46,4 +48,10 @@ async def compile_constraint(state: ServerState, spec) -> Any:
     """Compile on the compiler's worker pool; ``ConstraintError`` propagates as a 400."""
     if spec is None:
         return None
-    return await state.compiler.compile_async(spec)
+    started = time.monotonic()
+    try:
+        return await state.compiler.compile_async(spec)
+    finally:
+        elapsed = time.monotonic() - started
+        state.metrics.compile_seconds.labels(kind=spec.kind).observe(elapsed)
+        request_log().update(constraint=spec.kind, compile_s=round(elapsed, 4))
