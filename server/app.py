@@ -13,6 +13,7 @@ import json
 import logging
 import secrets
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -109,15 +110,19 @@ async def _guarded(request: Request, server: ServerState, work: Awaitable[Any], 
     raise _timeout_error(server)
 
 
-def _check_admission(server: ServerState, job) -> None:
-    """429 before anything is queued when the waiting work is over its bound."""
+def _note_admitted(server: ServerState, job) -> None:
     tokens = sum(len(spec.prompt_token_ids) for spec in job.specs)
-    try:
-        server.engine.check_admission(len(job.specs), tokens)
-    except EngineOverloaded as exc:
-        raise _overloaded(server, exc) from None
     server.metrics.prompt_tokens.inc(tokens)
     request_log().update(prompt_tokens=tokens, sequences=len(job.specs))
+
+
+def _open_stream(server: ServerState, job, stream: Callable[..., AsyncIterator[bytes]], deadline: float | None) -> Stream:
+    """Queue the sequences before the 200 goes out (so a full queue is still a 429), and abort them
+    if the response never iterates its events (the client left before the first chunk)."""
+    generation = server.start_generation(job.request_id, job.specs, job.req)
+    events = _bounded_events(server, stream(server, job, generation), deadline)
+    weakref.finalize(events, generation.close)
+    return Stream(events, media_type="text/event-stream", headers=_SSE_HEADERS)
 
 
 def _overloaded(server: ServerState, exc: EngineOverloaded) -> APIError:
@@ -128,7 +133,7 @@ def _overloaded(server: ServerState, exc: EngineOverloaded) -> APIError:
 
 
 async def _bounded_events(server: ServerState, events: AsyncIterator[bytes], deadline: float | None):
-    """SSE events until done, the deadline (an error event), or a late queue-full refusal."""
+    """SSE events until done or the deadline (then an error event)."""
     iterator = aiter(events)
     try:
         while True:
@@ -142,11 +147,6 @@ async def _bounded_events(server: ServerState, events: AsyncIterator[bytes], dea
                 yield stream_error_event(error.message, code=error.code)
                 yield done_event()
                 return
-            except EngineOverloaded as exc:
-                error = _overloaded(server, exc)
-                yield stream_error_event(error.message, code=error.code)
-                yield done_event()
-                return
             yield event
     finally:
         await iterator.aclose()
@@ -157,7 +157,7 @@ async def _generate(
     state: State,
     prepare: Callable[[ServerState, bytes], Awaitable[Any]],
     run: Callable[[ServerState, Any], Awaitable[Any]],
-    stream: Callable[[ServerState, Any], AsyncIterator[bytes]],
+    stream: Callable[..., AsyncIterator[bytes]],
 ) -> Response | Stream:
     server = _serving(state)
     _require_json(request)
@@ -166,11 +166,12 @@ async def _generate(
     try:
         job = await _guarded(request, server, prepare(server, body), deadline)
         request_log().update(model=server.model_name, stream=bool(job.req.stream))
-        _check_admission(server, job)
         if job.req.stream:
-            return Stream(_bounded_events(server, stream(server, job), deadline), media_type="text/event-stream",
-                          headers=_SSE_HEADERS)
+            stream_response = _open_stream(server, job, stream, deadline)
+            _note_admitted(server, job)
+            return stream_response
         result = await _guarded(request, server, run(server, job), deadline)
+        _note_admitted(server, job)
     except ClientGone:
         request_log().update(client_gone=True)
         return Response(content=b"", status_code=499)

@@ -10,7 +10,7 @@ import msgspec
 
 from server import tools as tool_calls
 from server.errors import APIError, bad_request
-from server.generation import ChoiceResult, SequenceSpec, collect, new_request_id, with_seed
+from server.generation import ChoiceResult, GenerationStream, SequenceSpec, collect, new_request_id, with_seed
 from server.render import RenderJob
 from server.protocol import (
     AssistantMessage,
@@ -148,9 +148,8 @@ def _usage(job: ChatJob, completion_tokens: int) -> Usage:
 # --------------------------------------------------------------------------- streaming
 
 
-async def stream_chat(state: ServerState, job: ChatJob) -> AsyncIterator[bytes]:
+async def stream_chat(state: ServerState, job: ChatJob, stream: GenerationStream) -> AsyncIterator[bytes]:
     """SSE chunks in OpenAI's format, ending with ``data: [DONE]``."""
-    stream = state.start_generation(job.request_id, job.specs, job.req)
     options = job.req.stream_options
     include_usage = bool(options and options.include_usage)
     continuous = bool(options and options.continuous_usage_stats)

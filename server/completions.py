@@ -11,7 +11,7 @@ import msgspec
 
 from server.chat import check_model
 from server.errors import bad_request
-from server.generation import SequenceSpec, collect, new_request_id, with_seed
+from server.generation import GenerationStream, SequenceSpec, collect, new_request_id, with_seed
 from server.protocol import Completion, CompletionChoice, CompletionRequest, Usage
 from server.requests import (
     check_limits,
@@ -106,8 +106,7 @@ async def run_completion(state: ServerState, job: CompletionJob) -> Completion:
                       usage=_usage(job, sum(r.completion_tokens for r in results)))
 
 
-async def stream_completion(state: ServerState, job: CompletionJob) -> AsyncIterator[bytes]:
-    stream = state.start_generation(job.request_id, job.specs, job.req)
+async def stream_completion(state: ServerState, job: CompletionJob, stream: GenerationStream) -> AsyncIterator[bytes]:
     options = job.req.stream_options
     include_usage = bool(options and options.include_usage)
     tokens = [0] * len(job.specs)
