@@ -1,7 +1,7 @@
 """Soak test: many concurrent streaming chat clients against a running Trellis server (loopback).
 
     python benchmarks/load.py --base-url http://127.0.0.1:8000 --clients 200 --duration 60 \\
-        --disconnect-fraction 0.1 --structured-fraction 0.5 [--max-tokens 64] [--pid PID]
+        --disconnect-fraction 0.1 --structured-fraction 0.5 [--max-tokens 64] [--warmup 20] [--pid PID]
 
 Each client sends streamed chat requests back to back until ``--duration`` is over, then finishes
 the one in flight. Per request it decides (seeded) whether to ask for a small JSON object through
@@ -11,7 +11,8 @@ the client waits for ``Retry-After`` (capped by ``--retry-cap``) before its next
 Reported as a markdown table: requests completed / errors / 429s / disconnected, time to first
 token p50 and p99, whether every structured output that finished validates against its schema,
 whether running sequences are back to 0 afterwards, and the server's resident memory before and
-after (``/metrics`` ``process_resident_memory_bytes``, or ``/proc/<pid>/status`` with ``--pid``)
+after the measured run, "before" read after ``--warmup`` seconds of the same load (pages the KV cache
+and allocators touch once are not a leak; ``/metrics`` ``process_resident_memory_bytes``, or ``/proc/<pid>/status`` with ``--pid``)
 with a "back within 10%" line. Parts that need ``/metrics`` are skipped when the server has none.
 
 Exit status 1 when a finished structured output is invalid or sequences are still running after
@@ -264,6 +265,32 @@ def _mib(value: float | None) -> str:
     return "n/a" if value is None else f"{value / 2**20:.1f}"
 
 
+async def _run_clients(client, args, model, tally: Tally, validator, duration: float) -> None:
+    """``args.clients`` client loops starting requests for ``duration`` seconds."""
+    stop_at = time.monotonic() + duration
+    tasks = [asyncio.create_task(client_loop(i, client, args, model, tally, validator, stop_at))
+             for i in range(args.clients)]
+    done, pending = await asyncio.wait(tasks, timeout=duration + args.request_timeout + 30)
+    for task in pending:  # a request stuck past every timeout: give up on it
+        task.cancel()
+        tally.errors["abandoned at the end"] += 1
+    await asyncio.gather(*pending, return_exceptions=True)
+    for task in done:
+        if task.exception() is not None:
+            tally.errors[f"client crash {type(task.exception()).__name__}"] += 1
+
+
+async def _settle(client, args):
+    """Wait (up to ``args.settle``) for running sequences to reach 0; returns the last reading."""
+    settle_deadline = time.monotonic() + args.settle
+    running, waiting, load_source = await read_load(client)
+    while running not in (None, 0) and time.monotonic() < settle_deadline:
+        await asyncio.sleep(0.5)
+        running, waiting, load_source = await read_load(client)
+    await asyncio.sleep(min(2.0, args.settle))  # let freed memory be returned
+    return running, waiting, load_source
+
+
 async def main_async(args) -> int:
     limits = httpx.Limits(max_connections=args.clients + 16, max_keepalive_connections=args.clients + 16)
     async with httpx.AsyncClient(base_url=args.base_url, limits=limits, timeout=args.request_timeout) as client:
@@ -272,29 +299,16 @@ async def main_async(args) -> int:
             models = (await client.get("/v1/models", timeout=30)).json()
             model = models["data"][0]["id"]
         validator = _validator()
+        if args.warmup > 0:  # first-touch pages (KV cache, allocator pools) are not a leak: warm them first
+            await _run_clients(client, args, model, Tally(), validator, args.warmup)
+            await _settle(client, args)
         rss_before, rss_source = await read_rss(client, args.pid)
 
         tally = Tally()
         began = time.monotonic()
-        stop_at = began + args.duration
-        tasks = [asyncio.create_task(client_loop(i, client, args, model, tally, validator, stop_at))
-                 for i in range(args.clients)]
-        done, pending = await asyncio.wait(tasks, timeout=args.duration + args.request_timeout + 30)
-        for task in pending:  # a request stuck past every timeout: give up on it
-            task.cancel()
-            tally.errors["abandoned at the end"] += 1
-        await asyncio.gather(*pending, return_exceptions=True)
-        for task in done:
-            if task.exception() is not None:
-                tally.errors[f"client crash {type(task.exception()).__name__}"] += 1
+        await _run_clients(client, args, model, tally, validator, args.duration)
         elapsed = time.monotonic() - began
-
-        settle_deadline = time.monotonic() + args.settle
-        running, waiting, load_source = await read_load(client)
-        while running not in (None, 0) and time.monotonic() < settle_deadline:
-            await asyncio.sleep(0.5)
-            running, waiting, load_source = await read_load(client)
-        await asyncio.sleep(min(2.0, args.settle))  # let freed memory be returned
+        running, waiting, load_source = await _settle(client, args)
         rss_after, _ = await read_rss(client, args.pid)
 
     rows = [
@@ -357,6 +371,8 @@ def parse_args(argv=None):
     parser.add_argument("--retry-cap", type=float, default=5.0, help="most seconds to honour a Retry-After")
     parser.add_argument("--settle", type=float, default=30.0,
                         help="seconds to wait afterwards for running sequences to drain")
+    parser.add_argument("--warmup", type=float, default=20.0,
+                        help="seconds of the same load before memory is first read (0 = none)")
     parser.add_argument("--pid", type=int, default=None, help="server process id, to read its memory from /proc")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
