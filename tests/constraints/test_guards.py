@@ -10,6 +10,7 @@ import pytest
 from constraints import (
     ConstraintCompiler,
     ConstraintError,
+    ConstraintMemoryError,
     ConstraintSpec,
     ConstraintTimeoutError,
     ConstraintTooLargeError,
@@ -59,36 +60,36 @@ def test_catastrophic_regex_within_budget(compiler, regex):
     assert took < BUDGET + 1
 
 
-def test_timeout_does_not_wedge(tok):
+def test_exploding_dfa_is_stopped_and_does_not_wedge(tok):
     c = ConstraintCompiler(tok, 49152, compile_timeout_s=1.5, max_workers=1)
     try:
+        assert c.wait_ready(120)
         start = time.monotonic()
-        with pytest.raises(ConstraintTimeoutError) as info:
+        with pytest.raises((ConstraintTimeoutError, ConstraintMemoryError)) as info:
             c.compile(ConstraintSpec("regex", r"(a|b)*a(a|b){24}", {"backend": "outlines"}))
         assert time.monotonic() - start < 1.5 + 1
-        assert info.value.code == "constraint_timeout"
-        start = time.monotonic()
-        ok = c.compile(ConstraintSpec("choice", ["x", "y"]))  # the worker was restarted
-        assert ok.backend == "outlines" and time.monotonic() - start < 1.5 + 1
+        assert info.value.code in ("constraint_timeout", "constraint_memory_exceeded")
+        ok = c.compile(ConstraintSpec("choice", ["x", "y"]))  # the worker was replaced
+        assert ok.backend == "outlines"
     finally:
         c.close()
 
 
-def test_stuck_thread_does_not_wedge(tok, monkeypatch):
+def test_stuck_worker_does_not_wedge(tok):
     c = ConstraintCompiler(tok, 49152, compile_timeout_s=0.5, max_workers=1)
+    c.PLAN_JOB = "tests.constraints.worker_hooks:plan"
     try:
-        backend = c._backend("llguidance")
-        real = backend.compile
-        monkeypatch.setattr(backend, "compile", lambda spec, src: (time.sleep(2), real(spec, src))[1])
-        with pytest.raises(ConstraintTimeoutError):
-            c.compile(ConstraintSpec("json_schema", {"type": "integer"}))
-        monkeypatch.setattr(backend, "compile", real)
+        assert c.wait_ready(120)
+        with pytest.raises(ConstraintTimeoutError) as info:
+            c.compile(ConstraintSpec("choice", ["sleep:30", "b"]))
+        assert "0.5 s budget" in info.value.message
+        assert c.wait_ready(120)
         start = time.monotonic()
         assert c.compile(ConstraintSpec("json_schema", {"type": "string"})).backend == "llguidance"
-        assert time.monotonic() - start < 0.5
+        assert time.monotonic() - start < 60  # a fresh worker may still be starting
         # the failure is cached briefly: no recompilation storm
         with pytest.raises(ConstraintTimeoutError):
-            c.compile(ConstraintSpec("json_schema", {"type": "integer"}))
+            c.compile(ConstraintSpec("choice", ["sleep:30", "b"]))
     finally:
         c.close()
 
