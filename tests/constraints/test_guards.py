@@ -117,7 +117,7 @@ def test_cache_hits_and_failures(compiler):
 
 
 def test_cache_bounded(tok):
-    c = ConstraintCompiler(tok, 49152, max_cache_bytes=200_000)
+    c = ConstraintCompiler(tok, 49152, max_cache_bytes=200_000, max_workers=1)
     try:
         for i in range(6):
             c.compile(ConstraintSpec("json_schema", {"type": "string", "maxLength": i + 1}))
