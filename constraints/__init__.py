@@ -16,15 +16,19 @@ A request's constraint fields become a :class:`ConstraintSpec`; a :class:`Constr
     matcher.accept_token(token_id)             # False: rejected, state unchanged
 
 Every failure is a :class:`ConstraintError` (HTTP 400) with ``param``, ``pointer``,
-``keyword`` and ``code``.
+``keyword`` and ``code``. Compiles run in worker processes with a time budget and a memory
+cap (``compile_timeout_s``, ``compile_memory_mb``); the server process only loads their results.
 """
 
 from .backend import CompiledConstraint, Matcher
 from .compiler import ConstraintCompiler
 from .errors import (
+    ConstraintCrashError,
     ConstraintError,
+    ConstraintMemoryError,
     ConstraintTimeoutError,
     ConstraintTooLargeError,
+    EmptyLanguageError,
     InvalidConstraintError,
     UnsupportedConstraintError,
 )
@@ -35,10 +39,13 @@ __all__ = [
     "KINDS",
     "CompiledConstraint",
     "ConstraintCompiler",
+    "ConstraintCrashError",
     "ConstraintError",
+    "ConstraintMemoryError",
     "ConstraintSpec",
     "ConstraintTimeoutError",
     "ConstraintTooLargeError",
+    "EmptyLanguageError",
     "InvalidConstraintError",
     "Matcher",
     "TokenDFA",

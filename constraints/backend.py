@@ -138,16 +138,48 @@ class CompiledConstraint(ABC):
 
 
 class Backend(ABC):
-    """Compiles specs of the kinds it supports; stateless besides tokenizer caches."""
+    """Compiles specs of the kinds it supports; stateless besides tokenizer caches.
+
+    ``compile`` runs in a compile worker process (its cost may be unbounded) and returns a
+    picklable payload; ``load`` turns that payload into a CompiledConstraint in the server
+    process, with work bounded by the payload's size.
+    """
 
     name: str
 
     def __init__(self, ctx: TokenizerContext) -> None:
         self.ctx = ctx
 
+    def prepare(self) -> None:
+        """Build the per-tokenizer tables ``compile`` needs (once per worker, outside budgets)."""
+
     @abstractmethod
-    def compile(self, spec: ConstraintSpec, source: Any) -> CompiledConstraint:
-        """Compile ``source`` (``spec.source`` after analysis/rewriting) or raise ConstraintError."""
+    def compile(self, spec: ConstraintSpec, source: Any) -> Any:
+        """Compile ``source`` (``spec.source`` after analysis/rewriting) into a payload, or raise
+        ConstraintError."""
+
+    @abstractmethod
+    def load(self, spec: ConstraintSpec, payload: Any) -> CompiledConstraint:
+        """The compiled constraint for a payload ``compile`` returned."""
+
+
+def make_backend(name: str, ctx: TokenizerContext) -> Backend:
+    """The backend called ``name`` for ``ctx``'s tokenizer."""
+    if name == "xgrammar":
+        from .backend_xgrammar import XGrammarBackend
+
+        return XGrammarBackend(ctx)
+    if name == "llguidance":
+        from .backend_llguidance import LLGuidanceBackend
+
+        return LLGuidanceBackend(ctx)
+    if name == "outlines":
+        from .backend_outlines import OutlinesBackend
+
+        return OutlinesBackend(ctx)
+    from .errors import UnsupportedConstraintError
+
+    raise UnsupportedConstraintError(f"unknown backend {name!r}")
 
 
 BackendFactory = Callable[[TokenizerContext], Backend]

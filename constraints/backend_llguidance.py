@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from typing import TYPE_CHECKING, Any
 
 import llguidance
@@ -17,6 +18,21 @@ if TYPE_CHECKING:
     import torch
 
 BOUNDED_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,16}"
+# llguidance's own budgets, stated so the server process's work stays bounded: grammar size
+# and lexer fuel bound a matcher's construction, step fuel and items bound each token's mask
+LIMITS = dict(
+    max_items_in_row=2000,
+    initial_lexer_fuel=1_000_000,
+    step_lexer_fuel=200_000,
+    step_max_items=50_000,
+    max_lexer_states=250_000,
+    max_grammar_size=500_000,
+)
+
+
+def parser_limits() -> "llguidance.LLParserLimits":
+    """The parser limits every matcher is built with (in workers and in the server)."""
+    return llguidance.LLParserLimits(**LIMITS)
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \["([^"]+)"')
 _FORMAT = re.compile(r"Unknown format: (\S+)")
 
@@ -32,27 +48,65 @@ def _tokenizer(ctx: TokenizerContext) -> "llguidance.LLTokenizer":
 
 
 class LLGuidanceMatcher(Matcher):
-    """Wraps llguidance.LLMatcher; tokens are validated before consuming (no error state)."""
+    """Wraps llguidance.LLMatcher; tokens are validated before consuming.
 
-    def __init__(self, ctx: TokenizerContext, matcher: "llguidance.LLMatcher") -> None:
+    When llguidance hits one of its limits mid-generation the matcher enters an error state
+    in which only stop tokens are allowed; ``accept_token`` then takes a stop token too, so the
+    mask and acceptance agree, and ``error`` tells what happened.
+    """
+
+    def __init__(self, ctx: TokenizerContext, matcher: "llguidance.LLMatcher", compiled: "LLGuidanceCompiled") -> None:
         self.ctx = ctx
         self._m = matcher
+        self._compiled = compiled
         self._stops = frozenset(ctx.stop_token_ids)
         self._history: list[tuple[int, bool]] = []  # (token, consumed by llguidance)
+        self._replayed = False
+
+    @property
+    def error(self) -> str | None:
+        """llguidance's error once a limit was hit (the output is then cut short), else None."""
+        return (self._m.get_error() or "llguidance error") if self._m.is_error() else None
 
     def accept_token(self, token_id: int) -> bool:
         if self.is_terminated() or not 0 <= token_id < self.ctx.vocab_size:
             return False
-        if token_id in self._stops and self._m.is_stopped() and not self._m.is_error():
-            # llguidance stops by itself once nothing can follow; the stop token is then ours
+        if token_id in self._stops and self._m.is_stopped():
+            # llguidance stops by itself once nothing can follow (or on error); the stop token is ours
             self._history.append((token_id, False))
             return True
+        was_error = self._m.is_error()
         if self._m.try_consume_tokens([token_id]) != 1:
-            return False
+            if was_error or not self._m.is_error():
+                return False
+            # a limit was hit while consuming a token the mask allowed: take it, and from now
+            # on only a stop token is allowed
+            self._history.append((token_id, False))
+            return True
         self._history.append((token_id, True))
         return True
 
     def fill_bitmask(self, bitmask: "torch.Tensor", row: int) -> None:
+        self._compute(bitmask, row)
+        if self._m.is_error() and not self._replayed:
+            # copies share the lexer's caches, which other sequences may have filled up: replay
+            # this sequence once on a fresh template before giving up
+            self._replayed = True
+            self._m = self._replay()
+            self._compute(bitmask, row)
+        if self._m.is_error():
+            bitmask[row].zero_()
+            for t in self._stops:
+                bitmask[row, t >> 5] |= _bit(t)
+
+    def _replay(self) -> "llguidance.LLMatcher":
+        fresh = self._compiled.fresh_matcher()
+        consumed = [t for t, c in self._history if c]
+        if consumed and fresh.try_consume_tokens(consumed) != len(consumed):
+            return self._m  # the replay itself hit a limit: stay in the error state
+        return fresh
+
+    def _compute(self, bitmask: "torch.Tensor", row: int) -> None:
         v = bitmask[row]
         self._m.unsafe_compute_mask_ptr(v.data_ptr(), v.numel() * v.element_size())
 
@@ -73,8 +127,16 @@ class LLGuidanceMatcher(Matcher):
         self._history.clear()
 
     def forced_text(self) -> str:
+        if self._m.is_error():
+            return ""
         raw = self._m.compute_ff_bytes()
         return raw.decode("utf-8", errors="ignore") if raw else ""
+
+
+def _bit(t: int) -> int:
+    """Bit ``t % 32`` as a signed int32 value."""
+    b = 1 << (t & 31)
+    return b - (1 << 32) if b >= 1 << 31 else b
 
 
 class LLGuidanceCompiled(CompiledConstraint):
@@ -84,10 +146,22 @@ class LLGuidanceCompiled(CompiledConstraint):
         self._ctx = ctx
         self._grammar = grammar
         # parsing the grammar costs ms; copies of a pristine matcher cost µs
-        self._template = llguidance.LLMatcher(_tokenizer(ctx), grammar, log_level=0)
+        self._template = self._build()
+        self._lock = threading.Lock()
+
+    def _build(self) -> "llguidance.LLMatcher":
+        return llguidance.LLMatcher(_tokenizer(self._ctx), self._grammar, log_level=0, limits=parser_limits())
 
     def new_matcher(self) -> Matcher:
-        return LLGuidanceMatcher(self._ctx, self._template.deep_copy())
+        with self._lock:
+            return LLGuidanceMatcher(self._ctx, self._template.deep_copy(), self)
+
+    def fresh_matcher(self) -> "llguidance.LLMatcher":
+        """A matcher from a newly built template (which later copies share)."""
+        template = self._build()
+        with self._lock:
+            self._template = template
+            return template.deep_copy()
 
     def size_bytes(self) -> int:
         return 64 * 1024 + 8 * len(self._grammar)
@@ -118,13 +192,22 @@ class LLGuidanceBackend(Backend):
         super().__init__(ctx)
         _tokenizer(ctx)
 
-    def compile(self, spec: ConstraintSpec, source: Any) -> CompiledConstraint:
+    def compile(self, spec: ConstraintSpec, source: Any) -> str:
+        """The grammar text, once a matcher was built from it and computed its first mask."""
         grammar = self._grammar(spec, source)
         tok = _tokenizer(self.ctx)
-        err = llguidance.LLMatcher.validate_grammar(grammar, tok)
+        err = llguidance.LLMatcher.validate_grammar(grammar, tok, limits=parser_limits())
         if err:
             raise self._error(spec, err)
-        compiled = LLGuidanceCompiled(spec, self.ctx, grammar)
+        matcher = llguidance.LLMatcher(tok, grammar, log_level=0, limits=parser_limits())
+        if not matcher.is_error():
+            matcher.compute_bitmask()
+        if matcher.is_error():
+            raise self._error(spec, matcher.get_error())
+        return grammar
+
+    def load(self, spec: ConstraintSpec, payload: str) -> CompiledConstraint:
+        compiled = LLGuidanceCompiled(spec, self.ctx, payload)
         if compiled._template.is_error():
             raise self._error(spec, compiled._template.get_error())
         return compiled

@@ -1,7 +1,7 @@
 """outlines-core backend: regex and choice as a token-level DFA (exported as TokenDFA).
 
-Index construction runs in a killable worker process: a regex whose DFA explodes can run for
-minutes inside outlines-core and a thread cannot be stopped.
+Index construction runs in a compile worker process (a regex whose DFA explodes can run for
+minutes inside outlines-core); the DFA tables come back as numpy arrays.
 """
 
 from __future__ import annotations
@@ -12,12 +12,9 @@ from .backend import Backend, CompiledConstraint, Matcher, TokenizerContext
 from .errors import ConstraintTooLargeError, EmptyLanguageError, InvalidConstraintError
 from .spec import ConstraintSpec
 from .tokendfa import DFAMatcher, DFATables, TokenDFA, build_allowed, to_token_dfa
-from .workers import ProcessRunner
 
 MAX_DFA_BYTES = 64 << 20  # TokenDFA tables (allowed bitmask dominates) above this -> other backend
 _REGEX_META = set("\\.+*?()|[]{}^$#&-~")
-
-_worker_vocab: Any = None  # set in the worker process
 
 
 def escape_regex(text: str) -> str:
@@ -61,33 +58,13 @@ def special_ids(tokenizer: Any) -> set[int]:
     return ids
 
 
-def _init_worker(eos: int, vocab: dict[bytes, list[int]]) -> None:
-    global _worker_vocab
-    import outlines_core
-
-    _worker_vocab = outlines_core.Vocabulary(eos, vocab)
-
-
-def check_regex_nonempty(regex: str) -> None:
-    """InvalidConstraintError when the regex matches no string (skipped for syntax interegular lacks)."""
-    import interegular
-
-    try:
-        fsm = interegular.parse_pattern(regex).to_fsm()
-    except Exception:  # interegular lacks some syntax; outlines-core will judge it
-        return
-    if fsm.empty():
-        raise EmptyLanguageError("the regex matches no string")
-
-
-def _build_tables(regex: str, stop_ids: tuple[int, ...]) -> DFATables:
-    """Worker: regex -> DFA tables (numpy)."""
+def _build_tables(regex: str, vocabulary: Any, stop_ids: tuple[int, ...]) -> DFATables:
+    """regex -> DFA tables (numpy)."""
     import numpy as np
     import outlines_core
 
-    check_regex_nonempty(regex)
     try:
-        index = outlines_core.Index(regex, _worker_vocab)
+        index = outlines_core.Index(regex, vocabulary)
     except Exception as exc:
         raise InvalidConstraintError(f"invalid regex: {str(exc).splitlines()[0][:200]}") from None
     trans = index.get_transitions()
@@ -136,27 +113,31 @@ class OutlinesCompiled(CompiledConstraint):
 
 
 class OutlinesBackend(Backend):
-    """regex / choice -> token DFA in a killable worker process."""
+    """regex / choice -> token DFA; the payload is the DFA's tables."""
 
     name = "outlines"
 
-    def __init__(self, ctx: TokenizerContext, timeout_s: float) -> None:
+    def __init__(self, ctx: TokenizerContext) -> None:
         super().__init__(ctx)
-        self.timeout_s = timeout_s
-        eos = ctx.stop_token_ids[0] if ctx.stop_token_ids else 0
-        self._runner = ProcessRunner(f"{__name__}:_init_worker", (eos, vocabulary_bytes(ctx)))
+        self._vocabulary: Any = None
 
-    def compile(self, spec: ConstraintSpec, source: Any, timeout: float | None = None) -> CompiledConstraint:
+    def prepare(self) -> None:
+        if self._vocabulary is None:
+            import outlines_core
+
+            eos = self.ctx.stop_token_ids[0] if self.ctx.stop_token_ids else 0
+            self._vocabulary = outlines_core.Vocabulary(eos, vocabulary_bytes(self.ctx))
+
+    def compile(self, spec: ConstraintSpec, source: Any) -> DFATables:
+        self.prepare()
         regex = choice_regex(source) if spec.kind == "choice" else source
-        tables = self._runner.run(
-            f"{__name__}:_build_tables", regex, tuple(self.ctx.stop_token_ids), timeout=timeout or self.timeout_s
-        )
+        tables = _build_tables(regex, self._vocabulary, tuple(self.ctx.stop_token_ids))
         words = (self.ctx.vocab_size + 31) // 32
         if tables.nbytes(words) > MAX_DFA_BYTES:
             raise ConstraintTooLargeError(
                 f"token DFA has {tables.num_states} states, above the size budget"
             )
-        return OutlinesCompiled(spec, self.ctx, tables)
+        return tables
 
-    def close(self) -> None:
-        self._runner.close()
+    def load(self, spec: ConstraintSpec, payload: DFATables) -> CompiledConstraint:
+        return OutlinesCompiled(spec, self.ctx, payload)

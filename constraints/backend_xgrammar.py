@@ -8,13 +8,14 @@ from typing import TYPE_CHECKING, Any
 import xgrammar as xgr
 
 from .backend import Backend, CompiledConstraint, Matcher, TokenizerContext
-from .errors import InvalidConstraintError, UnsupportedConstraintError
+from .errors import ConstraintTooLargeError, InvalidConstraintError, UnsupportedConstraintError
 from .spec import ConstraintSpec
 
 if TYPE_CHECKING:
     import torch
 
 MAX_WHITESPACE = 16  # per gap between JSON tokens: bounded so small models cannot pad forever
+MAX_FORCED_CHARS = 1 << 20  # text one step may force: jump-forward runs in the server process
 
 
 def tokenizer_info(ctx: TokenizerContext) -> "xgr.TokenizerInfo":
@@ -80,7 +81,11 @@ class XGrammarCompiled(CompiledConstraint):
 
 
 class XGrammarBackend(Backend):
-    """Compiles json_schema / json_object / grammar_ebnf / structural_tag / regex."""
+    """Compiles json_schema / json_object / grammar_ebnf / structural_tag / regex.
+
+    The payload is the compiled grammar serialised to JSON; the worker first drives a matcher
+    through its first step, so the server process only loads what already ran once.
+    """
 
     name = "xgrammar"
 
@@ -88,13 +93,18 @@ class XGrammarBackend(Backend):
         super().__init__(ctx)
         _compiler(ctx)
 
-    def compile(self, spec: ConstraintSpec, source: Any) -> CompiledConstraint:
+    def compile(self, spec: ConstraintSpec, source: Any) -> str:
         comp = _compiler(self.ctx)
         try:
             compiled = self._compile(comp, spec, source)
         except (RuntimeError, ValueError, TypeError) as exc:
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise InvalidConstraintError(f"xgrammar cannot compile the constraint: {msg}") from None
+        _first_step(self.ctx, compiled)
+        return compiled.serialize_json()
+
+    def load(self, spec: ConstraintSpec, payload: str) -> CompiledConstraint:
+        compiled = xgr.CompiledGrammar.deserialize_json(payload, tokenizer_info(self.ctx))
         return XGrammarCompiled(spec, self.ctx, compiled)
 
     def _compile(self, comp: "xgr.GrammarCompiler", spec: ConstraintSpec, source: Any):
@@ -129,3 +139,11 @@ class XGrammarBackend(Backend):
             for s in tag.get("structures", [])
         ]
         return comp.compile_structural_tag(tags, list(tag.get("triggers", [])))
+
+
+def _first_step(ctx: TokenizerContext, compiled: "xgr.CompiledGrammar") -> None:
+    """Mask and jump-forward text of the initial state (the allocator stops runaway ones)."""
+    matcher = xgr.GrammarMatcher(compiled)
+    matcher.fill_next_token_bitmask(xgr.allocate_token_bitmask(1, ctx.vocab_size))
+    if len(matcher.find_jump_forward_string()) > MAX_FORCED_CHARS:
+        raise ConstraintTooLargeError(f"the constraint forces more than {MAX_FORCED_CHARS} characters")

@@ -1,4 +1,10 @@
-"""ConstraintCompiler: picks a backend per request, compiles off-loop with budgets, caches."""
+"""ConstraintCompiler: picks a backend per request, compiles in worker processes with time and
+memory budgets, caches.
+
+No compile of unbounded cost runs in the server process: planning (schema analysis, emptiness
+checks) and backend compiles run in :mod:`constraints.workers`; the server process only loads
+the payloads they return.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +14,19 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-from .backend import Backend, CompiledConstraint, TokenizerContext
+from .backend import CompiledConstraint, TokenizerContext, make_backend
 from .errors import (
     ConstraintError,
     ConstraintTimeoutError,
+    ConstraintTooLargeError,
     EmptyLanguageError,
     InvalidConstraintError,
     UnsupportedConstraintError,
 )
 from .spec import ConstraintSpec
+from .workers import WorkerPool
 
 FAILURE_TTL_S = 30.0  # failures are cached briefly: a retry storm must not recompile
 _FAILURE_BYTES = 1024
@@ -82,10 +90,16 @@ class ConstraintCompiler:
     """Compiles ConstraintSpecs for one tokenizer; thread-safe; build once per tokenizer.
 
     ``vocab_size`` is the model's logits width (may exceed the tokenizer's vocabulary);
-    ``stop_token_ids`` defaults to the tokenizer's EOS. Each compile runs on a worker with a
-    ``compile_timeout_s`` budget; results (and, briefly, failures) are cached in an LRU bounded
-    by ``max_cache_bytes``.
+    ``stop_token_ids`` defaults to the tokenizer's EOS. Every compile runs in a pool of
+    ``max_workers`` worker processes (the tokenizer must pickle): each compile gets
+    ``compile_timeout_s`` seconds of worker time, counted from when a worker takes it, and may
+    grow its worker by ``compile_memory_mb`` MiB (0: no cap); a worker over either is killed and
+    replaced. The server process only loads what a worker already built. Results (and, briefly,
+    failures) are cached in an LRU bounded by ``max_cache_bytes``.
     """
+
+    PLAN_JOB = "constraints.jobs:plan"  # worker functions (tests substitute their own)
+    ATTEMPT_JOB = "constraints.jobs:attempt"
 
     def __init__(
         self,
@@ -96,6 +110,7 @@ class ConstraintCompiler:
         compile_timeout_s: float = 5.0,
         max_cache_bytes: int = 256 << 20,
         max_workers: int = 2,
+        compile_memory_mb: int = 4096,
     ) -> None:
         if stop_token_ids is None:
             eos = tokenizer.eos_token_id
@@ -103,7 +118,10 @@ class ConstraintCompiler:
         stops = tuple(dict.fromkeys(int(t) for t in stop_token_ids))
         if not stops:
             raise ValueError("the tokenizer has no EOS token: pass stop_token_ids")
+        if compile_memory_mb < 0:
+            raise ValueError("compile_memory_mb must be >= 0")
         self.compile_timeout_s = compile_timeout_s
+        self.compile_memory_mb = compile_memory_mb
         self.fingerprint = tokenizer_fingerprint(tokenizer, vocab_size, stops)
         self._ctx = TokenizerContext(
             tokenizer=tokenizer,
@@ -112,37 +130,34 @@ class ConstraintCompiler:
             stop_token_ids=stops,
             fingerprint=self.fingerprint,
         )
-        self._max_workers = max_workers
-        self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="trellis-compile")
+        self._pool = WorkerPool(
+            max_workers,
+            "constraints.jobs:init",
+            (tokenizer, vocab_size, stops, self.fingerprint),
+            memory_mb=compile_memory_mb,
+        )
+        # these threads only wait on the workers: compiles queue for workers, not for threads
+        self._executor = ThreadPoolExecutor(4 * max_workers, thread_name_prefix="trellis-compile")
         self._cache = _Cache(max_cache_bytes)
         self._inflight: dict[str, Future] = {}
         self._lock = threading.Lock()
-        self._backends: dict[str, Backend] = {}
-        self._backend_lock = threading.Lock()
+        self._backends = {name: make_backend(name, self._ctx) for name in ("llguidance", "xgrammar", "outlines")}
         self._closed = False
-        for name in ("llguidance", "xgrammar"):  # tokenizer tables once, outside any budget
-            self._backend(name)
 
     # -- public ------------------------------------------------------------------------------
 
     def compile(self, spec: ConstraintSpec) -> CompiledConstraint:
         """Compile (or fetch from cache) ``spec``; raises ConstraintError."""
         try:
-            future, started = self._submit(spec)
-            return self._wait(spec, future, started)
+            return self._submit(spec).result()
         except ConstraintError as exc:
             raise exc.for_param(spec.param) from None
 
     async def compile_async(self, spec: ConstraintSpec) -> CompiledConstraint:
         """Like :meth:`compile` without blocking the event loop."""
         try:
-            future, started = self._submit(spec)
-            if not future.done():
-                remaining = max(0.0, started + self.compile_timeout_s - time.monotonic())
-                await asyncio.wait(
-                    [asyncio.shield(asyncio.wrap_future(future))], timeout=remaining + 0.05
-                )
-            return self._wait(spec, future, started)
+            future = self._submit(spec)
+            return await asyncio.shield(asyncio.wrap_future(future))
         except ConstraintError as exc:
             raise exc.for_param(spec.param) from None
 
@@ -150,21 +165,27 @@ class ConstraintCompiler:
         """Cache counters: hits, misses, entries, bytes."""
         return self._cache.stats()
 
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait until the compile workers have started (they start with the compiler, in the
+        background); False on timeout. Compiles before then simply wait for a worker."""
+        return self._pool.wait_ready(timeout)
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the compile workers now alive."""
+        return self._pool.pids()
+
     def close(self) -> None:
-        """Stop the workers (running compiles are abandoned)."""
+        """Kill the workers (running compiles fail)."""
         self._closed = True
+        self._pool.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
-        for backend in self._backends.values():
-            close = getattr(backend, "close", None)
-            if close:
-                close()
 
     # -- scheduling ----------------------------------------------------------------------------
 
     def _cache_key(self, spec: ConstraintSpec) -> str:
         return self.fingerprint + ":" + spec.key()
 
-    def _submit(self, spec: ConstraintSpec) -> tuple[Future, float]:
+    def _submit(self, spec: ConstraintSpec) -> Future:
         key = self._cache_key(spec)
         with self._lock:
             hit = self._cache.get(key)
@@ -174,51 +195,28 @@ class ConstraintCompiler:
                     done.set_exception(hit)
                 else:
                     done.set_result(hit)
-                return done, time.monotonic()
+                return done
             future = self._inflight.get(key)
             if future is not None:
-                return future, future.started  # type: ignore[attr-defined]
+                return future
             if self._closed:
                 raise RuntimeError("ConstraintCompiler is closed")
             self._cache.misses += 1
             future = self._executor.submit(self._compile_and_cache, spec, key)
-            future.started = time.monotonic()  # type: ignore[attr-defined]
             self._inflight[key] = future
-            return future, future.started  # type: ignore[attr-defined]
-
-    def _wait(self, spec: ConstraintSpec, future: Future, started: float) -> CompiledConstraint:
-        remaining = started + self.compile_timeout_s - time.monotonic()
-        try:
-            return future.result(timeout=max(0.0, remaining) + 0.05)
-        except TimeoutError:
-            self._on_timeout(spec, future)
-            raise self._timeout_error() from None
-
-    def _timeout_error(self) -> ConstraintTimeoutError:
-        return ConstraintTimeoutError(
-            f"compiling the constraint exceeded the {self.compile_timeout_s:g} s budget"
-        )
-
-    def _on_timeout(self, spec: ConstraintSpec, future: Future) -> None:
-        # A thread cannot be killed: give its pool up so later compiles get fresh workers.
-        key = self._cache_key(spec)
-        with self._lock:
-            if self._inflight.get(key) is future:
-                del self._inflight[key]
-                self._cache.put(key, self._timeout_error(), _FAILURE_BYTES, ttl=FAILURE_TTL_S)
-                old, self._executor = self._executor, ThreadPoolExecutor(
-                    self._max_workers, thread_name_prefix="trellis-compile"
-                )
-                old.shutdown(wait=False, cancel_futures=False)
+            return future
 
     def _compile_and_cache(self, spec: ConstraintSpec, key: str) -> CompiledConstraint:
-        deadline = time.monotonic() + self.compile_timeout_s
         try:
-            compiled = self._compile_now(spec, deadline)
+            compiled = self._compile_now(spec)
         except ConstraintError as exc:
             self._finish(key, exc, _FAILURE_BYTES, FAILURE_TTL_S)
             raise
-        except Exception as exc:  # a backend bug must become a clean 400, not a crash
+        except Exception as exc:
+            if self._closed:
+                self._finish(key, None, 0, 0.0)
+                raise
+            # a backend bug must become a clean 400, not a crash
             err = UnsupportedConstraintError(f"constraint compilation failed: {type(exc).__name__}: {exc}")
             self._finish(key, err, _FAILURE_BYTES, FAILURE_TTL_S)
             raise err from exc
@@ -229,58 +227,65 @@ class ConstraintCompiler:
         with self._lock:
             if key in self._inflight:
                 del self._inflight[key]
-                self._cache.put(key, value, size, ttl)
+                if value is not None:
+                    self._cache.put(key, value, size, ttl)
 
-    # -- backend choice ------------------------------------------------------------------------
+    # -- one compile: plan and attempts, each in a worker -------------------------------------
 
-    def _backend(self, name: str) -> Backend:
-        with self._backend_lock:
-            backend = self._backends.get(name)
-            if backend is None:
-                backend = _make_backend(name, self._ctx, self.compile_timeout_s)
-                self._backends[name] = backend
-            return backend
+    def _timeout_error(self) -> ConstraintTimeoutError:
+        return ConstraintTimeoutError(
+            f"compiling the constraint exceeded the {self.compile_timeout_s:g} s budget"
+        )
 
-    def _compile_now(self, spec: ConstraintSpec, deadline: float) -> CompiledConstraint:
-        from .planner import plan
-
-        attempts = plan(spec)
+    def _compile_now(self, spec: ConstraintSpec) -> CompiledConstraint:
+        budget = _Budget(self.compile_timeout_s)
+        attempts = budget.run(self._pool, self.PLAN_JOB, spec)
         errors: list[ConstraintError] = []
-        for i, attempt in enumerate(attempts):
-            if time.monotonic() > deadline:
+        i = 0
+        while i < len(attempts):
+            attempt, last = attempts[i], i == len(attempts) - 1
+            if budget.left() <= 0:
                 raise self._timeout_error()
-            last = i == len(attempts) - 1
             try:
-                return self._try(attempt, spec, deadline, last)
+                return self._try(attempt, spec, budget, last)
             except (InvalidConstraintError, ConstraintTimeoutError) as exc:
                 if last or attempt.final_on_invalid or isinstance(exc, EmptyLanguageError):
                     raise
                 errors.append(exc)
             except ConstraintError as exc:
                 errors.append(exc)
+            if isinstance(errors[-1], (ConstraintTimeoutError, ConstraintTooLargeError)):
+                attempts.after_blowup(i)
+            i += 1
         raise attempts.failure(errors)
 
-    def _try(self, attempt: Any, spec: ConstraintSpec, deadline: float, last: bool) -> CompiledConstraint:
-        backend = self._backend(attempt.backend)
-        remaining = max(0.05, deadline - time.monotonic())
-        if attempt.backend == "outlines":
-            # a DFA that explodes gets half the budget; the lazy backends get the rest
-            budget = remaining if last else remaining / 2
-            return backend.compile(spec, attempt.source, timeout=budget)  # type: ignore[call-arg]
-        return backend.compile(spec, attempt.source)
+    def _try(self, attempt: Any, spec: ConstraintSpec, budget: "_Budget", last: bool) -> CompiledConstraint:
+        # a DFA that explodes gets half the budget; the lazy backends get the rest
+        share = 1.0 if last or attempt.backend != "outlines" else 0.5
+        payload = budget.run(self._pool, self.ATTEMPT_JOB, spec, attempt, share=share)
+        return self._backends[attempt.backend].load(spec, payload)
 
 
-def _make_backend(name: str, ctx: TokenizerContext, timeout_s: float) -> Backend:
-    if name == "xgrammar":
-        from .backend_xgrammar import XGrammarBackend
+class _Budget:
+    """Worker seconds one compile may still spend (time queued for a worker is not counted)."""
 
-        return XGrammarBackend(ctx)
-    if name == "llguidance":
-        from .backend_llguidance import LLGuidanceBackend
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.spent = 0.0
 
-        return LLGuidanceBackend(ctx)
-    if name == "outlines":
-        from .backend_outlines import OutlinesBackend
+    def left(self) -> float:
+        return self.seconds - self.spent
 
-        return OutlinesBackend(ctx, timeout_s)
-    raise UnsupportedConstraintError(f"unknown backend {name!r}")
+    def run(self, pool: WorkerPool, fn: str, *args: Any, share: float = 1.0) -> Any:
+        """``fn(*args)`` in a worker within ``share`` of the budget left."""
+        try:
+            result, took = pool.run(fn, *args, timeout=max(0.05, self.left() * share))
+        except BaseException as exc:
+            self.spent += getattr(exc, "elapsed", 0.0)
+            if isinstance(exc, ConstraintTimeoutError):
+                raise ConstraintTimeoutError(
+                    f"compiling the constraint exceeded the {self.seconds:g} s budget"
+                ) from None
+            raise
+        self.spent += took
+        return result

@@ -74,3 +74,15 @@ class ConstraintTimeoutError(ConstraintError):
     """Compiling the constraint exceeded the time budget."""
 
     default_code = "constraint_timeout"
+
+
+class ConstraintMemoryError(ConstraintTooLargeError):
+    """Compiling the constraint exceeded the compile worker's memory cap."""
+
+    default_code = "constraint_memory_exceeded"
+
+
+class ConstraintCrashError(ConstraintError):
+    """The compile worker died while compiling the constraint (not for time or memory)."""
+
+    default_code = "constraint_compile_failed"

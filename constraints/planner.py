@@ -1,4 +1,8 @@
-"""Which backends to try, in which order, with which (rewritten) source, for one spec."""
+"""Which backends to try, in which order, with which (rewritten) source, for one spec.
+
+Planning runs in a compile worker (see :mod:`constraints.jobs`): the analyses here (schema
+rewriting, emptiness of regexes and grammars) may be costly for hostile inputs.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ class Attempt:
     backend: str
     source: Any
     final_on_invalid: bool = True  # an InvalidConstraintError ends the plan (the input is bad)
+    # builds no DFA of the regex, so it copes where a DFA explodes: tried next when one did
+    avoids_dfa: bool = False
 
 
 class Plan(list):
@@ -39,6 +45,23 @@ class Plan(list):
             )
         return first
 
+    def after_blowup(self, index: int) -> None:
+        """Attempt ``index`` ran out of time, memory or size building a DFA: the attempts
+        after it that build none go first (llguidance's lazy DFA would meet the same wall
+        during generation)."""
+        rest = sorted(self[index + 1:], key=lambda a: not a.avoids_dfa)
+        self[index + 1:] = rest
+
+
+# xgrammar parses these differently from the regex flavour requests use: never give it them
+_XGRAMMAR_UNSAFE_REGEX = re.compile(r"\[[:|\\[AzZ]")
+
+
+def _xgrammar_regex_safe(regex: str) -> bool:
+    from .regex_analysis import has_anchors
+
+    return not _XGRAMMAR_UNSAFE_REGEX.search(regex) and not has_anchors(regex)
+
 
 def _strip_anchors(regex: str) -> str:
     # the whole output must match; explicit anchors are redundant and some engines reject them
@@ -58,14 +81,7 @@ def plan(spec: ConstraintSpec) -> Plan:
     if kind == "json_object":
         return Plan(_only(forced, [Attempt("xgrammar", None), Attempt("llguidance", None)]))
     if kind == "regex":
-        regex = _strip_anchors(spec.source)
-        if not regex:
-            raise InvalidConstraintError("the regex is empty")
-        return Plan(_only(forced, [
-            Attempt("outlines", regex, final_on_invalid=False),
-            Attempt("llguidance", regex),
-            Attempt("xgrammar", regex),
-        ]))
+        return Plan(_only(forced, _regex_attempts(spec.source, forced)))
     if kind == "choice":
         from .backend_outlines import choice_regex
 
@@ -74,12 +90,53 @@ def plan(spec: ConstraintSpec) -> Plan:
             Attempt("llguidance", choice_regex(spec.source)),
         ]))
     if kind == "grammar_ebnf":
+        from .grammar_analysis import check_ebnf_productive
+
+        check_ebnf_productive(spec.source)
         return Plan(_only(forced, [Attempt("xgrammar", spec.source)]))
     if kind == "grammar_lark":
+        from .grammar_analysis import check_lark_productive
+
+        check_lark_productive(spec.source)
         return Plan(_only(forced, [Attempt("llguidance", spec.source)]))
     if kind == "structural_tag":
+        _check_tag_schemas(spec.source)
         return Plan(_only(forced, [Attempt("xgrammar", spec.source)]))
     raise UnsupportedConstraintError(f"unsupported constraint kind {kind!r}")
+
+
+def _regex_attempts(source: str, forced: str | None) -> list[Attempt]:
+    from .regex_analysis import check_regex_nonempty
+
+    regex = _strip_anchors(source)
+    if not regex:
+        raise InvalidConstraintError("the regex is empty")
+    check_regex_nonempty(source)
+    attempts = [Attempt("outlines", regex, final_on_invalid=False), Attempt("llguidance", regex)]
+    if _xgrammar_regex_safe(regex):
+        attempts.append(Attempt("xgrammar", regex, avoids_dfa=True))
+    elif forced == "xgrammar":
+        raise UnsupportedConstraintError(
+            "xgrammar does not enforce this regex as written (inner anchors, \\A, \\z or POSIX classes)"
+        )
+    return attempts
+
+
+def _check_tag_schemas(tag: Any) -> None:
+    """$ref checks for the JSON schemas inside a structural tag (xgrammar would take a remote
+    $ref as "any value")."""
+    from .schema_analysis import check_refs
+
+    stack = [tag]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("schema", "json_schema") and isinstance(value, dict):
+                    check_refs(value)
+                stack.append(value)
+        elif isinstance(node, list):
+            stack.extend(node)
 
 
 def _only(forced: str | None, attempts: list[Attempt]) -> list[Attempt]:
@@ -94,8 +151,11 @@ def _only(forced: str | None, attempts: list[Attempt]) -> list[Attempt]:
 def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
     from .schema_analysis import check_schema, rewrite_schema, xgrammar_gaps
 
+    from .grammar_analysis import check_schema_productive
+
     schema = spec.source
     check_schema(schema)
+    check_schema_productive(schema)
     if not spec.strict:  # best effort: whatever compiles, fastest first
         return Plan(_only(forced, [Attempt("xgrammar", schema), Attempt("llguidance", schema)]), schema)
     rewritten = rewrite_schema(schema)

@@ -1,7 +1,7 @@
 """JSON-schema checks and rewrites before any backend sees a schema.
 
-* ``check_schema``: metaschema validation (InvalidConstraintError with a JSON pointer) and a
-  size budget (ConstraintTooLargeError).
+* ``check_schema``: metaschema validation (InvalidConstraintError with a JSON pointer), a
+  size budget (ConstraintTooLargeError) and ``$ref`` resolution (``check_refs``).
 * ``rewrite_schema``: turns keywords the backends skip into enforceable equivalents
   (oneOf with disjoint branches -> anyOf, ``not`` of simple forms, if/then/else with a
   negatable ``if``, dependencies -> anyOf, annotation-only keywords dropped). Anything that
@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Iterator
 
-from .errors import ConstraintTooLargeError, InvalidConstraintError
+from .errors import ConstraintTooLargeError, InvalidConstraintError, UnsupportedConstraintError
 
 MAX_NODES = 100_000
 MAX_DEPTH = 100
@@ -96,8 +96,10 @@ def subschemas(node: Any, pointer: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def check_schema(schema: dict) -> None:
-    """Metaschema check and size budget; raises InvalidConstraintError / ConstraintTooLargeError."""
+    """Metaschema check, size budget and $ref resolution; raises InvalidConstraintError /
+    ConstraintTooLargeError / UnsupportedConstraintError."""
     _check_size(schema)
+    check_refs(schema)
     import jsonschema
     from jsonschema.exceptions import best_match
 
@@ -117,6 +119,69 @@ def check_schema(schema: dict) -> None:
 
 
 _DEDUPABLE = frozenset({"enum", "required", "type"})
+
+
+def check_refs(schema: Any) -> None:
+    """Every ``$ref`` must point into this schema: a JSON pointer (``#/$defs/a``), an
+    ``$anchor`` (``#name``) or a subschema's ``$id``. A dangling one is an
+    InvalidConstraintError, a remote one an UnsupportedConstraintError (never fetched, never
+    compiled as "anything goes"); both name the reference and where it is."""
+    ids, anchors = _ids_and_anchors(schema)
+    for pointer, node in subschemas(schema):
+        ref = node.get("$ref") if isinstance(node, dict) else None
+        if ref is None:
+            continue
+        where = f"{pointer}/$ref" if pointer else "/$ref"
+        if not isinstance(ref, str):
+            raise InvalidConstraintError(f"$ref at {where} must be a string", pointer=where, keyword="$ref")
+        base, _, fragment = ref.partition("#")
+        if base and base not in ids:
+            raise UnsupportedConstraintError(
+                f"$ref {ref!r} at {where} is not a reference into this schema "
+                "(remote and relative references are not fetched)",
+                pointer=where,
+                keyword="$ref",
+            )
+        target = ids.get(base, schema) if base else schema
+        if not _fragment_resolves(target, fragment, anchors):
+            raise InvalidConstraintError(
+                f"$ref {ref!r} at {where} does not resolve to a subschema", pointer=where, keyword="$ref"
+            )
+
+
+def _ids_and_anchors(schema: Any) -> tuple[dict[str, Any], set[str]]:
+    ids: dict[str, Any] = {}
+    anchors: set[str] = set()
+    for _, node in subschemas(schema):
+        if not isinstance(node, dict):
+            continue
+        for key in ("$id", "id"):
+            if isinstance(node.get(key), str) and node[key]:
+                ids[node[key].partition("#")[0] or node[key]] = node
+        if isinstance(node.get("$anchor"), str):
+            anchors.add(node["$anchor"])
+        if isinstance(node.get("$id"), str) and node["$id"].startswith("#"):
+            anchors.add(node["$id"][1:])  # draft-06/07 plain-name fragments
+    return ids, anchors
+
+
+def _fragment_resolves(root: Any, fragment: str, anchors: set[str]) -> bool:
+    if not fragment:
+        return True
+    if not fragment.startswith("/"):
+        return fragment in anchors
+    from urllib.parse import unquote
+
+    target = root
+    for part in fragment[1:].split("/"):
+        part = unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(target, dict) and part in target:
+            target = target[part]
+        elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+            target = target[int(part)]
+        else:
+            return False
+    return isinstance(target, (dict, bool))
 
 
 def _depth(node: Any, limit: int) -> int:

@@ -8,13 +8,16 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from .errors import InvalidConstraintError
+from .errors import ConstraintError, ConstraintTooLargeError, InvalidConstraintError
 
 KINDS = frozenset(
     {"json_schema", "json_object", "regex", "grammar_ebnf", "grammar_lark", "choice", "structural_tag"}
 )
 BACKENDS = frozenset({"auto", "xgrammar", "llguidance", "outlines"})
 _BACKEND_ALIASES = {"guidance": "llguidance", "outlines-core": "outlines", "outlines_core": "outlines"}
+# JSON nesting of a schema / structural tag: well below the interpreter's recursion limit, so
+# hashing and pickling a spec cannot overflow; the schema's own level budget is checked later
+MAX_SOURCE_DEPTH = 512
 _OPTION_DEFAULTS: dict[str, Any] = {"strict": True, "backend": "auto", "disable_any_whitespace": False}
 _OPTION_TYPES: dict[str, type] = {
     "strict": bool,
@@ -72,6 +75,7 @@ class ConstraintSpec:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise InvalidConstraintError(f"unknown constraint kind {self.kind!r}")
+        check_depth(self.source)  # before anything recursive (key(), pickling) touches it
         object.__setattr__(self, "options", _normalise_options(self.options))
         if isinstance(self.source, list):
             object.__setattr__(self, "source", tuple(self.source))
@@ -98,8 +102,33 @@ class ConstraintSpec:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ConstraintSpec) and other.key() == self.key()
 
+    def __reduce__(self):  # options are a read-only mapping, which does not pickle
+        return (_rebuild_spec, (self.kind, self.source, dict(self.options), self.param))
+
     def __hash__(self) -> int:
         return hash(self.key())
+
+
+def _rebuild_spec(kind: str, source: Any, options: dict[str, Any], param: str | None) -> ConstraintSpec:
+    return ConstraintSpec(kind, source, options, param=param)
+
+
+def check_depth(value: Any, limit: int = MAX_SOURCE_DEPTH) -> None:
+    """ConstraintTooLargeError when dicts/lists nest deeper than ``limit`` (checked iteratively)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, Mapping):
+            children = node.values()
+        elif isinstance(node, (list, tuple)):
+            children = node
+        else:
+            continue
+        if depth > limit:
+            raise ConstraintTooLargeError(
+                f"the constraint nests deeper than {limit} levels", keyword="depth"
+            )
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (Mapping, list, tuple)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,6 +157,10 @@ def _json_value(value: Any, param: str) -> Any:
             return json.loads(value)
         except ValueError as exc:
             raise InvalidConstraintError(f"not valid JSON: {exc}", param=param) from None
+        except RecursionError:
+            raise ConstraintTooLargeError(
+                f"the constraint nests deeper than {MAX_SOURCE_DEPTH} levels", param=param, keyword="depth"
+            ) from None
     return value
 
 
@@ -292,4 +325,7 @@ def spec_from_request(fields: Mapping[str, Any]) -> ConstraintSpec | None:
     rf = fields.get("response_format")
     if kind == "json_schema" and param.startswith("response_format") and isinstance(rf, Mapping):
         strict = (rf.get("json_schema") or {}).get("strict")
-    return ConstraintSpec(kind, source, _options(fields, kind, strict), param=param)
+    try:
+        return ConstraintSpec(kind, source, _options(fields, kind, strict), param=param)
+    except ConstraintError as exc:
+        raise exc.for_param(param) from None

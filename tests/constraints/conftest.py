@@ -22,6 +22,7 @@ def tok():
 @pytest.fixture(scope="session")
 def compiler(tok):
     c = ConstraintCompiler(tok, VOCAB, compile_timeout_s=5.0)
+    assert c.wait_ready(120)
     yield c
     c.close()
 

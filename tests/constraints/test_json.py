@@ -236,7 +236,7 @@ def test_spec_format_never_dropped(compiler, tok):
 def test_extra_stop_tokens(tok):
     from constraints import ConstraintCompiler
 
-    c = ConstraintCompiler(tok, 49152 + 64, stop_token_ids=[2, 0])
+    c = ConstraintCompiler(tok, 49152 + 64, stop_token_ids=[2, 0], max_workers=1)
     try:
         for spec in (ConstraintSpec("json_schema", {"type": "integer"}), ConstraintSpec("choice", ["ab"])):
             m = c.compile(spec).new_matcher()
