@@ -25,6 +25,7 @@ class Settings:
     device_dfa: str = "auto"
     compile_timeout: float = 5.0
     compile_memory_mb: int = 4096
+    compile_workers: int = 2
     max_waiting_seqs: int = 256
     max_waiting_tokens: int = 262144
     request_timeout: float = 600.0
@@ -50,7 +51,8 @@ _HELP = {
     "jump_forward": "append tokens a constraint forces without sampling them (on|off)",
     "device_dfa": "regex/choice constraints as a device-resident DFA masked by a kernel: auto (on with CUDA), on, off",
     "compile_timeout": "seconds a constraint (schema, regex, grammar) may take to compile",
-    "compile_memory_mb": "address-space cap of each constraint-compile worker process in MiB (0 = none)",
+    "compile_memory_mb": "memory a constraint compile may add to its worker process, in MiB (0 = no cap)",
+    "compile_workers": "constraint-compile worker processes (each ~0.5 GB resident)",
     "max_waiting_seqs": "most sequences waiting for a batch slot; more -> 429 with Retry-After",
     "max_waiting_tokens": "most prompt tokens waiting for a batch slot; more -> 429 with Retry-After",
     "request_timeout": "seconds a request may take from arrival to its last token (0 = no limit)",

@@ -18,7 +18,6 @@ from server.errors import APIError, bad_request
 
 MAX_PROMPT_CHARS = 16 * 1024 * 1024
 _WORKER_MEMORY_MB = 2048
-_WORKER_START_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -62,8 +61,7 @@ class PromptRenderer:
         self.timeout_s = timeout_s
         self.allow_client_templates = allow_client_templates
         self._tokenizer_dir = str(tokenizer_dir)
-        self._runner = None
-        self._warm = False
+        self._pool = None
         self._lock = threading.Lock()
 
     async def render(self, job: RenderJob) -> list[int]:
@@ -90,43 +88,31 @@ class PromptRenderer:
 
     def close(self) -> None:
         with self._lock:
-            if self._runner is not None:
-                self._runner.close()
-
-    def warm_up(self) -> None:
-        """Start the client-template worker ahead of the first request (it loads the tokenizer)."""
-        if self.allow_client_templates:
-            threading.Thread(target=self._ensure_worker, name="trellis-render-warmup", daemon=True).start()
+            if self._pool is not None:
+                self._pool.close()
 
     # -- the client-template worker process ---------------------------------------------------
 
-    def _ensure_worker(self):
-        from constraints.workers import ProcessRunner
+    def _worker_pool(self):
+        """One render worker, started on the first client template (it loads transformers)."""
+        from constraints.workers import WorkerPool
 
         with self._lock:
-            if self._runner is None:
-                self._runner = ProcessRunner("server.render:init_worker", (self._tokenizer_dir, _WORKER_MEMORY_MB))
-            if not self._warm:  # a fresh worker loads transformers + the tokenizer outside the budget
-                try:
-                    self._runner.run("server.render:ping", timeout=_WORKER_START_TIMEOUT_S)
-                    self._warm = True
-                except Exception as exc:
-                    raise APIError(f"the template worker could not start: {exc}", status=503,
-                                   code="template_worker_unavailable") from None
-            return self._runner
+            if self._pool is None:
+                self._pool = WorkerPool(1, "server.render:init_worker", (self._tokenizer_dir,),
+                                        memory_mb=_WORKER_MEMORY_MB, name="trellis-render-worker")
+            return self._pool
 
     def _render_in_worker(self, job: RenderJob) -> list[int]:
-        from constraints.errors import ConstraintTimeoutError
+        from constraints.errors import ConstraintError, ConstraintTimeoutError
 
-        runner = self._ensure_worker()
         try:
-            return runner.run("server.render:render_in_worker", job, timeout=self.timeout_s)
+            ids, _ = self._worker_pool().run("server.render:render_in_worker", job, timeout=self.timeout_s)
+            return ids
         except ConstraintTimeoutError:
-            self._warm = False
             raise _RenderTimeout() from None
-        except RuntimeError as exc:  # the worker died: over its memory cap, most likely
-            self._warm = False
-            raise ValueError(f"rendering the chat template failed: {exc} (memory limit?)") from None
+        except ConstraintError as exc:  # the worker died: over its memory cap, most likely
+            raise ValueError(f"rendering the chat template failed: {exc.message}") from None
 
 
 class _RenderTimeout(Exception):
@@ -138,42 +124,13 @@ class _RenderTimeout(Exception):
 _worker_tokenizer = None
 
 
-def init_worker(tokenizer_dir: str, memory_mb: int) -> None:
-    """Runs once in a fresh render worker: cap its memory, load the tokenizer."""
+def init_worker(tokenizer_dir: str) -> None:
+    """Runs once in a fresh render worker (the pool caps its memory afterwards)."""
     global _worker_tokenizer
     from server.model_loader import load_tokenizer
 
     _worker_tokenizer = load_tokenizer(Path(tokenizer_dir))
-    _cap_memory(memory_mb)
-
-
-def _cap_memory(memory_mb: int) -> None:
-    import resource
-
-    limit = memory_mb << 20
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    if hard != resource.RLIM_INFINITY:
-        limit = min(limit, hard)
-    current = _address_space_bytes()
-    resource.setrlimit(resource.RLIMIT_AS, (current + limit, hard))
-
-
-def _address_space_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as statm:
-            import os
-
-            return int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        return 0
-
-
-def ping() -> bool:
-    return True
 
 
 def render_in_worker(job: RenderJob) -> list[int]:
-    try:
-        return render_and_tokenize(_worker_tokenizer, job)
-    except MemoryError:
-        raise ValueError("rendering the chat template ran out of its memory budget") from None
+    return render_and_tokenize(_worker_tokenizer, job)

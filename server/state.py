@@ -136,7 +136,6 @@ def build_state(settings: Settings, source: ModelSource | None = None) -> Server
         timeout_s=settings.template_timeout,
         allow_client_templates=settings.allow_client_chat_template,
     )
-    renderer.warm_up()
     return ServerState(
         settings=settings,
         model_name=settings.served_model_name or source.name,
@@ -167,5 +166,6 @@ def _build_compiler(tokenizer, vocab_size: int, eos: frozenset[int], settings: S
         vocab_size,
         stop_token_ids=sorted(eos),
         compile_timeout_s=settings.compile_timeout,
-        # compile_memory_mb=settings.compile_memory_mb,  (TODO after constraints merge)
+        compile_memory_mb=settings.compile_memory_mb,
+        max_workers=settings.compile_workers,
     )

@@ -411,6 +411,8 @@ class Engine:
         if matcher is not None and not _guarded("constraint matcher", matcher.accept_token, token):
             self._fail(seq, f"constraint rejected sampled token {token}")
             return
+        if matcher is not None and getattr(matcher, "error", None):  # a parser limit: not a real stop
+            raise SequenceFailed(f"constraint matcher failed: {matcher.error}")
         if self._append(seq, token, logprob):
             return
         seq.pending = [token]
