@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from .errors import ConstraintError, ConstraintTooLargeError, InvalidConstraintError
+from .errors import ConstraintError, ConstraintTooLargeError, InvalidConstraintError, UnsupportedConstraintError
 
 KINDS = frozenset(
     {"json_schema", "json_object", "regex", "grammar_ebnf", "grammar_lark", "choice", "structural_tag"}
@@ -79,6 +79,7 @@ class ConstraintSpec:
         object.__setattr__(self, "options", _normalise_options(self.options))
         if isinstance(self.source, list):
             object.__setattr__(self, "source", tuple(self.source))
+        check_characters(self.key())
 
     def key(self) -> str:
         """Canonical text of the spec: sorted JSON with normalised options."""
@@ -111,6 +112,21 @@ class ConstraintSpec:
 
 def _rebuild_spec(kind: str, source: Any, options: dict[str, Any], param: str | None) -> ConstraintSpec:
     return ConstraintSpec(kind, source, options, param=param)
+
+
+# Planes 4-11 hold no assigned characters; llguidance 1.9 masks their UTF-8 continuation bytes as
+# allowed and then refuses to consume them, so a constraint naming one would fail mid-generation.
+_UNASSIGNED_PLANES = re.compile("[\U00040000-\U000BFFFF]")
+
+
+def check_characters(text: str) -> None:
+    """UnsupportedConstraintError for a character from Unicode's unassigned planes (U+40000-U+BFFFF)."""
+    found = _UNASSIGNED_PLANES.search(text)
+    if found is not None:
+        raise UnsupportedConstraintError(
+            f"the constraint contains U+{ord(found.group()):X}, from an unassigned Unicode plane; "
+            "no tokenizer produces it reliably", keyword="character"
+        )
 
 
 def check_depth(value: Any, limit: int = MAX_SOURCE_DEPTH) -> None:

@@ -98,3 +98,16 @@ def test_conflicts_named():
     msg = info.value.message
     assert "response_format.json_schema.schema" in msg and "guided_regex" in msg and "regex" in msg
     assert info.value.param == "response_format.json_schema.schema"
+
+
+def test_unassigned_plane_characters_are_refused_up_front():
+    """llguidance masks U+9D0F3's bytes as allowed but will not consume them (found by fuzzing)."""
+    import pytest
+
+    from constraints import UnsupportedConstraintError, spec_from_request
+
+    with pytest.raises(UnsupportedConstraintError, match=r"U\+9D0F3"):
+        spec_from_request({"guided_regex": "a\U0009D0F3b"})
+    with pytest.raises(UnsupportedConstraintError):
+        spec_from_request({"guided_json": {"const": "\U00040000"}})
+    assert spec_from_request({"guided_regex": "\U0001F600|\U000E0041"}) is not None  # assigned planes are fine
