@@ -361,7 +361,8 @@ class AuthMiddleware:
     """ASGI middleware factory (like ``Envelope``): ``Litestar(middleware=[envelope, AuthMiddleware(auth)])``.
 
     Sets ``scope["user"]`` (so ``request.user`` works) and a contextvar to the :class:`Principal`, or
-    answers 401 with the OpenAI error body and a ``WWW-Authenticate`` challenge.
+    answers 401 with the OpenAI error body and a ``WWW-Authenticate`` challenge. Litestar runs app
+    middleware around each route handler, so a path with no route is a 404 before any check.
     """
 
     def __init__(self, authenticator: Authenticator) -> None:
