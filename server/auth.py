@@ -296,6 +296,8 @@ class Authenticator:
         subject = claims.get("sub")
         if not isinstance(subject, str) or not subject:
             raise _unauthorized("the token has no 'sub' claim", "invalid_token")
+        if "\x00" in subject:
+            raise _unauthorized("the token's 'sub' claim contains a NUL character", "invalid_token")
         return Principal(subject, "jwt")
 
     def describe(self) -> str:

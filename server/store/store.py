@@ -258,6 +258,8 @@ class Tx:
         table = chat_completions
         query = select(table).where(table.c.user_id == user)
         if model is not None:
+            if "\x00" in model:  # never in a stored model name, and PostgreSQL cannot even compare it
+                return Page([], False)
             query = query.where(table.c.model == model)
         for key, value in (metadata or {}).items():
             meta = completion_metadata.c

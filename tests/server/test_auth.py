@@ -54,8 +54,9 @@ def run_app() -> Iterator:
 
     def start(authenticator: Authenticator) -> httpx.Client:
         base, stop = serve(build_app(authenticator, extra=[whoami, health]))
-        stops.append(stop)
-        return httpx.Client(base_url=base, timeout=10)
+        client = httpx.Client(base_url=base, timeout=10)
+        stops.extend([client.close, stop])
+        return client
 
     yield start
     for stop in stops:
@@ -171,9 +172,10 @@ def test_jwt_hs256_valid(hs256):
         ({"iss": "https://evil.test"}, SECRET, "issuer"),
         ({}, "another-secret-0123456789-0123456789", "signature"),
         ({"sub": None}, SECRET, "'sub'"),
+        ({"sub": "a\x00b"}, SECRET, "NUL"),
         ({"exp": None}, SECRET, "'exp'"),
     ],
-    ids=["expired", "not-yet", "wrong-aud", "wrong-iss", "wrong-signature", "no-sub", "no-exp"],
+    ids=["expired", "not-yet", "wrong-aud", "wrong-iss", "wrong-signature", "no-sub", "nul-sub", "no-exp"],
 )
 def test_jwt_hs256_rejected(hs256, claims, key, message):
     token = _token({"iss": "https://issuer.test", "aud": "trellis", **claims}, key=key)

@@ -87,6 +87,7 @@ async def test_filters(store):
     assert _ids(await store.list_completions("alice", metadata={"topic": "cats", "team": "y"})) == ["chatcmpl-c"]
     assert _ids(await store.list_completions("alice", model="other", metadata={"topic": "cats"})) == []
     assert _ids(await store.list_completions("alice", metadata={'we"ird\\key': "v"})) == []
+    assert _ids(await store.list_completions("alice", model="ti\x00ny")) == []
 
 
 async def test_messages(store):
@@ -367,12 +368,22 @@ def http_store(store_url):
     stop()
 
 
-def _client(base: str, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=10)
+@pytest.fixture
+def sdk(http_store):
+    """OpenAI SDK clients for the server, one per API key; closed at the end."""
+    clients: list[openai.OpenAI] = []
+
+    def client(key: str) -> openai.OpenAI:
+        clients.append(openai.OpenAI(base_url=http_store + "/v1", api_key=key, max_retries=0, timeout=10))
+        return clients[-1]
+
+    yield client
+    for opened in clients:
+        opened.close()
 
 
-def test_stored_completions_api(http_store):
-    alice = _client(http_store, "sk-alice")
+def test_stored_completions_api(http_store, sdk):
+    alice = sdk("sk-alice")
     page = alice.chat.completions.list(limit=2)
     assert [c.id for c in page.data] == ["chatcmpl-h0", "chatcmpl-h1"] and page.has_more
     assert [c.id for c in alice.chat.completions.list()] == ["chatcmpl-h0", "chatcmpl-h1", "chatcmpl-h2"]  # auto-paging
@@ -390,20 +401,20 @@ def test_stored_completions_api(http_store):
     with pytest.raises(openai.NotFoundError):
         alice.chat.completions.retrieve("chatcmpl-h1")
 
-    bob = _client(http_store, "sk-bob")
+    bob = sdk("sk-bob")
     assert bob.chat.completions.list().data == []
     with pytest.raises(openai.PermissionDeniedError) as info:
         bob.chat.completions.retrieve("chatcmpl-h0")
     assert info.value.code == "permission_denied"
     with pytest.raises(openai.AuthenticationError):
-        _client(http_store, "sk-mallory").chat.completions.list()
+        sdk("sk-mallory").chat.completions.list()
     # The generation route on the same path still answers POST.
     response = httpx.post(http_store + "/v1/chat/completions", json={}, headers={"Authorization": "Bearer sk-alice"})
     assert response.json() == {"object": "chat.completion"}
 
 
-def test_conversations_api(http_store):
-    alice = _client(http_store, "sk-alice")
+def test_conversations_api(sdk):
+    alice = sdk("sk-alice")
     conversation = alice.conversations.create(items=[{"type": "message", "role": "user", "content": "Hello!"}],
                                               metadata={"topic": "demo"})
     assert conversation.object == "conversation" and conversation.metadata == {"topic": "demo"}
@@ -419,7 +430,7 @@ def test_conversations_api(http_store):
     newest = alice.conversations.items.list(conversation.id, limit=1)
     assert newest.data[0].content[0].text == "How are you?" and newest.has_more
 
-    bob = _client(http_store, "sk-bob")
+    bob = sdk("sk-bob")
     with pytest.raises(openai.PermissionDeniedError):
         bob.conversations.items.list(conversation.id)
     assert alice.conversations.delete(conversation.id).deleted
