@@ -218,7 +218,9 @@ def _jwt_message(exc: Exception) -> str:
 
 
 def _unauthorized(message: str, code: str) -> APIError:
-    challenge = _REALM if code == "invalid_api_key" else f'{_REALM}, error="invalid_token", error_description="{message}"'
+    challenge = _REALM
+    if code == "invalid_token":
+        challenge += f', error="invalid_token", error_description="{message}"'
     return APIError(message, status=401, code=code, headers={"WWW-Authenticate": challenge})
 
 

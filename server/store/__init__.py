@@ -25,6 +25,7 @@ from server.store.store import (
     StoredMessage,
     StoreError,
     Tx,
+    default_store_path,
     new_id,
     resolve_url,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "Tx",
     "conversation_id_of",
     "conversation_messages",
+    "default_store_path",
     "items_to_messages",
     "message_to_items",
     "new_id",

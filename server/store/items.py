@@ -103,7 +103,8 @@ def parse_item(item: Any, param: str = "items[0]") -> NewItem:
         output = item.get("output")
         if not isinstance(output, (str, list)):
             raise bad_request("'output' must be a string or a list of content parts", f"{param}.output")
-        return NewItem("function_call_output", None, {"call_id": _require_str(item, "call_id", param), "output": output})
+        call_id = _require_str(item, "call_id", param)
+        return NewItem("function_call_output", None, {"call_id": call_id, "output": output})
     role = item.get("role")
     if role not in MESSAGE_ROLES:
         raise bad_request(f"role must be one of {', '.join(sorted(MESSAGE_ROLES))}", f"{param}.role")
@@ -179,7 +180,8 @@ def _message_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
         if part.get("type") in _TEXT_PARTS:
             converted.append({"type": "text", "text": part["text"]})
         elif part.get("type") == "input_image":
-            converted.append({"type": "image_url", "image_url": {"url": part.get("image_url"), "detail": part.get("detail", "auto")}})
+            image = {"url": part.get("image_url"), "detail": part.get("detail", "auto")}
+            converted.append({"type": "image_url", "image_url": image})
         else:
             converted.append(part)
     return converted

@@ -8,7 +8,10 @@ unguessable, so saying "not yours" leaks nothing a 404 would hide, and it tells 
 
 from __future__ import annotations
 
+import os
 import secrets
+import shutil
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -269,7 +272,8 @@ class Tx:
             found = select(table.c.seq).where(table.c.id == after, table.c.user_id == user)
             cursor = (await self.conn.execute(found)).scalar() if _usable(after) else None
             if cursor is None:
-                raise bad_request(f"'after' names no stored chat completion of yours: '{str(after)[:_ID_MAX]}'", "after")
+                message = f"'after' names no stored chat completion of yours: '{str(after)[:_ID_MAX]}'"
+                raise bad_request(message, "after")
         rows, more = await self._page(query, table.c.seq, cursor, order, limit)
         return Page([_completion(row) for row in rows], more)
 
@@ -289,11 +293,14 @@ class Tx:
         rows, more = await self._page(query, table.c.position, cursor, order, limit)
         return Page([StoredMessage(f"{completion_id}-{row.position}", row.message) for row in rows], more)
 
-    async def update_metadata(self, user: str, completion_id: str, metadata: Mapping[str, str] | None) -> StoredCompletion:
+    async def update_metadata(
+        self, user: str, completion_id: str, metadata: Mapping[str, str] | None
+    ) -> StoredCompletion:
         """Replace a stored completion's metadata (None clears it)."""
         meta = validate_metadata(metadata)
         row = await self._owned(chat_completions, "chat completion", user, completion_id, lock=True)
-        await self.conn.execute(update(chat_completions).where(chat_completions.c.id == completion_id).values(meta=meta))
+        table = chat_completions
+        await self.conn.execute(update(table).where(table.c.id == completion_id).values(meta=meta))
         await self.conn.execute(delete(completion_metadata).where(completion_metadata.c.completion_id == completion_id))
         await self._write_metadata(completion_id, meta)
         return StoredCompletion(row.id, row.user_id, row.created, row.model, row.request, row.response, meta, row.tags)
@@ -360,7 +367,8 @@ class Tx:
     async def _insert_items(self, conversation_id: str, new: list[NewItem], start: int) -> list[Item]:
         now = int(time.time())
         prefixes = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
-        stored = [Item(new_id(prefixes[item.type]), item.type, item.role, item.content, item.reasoning, now) for item in new]
+        stored = [Item(new_id(prefixes[item.type]), item.type, item.role, item.content, item.reasoning, now)
+                  for item in new]
         if stored:
             rows = [{"conversation_id": conversation_id, "position": start + i, "id": item.id, "type": item.type,
                      "role": item.role, "content": item.content, "reasoning": item.reasoning, "created": now}
@@ -397,12 +405,10 @@ def _message_position(completion_id: str, after: str) -> int:
 
 
 def resolve_url(target: str | Path) -> URL:
-    """A SQLite path (or ``:memory:``), ``sqlite:///…``, or ``postgresql://…`` as an async driver URL."""
+    """A SQLite path, ``sqlite:///…``, or ``postgresql://…`` as an async driver URL."""
     text = str(target).strip()
     if not text:
         raise StoreError("no store location given")
-    if text == ":memory:":
-        return make_url("sqlite+aiosqlite://")
     if "://" not in text:
         return URL.create("sqlite+aiosqlite", database=str(Path(text).expanduser().resolve()))
     try:
@@ -417,19 +423,25 @@ def resolve_url(target: str | Path) -> URL:
     raise StoreError(f"unsupported store URL {url.drivername!r}: give a SQLite file path or a postgresql:// URL")
 
 
+def default_store_path() -> Path:
+    """Where the SQLite store lives when no location is configured: ``$XDG_DATA_HOME/trellis/store.sqlite3``
+    (``~/.local/share/trellis/store.sqlite3`` without XDG_DATA_HOME)."""
+    data_home = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(data_home) / "trellis" / "store.sqlite3"
+
+
 def _dumps(value: Any) -> str:
     # msgspec writes NaN/inf (logprobs can be -inf) as null, which PostgreSQL's json type accepts.
     return msgspec.json.encode(value).decode()
 
 
-def _sqlite_hooks(engine: AsyncEngine, in_memory: bool) -> None:
+def _sqlite_hooks(engine: AsyncEngine) -> None:
     @event.listens_for(engine.sync_engine, "connect")
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # the driver's own BEGIN handling is off; on_begin emits it
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA foreign_keys=ON")
-        if not in_memory:
-            cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA journal_mode=WAL")
         cursor.close()
 
     @event.listens_for(engine.sync_engine, "begin")
@@ -439,15 +451,17 @@ def _sqlite_hooks(engine: AsyncEngine, in_memory: bool) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("trellis_write") else "BEGIN")
 
 
+def _is_sqlite_memory(url: URL | None) -> bool:
+    return url is not None and url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
+
+
 def _create_engine(url: URL) -> AsyncEngine:
     options: dict[str, Any] = {"json_serializer": _dumps, "json_deserializer": msgspec.json.decode}
     if url.get_backend_name() != "sqlite":
         return create_async_engine(url, pool_pre_ping=True, **options)
-    in_memory = not url.database or url.database == ":memory:"
-    if not in_memory:
-        Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+    Path(url.database).parent.mkdir(parents=True, exist_ok=True)
     engine = create_async_engine(url, connect_args={"timeout": 30.0}, **options)
-    _sqlite_hooks(engine, in_memory)
+    _sqlite_hooks(engine)
     return engine
 
 
@@ -466,18 +480,25 @@ async def _migrate(conn: AsyncConnection) -> None:
 class Store:
     """Stored chat completions and conversations. Open with ``await Store.open(url)``; ``await close()``."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, scratch_dir: Path | None = None) -> None:
         self.engine = engine
         self._writer = engine.execution_options(trellis_write=True)
+        self._scratch_dir = scratch_dir
 
     @classmethod
     async def open(cls, url: str | Path) -> Store:
         """Connect, create missing tables and record the schema version.
 
-        ``url``: a SQLite file path (WAL journal, foreign keys on), ``:memory:``, ``sqlite:///path``, or
-        ``postgresql://user:pass@host:port/db`` (also ``postgresql+asyncpg://``).
+        ``url``: a SQLite file path (WAL journal, foreign keys on), ``sqlite:///path``,
+        ``postgresql://user:pass@host:port/db`` (also ``postgresql+asyncpg://``), or ``:memory:`` for a
+        throwaway SQLite file deleted by :meth:`close` (a real in-memory database is one connection,
+        which concurrent transactions cannot share).
         """
-        store = cls(_create_engine(resolve_url(url)))
+        scratch = None
+        if str(url).strip() == ":memory:" or _is_sqlite_memory(make_url(str(url)) if "://" in str(url) else None):
+            scratch = Path(tempfile.mkdtemp(prefix="trellis-store-"))
+            url = scratch / "store.sqlite3"
+        store = cls(_create_engine(resolve_url(url)), scratch)
         try:
             async with store._writer.begin() as conn:
                 await conn.run_sync(schema.metadata.create_all)
@@ -488,8 +509,10 @@ class Store:
         return store
 
     async def close(self) -> None:
-        """Close every pooled connection."""
+        """Close every pooled connection (and delete a ``:memory:`` store's file)."""
         await self.engine.dispose()
+        if self._scratch_dir is not None:
+            shutil.rmtree(self._scratch_dir, ignore_errors=True)
 
     @property
     def backend(self) -> str:
@@ -533,7 +556,8 @@ class Store:
     ) -> Page[StoredCompletion]:
         """See :meth:`Tx.list_completions`."""
         async with self.transaction(write=False) as tx:
-            return await tx.list_completions(user, model=model, metadata=metadata, after=after, limit=limit, order=order)
+            return await tx.list_completions(
+                user, model=model, metadata=metadata, after=after, limit=limit, order=order)
 
     async def get_completion(self, user: str, completion_id: str) -> StoredCompletion:
         """See :meth:`Tx.get_completion`."""
@@ -547,7 +571,9 @@ class Store:
         async with self.transaction(write=False) as tx:
             return await tx.get_messages(user, completion_id, after=after, limit=limit, order=order)
 
-    async def update_metadata(self, user: str, completion_id: str, metadata: Mapping[str, str] | None) -> StoredCompletion:
+    async def update_metadata(
+        self, user: str, completion_id: str, metadata: Mapping[str, str] | None
+    ) -> StoredCompletion:
         """See :meth:`Tx.update_metadata`."""
         async with self.transaction() as tx:
             return await tx.update_metadata(user, completion_id, metadata)

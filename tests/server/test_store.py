@@ -331,12 +331,24 @@ async def test_reopen_and_schema_version(store_url):
 def test_resolve_url(tmp_path):
     assert resolve_url(tmp_path / "a.db").render_as_string() == f"sqlite+aiosqlite:///{tmp_path}/a.db"
     assert resolve_url("sqlite:///x.db").drivername == "sqlite+aiosqlite"
-    assert resolve_url(":memory:").drivername == "sqlite+aiosqlite"
     for url in ("postgresql://u:p@h/db", "postgres://u@h/db", "postgresql+asyncpg://u@h:5/db"):
         assert resolve_url(url).drivername == "postgresql+asyncpg"
     for bad in ("", "mysql://u@h/db"):
         with pytest.raises(StoreError):
             resolve_url(bad)
+
+
+async def test_memory_store_takes_concurrent_transactions():
+    store = await Store.open("sqlite://")
+    scratch = store._scratch_dir
+    try:
+        conversation = await store.create_conversation("alice", {}, [])
+        await asyncio.gather(*(store.append_items("alice", conversation.id, [{"role": "user", "content": str(i)}])
+                               for i in range(6)))
+        assert len((await store.list_items("alice", conversation.id)).data) == 6
+    finally:
+        await store.close()
+    assert scratch is not None and not scratch.exists()
 
 
 async def test_sqlite_pragmas(tmp_path):
