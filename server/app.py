@@ -25,7 +25,8 @@ from litestar.openapi import OpenAPIConfig
 from litestar.response import Stream
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.chat import prepare_chat, run_chat, stream_chat
+from server.auth import AuthMiddleware, Authenticator, open_mode_warning
+from server.chat import persist_chat, prepare_chat, run_chat, stream_chat
 from server.completions import prepare_completion, run_completion, stream_completion
 from server.config import Settings
 from server.context import begin_request, request_log
@@ -36,6 +37,8 @@ from server.openapi_doc import document_bodies
 from server.protocol import ModelCard, ModelList
 from server.sse import done_event, stream_error_event
 from server.state import ServerState, build_state
+from server.store import Store
+from server.store_routes import STORE_ROUTE_HANDLERS
 
 _JSON = "application/json"
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -158,6 +161,7 @@ async def _generate(
     prepare: Callable[[ServerState, bytes], Awaitable[Any]],
     run: Callable[[ServerState, Any], Awaitable[Any]],
     stream: Callable[..., AsyncIterator[bytes]],
+    persist: Callable[[Request, Any, Any], Awaitable[None]] | None = None,
 ) -> Response | Stream:
     server = _serving(state)
     _require_json(request)
@@ -172,6 +176,8 @@ async def _generate(
             return stream_response
         result = await _guarded(request, server, run(server, job), deadline)
         _note_admitted(server, job)
+        if persist is not None:
+            await persist(request, job, result)  # stored before the response is sent
     except ClientGone:
         request_log().update(client_gone=True)
         return Response(content=b"", status_code=499)
@@ -185,7 +191,7 @@ async def _generate(
 
 @post("/v1/chat/completions", status_code=200, summary="Create a chat completion")
 async def chat_completions(request: Request, state: State) -> Response | Stream:
-    return await _generate(request, state, prepare_chat, run_chat, stream_chat)
+    return await _generate(request, state, prepare_chat, run_chat, stream_chat, persist_chat)
 
 
 @post("/v1/completions", status_code=200, summary="Create a text completion")
@@ -240,6 +246,12 @@ async def metrics(state: State) -> Response:
     return Response(content=server.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
 
+def _default_store_path():
+    from server.model_loader import cache_root
+
+    return cache_root() / "store.sqlite3"
+
+
 def _json(body: dict, status: int) -> Response:
     return Response(content=msgspec.json.encode(body), media_type=_JSON, status_code=status)
 
@@ -287,7 +299,7 @@ class Envelope:
 
     def _record(self, scope: Scope, status: int, elapsed: float, rid: str, fields: dict) -> None:
         path = scope.get("path", "")
-        route = path if path in _ROUTES else "other"
+        route = _route_label(path)
         if self.server is not None:
             self.server.metrics.requests.labels(route=route, status=str(status)).inc()
             self.server.metrics.request_latency.labels(route=route).observe(elapsed)
@@ -297,12 +309,27 @@ class Envelope:
             access_log.info(json.dumps(line, default=str))
 
 
+def _route_label(path: str) -> str:
+    """A bounded label set: ids in paths would make one time series per stored item."""
+    if path in _ROUTES:
+        return path
+    if path.startswith("/v1/chat/completions/"):
+        return "/v1/chat/completions/{id}"
+    if path.startswith("/v1/conversations"):
+        return "/v1/conversations"
+    return "other"
+
+
 # --------------------------------------------------------------------------- app factory
 
 
 def create_app(settings: Settings, server: ServerState | None = None) -> Litestar:
     """App factory. With ``server`` given (tests, the CLI), the lifespan neither loads nor closes a model."""
     envelope = Envelope(settings)
+    authenticator = Authenticator.from_settings(settings)
+    warning = open_mode_warning(authenticator)
+    if warning:
+        logging.getLogger("trellis").warning(warning)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -310,18 +337,20 @@ def create_app(settings: Settings, server: ServerState | None = None) -> Litesta
         app.state.server = server or await asyncio.to_thread(build_state, settings)
         app.state.envelope = envelope
         envelope.server = app.state.server
+        app.state.store = app.state.server.store = await Store.open(settings.store_url or str(_default_store_path()))
         document_bodies(app)
         try:
             yield
         finally:
+            await app.state.store.close()
             if owned:
                 app.state.server.close()
 
     return Litestar(
-        route_handlers=[chat_completions, completions, list_models, health, ready, metrics],
+        route_handlers=[chat_completions, completions, list_models, health, ready, metrics, *STORE_ROUTE_HANDLERS],
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
-        middleware=[envelope],
+        middleware=[envelope, AuthMiddleware(authenticator)],
         openapi_config=OpenAPIConfig(title="Trellis", version="0.1.0", path="/docs"),
         request_max_body_size=settings.max_body_bytes,
         debug=False,

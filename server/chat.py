@@ -17,6 +17,7 @@ from server.protocol import (
     ChatChoice,
     ChatCompletion,
     ChatCompletionRequest,
+    ChatMessage,
     ChoiceLogprobs,
     Usage,
 )
@@ -44,12 +45,18 @@ class ChatJob:
     specs: list[SequenceSpec]
     tool_plan: object | None
     echo_prefix: str = ""
+    wire: dict = field(default_factory=dict)  # the request as sent (extra_body merged), for the store
     created: int = field(default_factory=lambda: int(time.time()))
 
 
 async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
     req, wire = decode_request(body, ChatCompletionRequest)
     check_model(state, req.model)
+    if req.conversation is not None:
+        req = await _with_conversation(state, req)
+    if req.store and req.stream:
+        raise bad_request("'store' with 'stream' is not supported yet: send stream: false to store", param="store",
+                          code="unsupported_parameter")
     reject_unimplemented(req)
     check_limits(req)
     plan = tool_calls.plan_tools(req)
@@ -69,7 +76,59 @@ async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
         for i in range(req.n)
     ]
     echo = _echo_prefix(req)
-    return ChatJob(req, new_request_id("chatcmpl"), prompt_ids, specs, plan, echo)
+    return ChatJob(req, new_request_id("chatcmpl"), prompt_ids, specs, plan, echo, wire=wire)
+
+
+async def _with_conversation(state: ServerState, req: ChatCompletionRequest) -> ChatCompletionRequest:
+    """The stored conversation's messages before the request's own (404/403 as APIError)."""
+    from server.auth import current_principal
+    from server.store.flow import conversation_messages
+
+    store = _store(state)
+    principal = current_principal()
+    history = await conversation_messages(store, principal.user if principal else "anonymous", req.conversation)
+    try:
+        earlier = msgspec.convert(history, list[ChatMessage])
+    except msgspec.ValidationError as exc:
+        raise bad_request(f"the stored conversation cannot be replayed: {exc}", param="conversation") from None
+    if req.stream and _stores_conversation(req):
+        raise bad_request("storing into a conversation with 'stream' is not supported yet", param="store",
+                          code="unsupported_parameter")
+    return msgspec.structs.replace(req, messages=earlier + list(req.messages))
+
+
+def _stores_conversation(req: ChatCompletionRequest) -> bool:
+    return req.conversation is not None and bool(req.store)
+
+
+def _store(state: ServerState):
+    store = state.store
+    if store is None:
+        raise APIError("stored conversations are not enabled on this server", status=503, code="store_unavailable")
+    return store
+
+
+async def persist_chat(request, job: ChatJob, result: ChatCompletion) -> None:
+    """``store: true`` keeps the completion; with a ``conversation`` it also appends this turn."""
+    req = job.req
+    if not req.store:
+        return
+    from server.auth import current_principal
+    from server.store.flow import conversation_id_of, record
+
+    principal = current_principal()
+    wire = dict(job.wire)
+    if req.conversation is not None:  # keep what the client sent, not the replayed history
+        wire["messages"] = wire.get("messages") or []
+    await record(
+        request.app.state.store,
+        principal.user if principal else "anonymous",
+        wire,
+        msgspec.to_builtins(result),
+        store_completion=True,
+        conversation_id=conversation_id_of(req.conversation),
+        store_reasoning=bool(req.store_reasoning),
+    )
 
 
 def check_model(state: ServerState, model: str | None) -> None:

@@ -34,6 +34,16 @@ class Settings:
     template_timeout: float = 2.0
     allow_client_chat_template: bool = True
     log_requests: bool = True
+    api_keys: str = ""
+    api_keys_file: str = ""
+    jwt_secret: str = ""
+    jwt_public_key_file: str = ""
+    jwt_jwks_file: str = ""
+    jwt_algorithms: str = ""
+    jwt_issuer: str = ""
+    jwt_audience: str = ""
+    jwt_leeway: float = 0.0
+    store_url: str = ""
     log_level: str = "info"
 
 
@@ -61,6 +71,16 @@ _HELP = {
     "template_timeout": "seconds a chat template may take to render (then 400)",
     "allow_client_chat_template": "accept a request's own 'chat_template' (rendered sandboxed in a worker process)",
     "log_requests": "one structured log line per request (on|off)",
+    "api_keys": "comma-separated API keys, sent as 'Authorization: Bearer KEY' or 'Api-Key KEY' (prefer --api-keys-file: flags show in ps)",
+    "api_keys_file": "file with one API key per line, optionally 'KEY USER' to name its user; '#' starts a comment",
+    "jwt_secret": "HS256 secret verifying JWT bearer tokens (the 'sub' claim is the user)",
+    "jwt_public_key_file": "PEM public key verifying JWTs (RSA -> RS256, EC -> ES256, Ed25519 -> EdDSA)",
+    "jwt_jwks_file": "local JWKS file verifying JWTs by 'kid' (no network)",
+    "jwt_algorithms": "comma-separated accepted JWT algorithms (default: from the key)",
+    "jwt_issuer": "required JWT 'iss' claim (empty: not checked)",
+    "jwt_audience": "required JWT 'aud' claim (empty: not checked)",
+    "jwt_leeway": "seconds of clock skew allowed for JWT exp/nbf",
+    "store_url": "stored completions and conversations: a SQLite file, or postgresql://user:pass@host:port/db (default: store.sqlite3 in the cache directory)",
     "log_level": "debug, info, warning or error",
 }
 _CHOICES = {

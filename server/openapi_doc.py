@@ -43,6 +43,18 @@ def document_bodies(app: Litestar) -> None:
         operation = document["paths"][path]["post"]
         operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref_of[request_type]}}}
         operation["responses"] = _responses(ref_of[response_type], ref_of[ErrorResponse])
+    _document_store_bodies(document, schemas)
+
+
+def _document_store_bodies(document: dict[str, Any], schemas: dict[str, Any]) -> None:
+    from server.store_routes import BODY_STRUCTS
+
+    refs, components = msgspec.json.schema_components(list(BODY_STRUCTS.values()), ref_template=_REF)
+    schemas.update(components)
+    for ((path, method), _), ref in zip(BODY_STRUCTS.items(), refs):
+        operation = document["paths"].get(path, {}).get(method)
+        if operation is not None:
+            operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref}}}
 
 
 def _responses(ok: dict[str, Any], error: dict[str, Any]) -> dict[str, Any]:

@@ -99,7 +99,9 @@ class _SamplingFields(_Request, kw_only=True):
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
     """Body of ``POST /v1/chat/completions``."""
 
-    messages: list[ChatMessage]
+    messages: list[ChatMessage] = msgspec.field(default_factory=list)
+    conversation: str | dict[str, Any] | None = None
+    store_reasoning: bool | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None

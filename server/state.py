@@ -39,6 +39,7 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: Metrics = field(default_factory=Metrics)
     draining: bool = False
+    store: object | None = None  # server.store.Store, opened by the app's lifespan
 
     def __post_init__(self) -> None:
         self.metrics.watch_many(self._engine_gauges)

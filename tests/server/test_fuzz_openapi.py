@@ -23,6 +23,7 @@ import httpx
 import msgspec
 import pytest
 import schemathesis
+from hypothesis.errors import Unsatisfiable
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
@@ -186,7 +187,11 @@ def test_fuzz_operation(api_schema, label, mode):
 
     statuses: dict[int, int] = {}
     contract_problems: list[str] = []
-    fuzz()  # stops at the first 5xx or hang
+    try:
+        fuzz()  # stops at the first 5xx or hang
+    except Unsatisfiable:  # e.g. only a free-form string path parameter: no invalid value exists
+        assert not positive, label
+        pytest.skip("no invalid input exists for this operation")
     print(f"{label} {mode.value}: statuses {dict(sorted(statuses.items()))}")
     # Contract problems are collected rather than raised, so that they never stop the hunt for 5xx.
     assert not contract_problems, "\n".join(contract_problems)
