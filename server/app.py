@@ -30,6 +30,7 @@ from server.chat import persist_chat, prepare_chat, run_chat, stream_chat
 from server.completions import prepare_completion, run_completion, stream_completion
 from server.config import Settings
 from server.context import begin_request, request_log
+from server.dialect import DROPPED_HEADER, PROVIDER, use_router_dialect
 from server.engine.errors import EngineOverloaded
 from server.errors import EXCEPTION_HANDLERS, APIError
 from server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -42,7 +43,8 @@ from server.store_routes import STORE_ROUTE_HANDLERS
 
 _JSON = "application/json"
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/ready", "/metrics")
+_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/ready", "/metrics",
+           "/v0/chat/completions", "/v0/completions", "/v0/endpoints")
 _STEP_STALL_S = 30.0
 access_log = logging.getLogger("trellis.access")
 
@@ -113,6 +115,25 @@ async def _guarded(request: Request, server: ServerState, work: Awaitable[Any], 
     raise _timeout_error(server)
 
 
+def _note_request(server: ServerState, req, body: bytes) -> None:
+    """The request's log fields: model, router fields, tags (also counted) and, when asked, its body."""
+    fields = request_log()
+    fields.update(model=server.model_name, stream=bool(req.stream))
+    for name in ("signature", "region", "use_custom_keys", "user"):
+        if getattr(req, name, None) is not None:
+            fields[name] = getattr(req, name)
+    if req.tags:
+        fields["tags"] = list(req.tags)
+        for tag in req.tags:
+            server.metrics.tagged.labels(tag=server.metrics.tag_labels(tag)).inc()
+    log_query = req.log_query_body if req.log_query_body is not None else server.settings.log_bodies
+    log_response = req.log_response_body if req.log_response_body is not None else server.settings.log_bodies
+    if log_query:
+        fields["query_body"] = body[:_LOGGED_BODY_BYTES].decode("utf-8", "replace")
+    if log_response:
+        fields["log_response_body"] = True
+
+
 def _note_admitted(server: ServerState, job) -> None:
     tokens = sum(len(spec.prompt_token_ids) for spec in job.specs)
     server.metrics.prompt_tokens.inc(tokens)
@@ -169,7 +190,7 @@ async def _generate(
     body = await request.body()
     try:
         job = await _guarded(request, server, prepare(server, body), deadline)
-        request_log().update(model=server.model_name, stream=bool(job.req.stream))
+        _note_request(server, job.req, body)
         if job.req.stream:
             stream_response = _open_stream(server, job, stream, deadline)
             _note_admitted(server, job)
@@ -197,6 +218,27 @@ async def chat_completions(request: Request, state: State) -> Response | Stream:
 @post("/v1/completions", status_code=200, summary="Create a text completion")
 async def completions(request: Request, state: State) -> Response | Stream:
     return await _generate(request, state, prepare_completion, run_completion, stream_completion)
+
+
+@post("/v0/chat/completions", status_code=200, summary="Create a chat completion (the router's dialect: drop_params on)")
+async def router_chat_completions(request: Request, state: State) -> Response | Stream:
+    use_router_dialect()
+    return await _generate(request, state, prepare_chat, run_chat, stream_chat, persist_chat)
+
+
+@post("/v0/completions", status_code=200, summary="Create a text completion (the router's dialect)")
+async def router_completions(request: Request, state: State) -> Response | Stream:
+    use_router_dialect()
+    return await _generate(request, state, prepare_completion, run_completion, stream_completion)
+
+
+@get("/v0/endpoints", summary="The model@provider endpoints this server answers")
+async def router_endpoints(state: State) -> list[str]:
+    server = state.get("server")
+    if server is None:
+        raise APIError("the model is still loading", status=503, code="model_loading")
+    providers = [PROVIDER, *sorted(server.provider_aliases)]
+    return [f"{server.model_name}@{provider}" for provider in providers]
 
 
 @get("/v1/models", summary="List the served model")
@@ -287,7 +329,12 @@ class Envelope:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode("latin-1"))]
+                extra = [(b"x-request-id", rid.encode("latin-1"))]
+                if fields.get("dropped_params"):
+                    extra.append((DROPPED_HEADER.encode(), ",".join(fields["dropped_params"]).encode("latin-1", "replace")))
+                message["headers"] = [*message.get("headers", []), *extra]
+            elif message["type"] == "http.response.body" and fields.get("log_response_body"):
+                _capture_body(fields, message.get("body", b""))
             await send(message)
 
         self.inflight += 1
@@ -307,6 +354,16 @@ class Envelope:
             line = {"request_id": rid, "method": scope.get("method"), "path": path, "status": status,
                     "duration_s": round(elapsed, 4), **fields}
             access_log.info(json.dumps(line, default=str))
+
+
+_LOGGED_BODY_BYTES = 16384
+
+
+def _capture_body(fields: dict, chunk: bytes) -> None:
+    """Keep the first bytes of the response for the request's log line (log_response_body)."""
+    kept = fields.setdefault("response_body", "")
+    if len(kept) < _LOGGED_BODY_BYTES:
+        fields["response_body"] = kept + chunk[: _LOGGED_BODY_BYTES - len(kept)].decode("utf-8", "replace")
 
 
 def _route_label(path: str) -> str:
@@ -347,7 +404,8 @@ def create_app(settings: Settings, server: ServerState | None = None) -> Litesta
                 app.state.server.close()
 
     return Litestar(
-        route_handlers=[chat_completions, completions, list_models, health, ready, metrics, *STORE_ROUTE_HANDLERS],
+        route_handlers=[chat_completions, completions, router_chat_completions, router_completions, router_endpoints,
+                        list_models, health, ready, metrics, *STORE_ROUTE_HANDLERS],
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[envelope, AuthMiddleware(authenticator)],

@@ -11,6 +11,7 @@ import msgspec
 from server import tools as tool_calls
 from server.errors import APIError, bad_request
 from server.generation import ChoiceResult, GenerationStream, SequenceSpec, collect, new_request_id, with_seed
+from server.dialect import split_model
 from server.render import RenderJob
 from server.protocol import (
     AssistantMessage,
@@ -57,7 +58,7 @@ async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
     if req.store and req.stream:
         raise bad_request("'store' with 'stream' is not supported yet: send stream: false to store", param="store",
                           code="unsupported_parameter")
-    reject_unimplemented(req)
+    req = reject_unimplemented(req)
     check_limits(req)
     plan = tool_calls.plan_tools(req)
     want_logprobs, top = logprob_settings(req.logprobs, req.top_logprobs, chat=True)
@@ -132,6 +133,8 @@ async def persist_chat(request, job: ChatJob, result: ChatCompletion) -> None:
 
 
 def check_model(state: ServerState, model: str | None) -> None:
+    """404 unless ``model`` names the served model (``name`` or ``name@provider``)."""
+    model, _ = split_model(model, state.provider_aliases)
     if model is not None and model != state.model_name:
         raise APIError(f"The model `{model}` does not exist.", status=404, param="model", code="model_not_found")
 
@@ -178,6 +181,7 @@ async def run_chat(state: ServerState, job: ChatJob) -> ChatCompletion:
         id=job.request_id,
         created=job.created,
         model=state.model_name,
+        system_fingerprint=state.system_fingerprint,
         choices=[_chat_choice(state, job, i, c) for i, c in enumerate(choices)],
         usage=_usage(job, sum(c.completion_tokens for c in choices)),
     )
@@ -256,7 +260,8 @@ def _delta_chunks(state, job, index, delta, streamer, usage):
 
 
 def _base_chunk(state: ServerState, job: ChatJob) -> dict:
-    return {"id": job.request_id, "object": "chat.completion.chunk", "created": job.created, "model": state.model_name}
+    return {"id": job.request_id, "object": "chat.completion.chunk", "created": job.created, "model": state.model_name,
+            "system_fingerprint": state.system_fingerprint}
 
 
 def _chunk(state, job, index, delta, logprobs, finish, *, stop_reason=None, usage=None) -> dict:

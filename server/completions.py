@@ -69,7 +69,7 @@ def _prompt_ids(state: ServerState, req: CompletionRequest, i: int, item) -> lis
 async def prepare_completion(state: ServerState, body: bytes) -> CompletionJob:
     req, wire = decode_request(body, CompletionRequest)
     check_model(state, req.model)
-    reject_unimplemented(req)
+    req = reject_unimplemented(req)
     want_logprobs, top = logprob_settings(req.logprobs, None, chat=False)
     params = sampling_params(
         req, vocab_size=state.vocab_size, eos_token_ids=state.eos_token_ids, logprobs=want_logprobs, top_logprobs=top
@@ -103,6 +103,7 @@ async def run_completion(state: ServerState, job: CompletionJob) -> Completion:
         choices.append(CompletionChoice(index=i, text=echo + "".join(result.text), logprobs=lp,
                                         finish_reason=result.finish_reason, stop_reason=result.stop_reason))
     return Completion(id=job.request_id, created=job.created, model=state.model_name, choices=choices,
+                      system_fingerprint=state.system_fingerprint,
                       usage=_usage(job, sum(r.completion_tokens for r in results)))
 
 
@@ -127,9 +128,7 @@ async def stream_completion(state: ServerState, job: CompletionJob, stream: Gene
             offsets[index] += len(delta.text)
             yield sse_event(_chunk(state, job, index, delta.text, lp, delta.finish_reason, delta.stop_reason))
         if include_usage:
-            chunk = {"id": job.request_id, "object": "text_completion", "created": job.created,
-                     "model": state.model_name, "choices": [],
-                     "usage": msgspec.to_builtins(_usage(job, sum(tokens)))}
+            chunk = {**_chunk_head(state, job), "choices": [], "usage": msgspec.to_builtins(_usage(job, sum(tokens)))}
             yield sse_event(chunk)
         yield done_event()
     finally:
@@ -140,5 +139,9 @@ def _chunk(state, job, index, text, logprobs, finish, stop_reason=None) -> dict:
     choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
     if finish is not None:
         choice["stop_reason"] = stop_reason
-    return {"id": job.request_id, "object": "text_completion", "created": job.created,
-            "model": state.model_name, "choices": [choice]}
+    return {**_chunk_head(state, job), "choices": [choice]}
+
+
+def _chunk_head(state: ServerState, job: CompletionJob) -> dict:
+    return {"id": job.request_id, "object": "text_completion", "created": job.created, "model": state.model_name,
+            "system_fingerprint": state.system_fingerprint}

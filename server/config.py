@@ -44,6 +44,8 @@ class Settings:
     jwt_audience: str = ""
     jwt_leeway: float = 0.0
     store_url: str = ""
+    provider_aliases: str = ""
+    log_bodies: bool = False
     log_level: str = "info"
 
 
@@ -80,6 +82,8 @@ _HELP = {
     "jwt_issuer": "required JWT 'iss' claim (empty: not checked)",
     "jwt_audience": "required JWT 'aud' claim (empty: not checked)",
     "jwt_leeway": "seconds of clock skew allowed for JWT exp/nbf",
+    "provider_aliases": "comma-separated provider names besides 'trellis' accepted in model@provider",
+    "log_bodies": "log request and response bodies in the request log line (a request's log_query_body / log_response_body override it)",
     "store_url": "stored completions and conversations: a SQLite file, or postgresql://user:pass@host:port/db (default: store.sqlite3 in the cache directory)",
     "log_level": "debug, info, warning or error",
 }

@@ -97,7 +97,7 @@ def handle_api_error(_: Request, exc: APIError) -> Response:
 def handle_constraint_error(request: Request, exc: ConstraintError) -> Response:
     server = request.app.state.get("server")
     if server is not None:
-        keyword = _keyword_label(exc.keyword)
+        keyword = server.metrics.keyword_labels(exc.keyword)
         server.metrics.refusals.labels(code=exc.code or "none", keyword=keyword).inc()
     return error_response(_from_constraint_error(exc))
 
@@ -123,22 +123,6 @@ def handle_unexpected(request: Request, exc: Exception) -> Response:
     return error_response(
         APIError(f"internal error: {type(exc).__name__}", status=500, code="internal_error")
     )
-
-
-_MAX_KEYWORD_LABELS = 64
-_keyword_labels: set[str] = set()
-
-
-def _keyword_label(keyword: str | None) -> str:
-    """Keywords come from client schemas: bound the label set so metrics cannot grow without end."""
-    if not keyword:
-        return "none"
-    if keyword in _keyword_labels:
-        return keyword
-    if len(_keyword_labels) < _MAX_KEYWORD_LABELS and len(keyword) <= 40 and keyword.replace("_", "").isalnum():
-        _keyword_labels.add(keyword)
-        return keyword
-    return "other"
 
 
 def handle_engine_unavailable(_: Request, exc: Exception) -> Response:

@@ -43,6 +43,9 @@ class Metrics:
         )
         self.refusals = Counter("trellis_constraint_refusals", "constraints refused, by code and keyword",
                                 ["code", "keyword"], registry=r)
+        self.tagged = Counter("trellis_tagged_requests", "generation requests per client tag", ["tag"], registry=r)
+        self.keyword_labels = BoundedLabels()
+        self.tag_labels = BoundedLabels()
 
     def watch(self, name: str, help_text: str, read: Callable[[], float]) -> None:
         """A gauge whose value is read at scrape time."""
@@ -54,6 +57,26 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class BoundedLabels:
+    """Label values chosen by clients (schema keywords, tags): the first ``limit`` distinct short
+    values are kept, everything else is ``other``, so a client cannot grow the series without end."""
+
+    def __init__(self, limit: int = 64, max_length: int = 40) -> None:
+        self.limit = limit
+        self.max_length = max_length
+        self._seen: set[str] = set()
+
+    def __call__(self, value: str | None) -> str:
+        if not value:
+            return "none"
+        if value in self._seen:
+            return value
+        if len(self._seen) < self.limit and len(value) <= self.max_length and value.replace("_", "").replace("-", "").isalnum():
+            self._seen.add(value)
+            return value
+        return "other"
 
 
 class _Snapshot:

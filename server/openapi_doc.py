@@ -17,6 +17,8 @@ _REF = "#/components/schemas/{name}"
 _BODIES = {
     "/v1/chat/completions": (ChatCompletionRequest, ChatCompletion),
     "/v1/completions": (CompletionRequest, Completion),
+    "/v0/chat/completions": (ChatCompletionRequest, ChatCompletion),
+    "/v0/completions": (CompletionRequest, Completion),
 }
 _ERROR_STATUSES = {
     "400": "invalid request (the field is named in error.param)",
@@ -34,7 +36,7 @@ def document_bodies(app: Litestar) -> None:
     from litestar._openapi.plugin import OpenAPIPlugin  # the plugin caches the rendered document
 
     document = app.plugins.get(OpenAPIPlugin).provide_openapi_schema()
-    types = [t for pair in _BODIES.values() for t in pair] + [ErrorResponse]
+    types = list(dict.fromkeys([t for pair in _BODIES.values() for t in pair] + [ErrorResponse]))
     refs, components = msgspec.json.schema_components(types, ref_template=_REF)
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     schemas.update(components)

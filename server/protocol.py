@@ -74,8 +74,15 @@ class _SamplingFields(_Request, kw_only=True):
     service_tier: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
-    tags: list[str] | None = None
+    tags: str | list[str] | None = None
     store: bool | None = None
+    # The model router's dialect (accepted on /v0 and /v1).
+    drop_params: bool | None = None
+    signature: str | None = None
+    use_custom_keys: bool | None = None
+    region: str | None = None
+    log_query_body: bool | None = None
+    log_response_body: bool | None = None
     priority: int | None = None
     request_id: str | None = None
     best_of: int | None = None

@@ -7,11 +7,14 @@ fix; fields that would change behaviour but are not implemented are refused, nev
 from __future__ import annotations
 
 import re
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import msgspec
 
 from sampler import SamplingParams
+from server.context import request_log
+from server.dialect import convert_dropping_unknown, drops_params, normalise_tags
 from server.errors import APIError, bad_request, not_implemented
 from server.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -25,6 +28,7 @@ MAX_STOP = 32
 MAX_LOGIT_BIAS = 1024
 MAX_TOOLS = 128
 MAX_PROMPTS_TIMES_N = 256
+_dropping: ContextVar[bool] = ContextVar("trellis_dropping_params", default=False)
 _FIELD_AT = re.compile(r"at `\$(.*)`$")
 _UNKNOWN_FIELD = re.compile(r"unknown field `([^`]*)`")
 
@@ -45,10 +49,24 @@ def decode_request(body: bytes, cls: type[T]) -> tuple[T, dict[str, Any]]:
         if clashes:
             raise bad_request(f"'{clashes[0]}' given both at top level and in extra_body", param=clashes[0])
         data.update(extra)
+    normalise_tags(data)
+    dropping = drops_params(data)
+    _dropping.set(dropping)
     try:
-        return msgspec.convert(data, cls), data
+        if not dropping:
+            return msgspec.convert(data, cls), data
+        req, dropped = convert_dropping_unknown(data, cls)
     except msgspec.ValidationError as exc:
         raise _validation_error(exc) from exc
+    note_dropped(dropped)
+    return req, data
+
+
+def note_dropped(names: list[str]) -> None:
+    """Record dropped parameters for the response header and the request log."""
+    if names:
+        fields = request_log()
+        fields["dropped_params"] = [*fields.get("dropped_params", []), *names]
 
 
 def parse_json_body(body: bytes) -> Any:
@@ -128,8 +146,9 @@ def _json_path_to_param(path: str) -> str:
 # --------------------------------------------------------------------------- field checks
 
 
-def reject_unimplemented(req: ChatCompletionRequest | CompletionRequest) -> None:
-    """Refuse behaviour-changing fields this server does not implement."""
+def reject_unimplemented(req: T) -> T:
+    """Refuse behaviour-changing fields this server does not implement (or, with ``drop_params``,
+    drop them and say so); returns the request without dropped fields."""
     unsupported = {
         "use_beam_search": bool(req.use_beam_search),
         "length_penalty": req.length_penalty is not None,
@@ -146,11 +165,18 @@ def reject_unimplemented(req: ChatCompletionRequest | CompletionRequest) -> None
         )
     else:
         unsupported["suffix"] = bool(req.suffix)
-    for name, present in unsupported.items():
-        if present:
-            raise not_implemented(name)
+    present = [name for name, given in unsupported.items() if given]
     if req.best_of is not None and req.best_of != req.n:
+        present.append("best_of")
+    if present and _dropping.get():
+        note_dropped(present)
+        defaults = {f.name: f.default for f in msgspec.structs.fields(req) if f.name in present}
+        return msgspec.structs.replace(req, **defaults)
+    if "best_of" in present:
         raise bad_request("'best_of' other than n is not supported", param="best_of", code="unsupported_parameter")
+    if present:
+        raise not_implemented(present[0])
+    return req
 
 
 def _check_range(value: float | None, name: str, low: float, high: float) -> None:

@@ -41,6 +41,21 @@ class ServerState:
     draining: bool = False
     store: object | None = None  # server.store.Store, opened by the app's lifespan
 
+    @property
+    def provider_aliases(self) -> frozenset[str]:
+        """Names besides 'trellis' that ``model@provider`` may use for this server."""
+        return frozenset(a.strip() for a in self.settings.provider_aliases.split(",") if a.strip())
+
+    @property
+    def system_fingerprint(self) -> str:
+        """Changes when the model, its dtype or the server version changes."""
+        import hashlib
+
+        from server import __version__
+
+        seed = f"{self.model_name}|{self.settings.dtype}|{self.vocab_size}|{__version__}"
+        return "fp_" + hashlib.sha256(seed.encode()).hexdigest()[:10]
+
     def __post_init__(self) -> None:
         self.metrics.watch_many(self._engine_gauges)
 
