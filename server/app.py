@@ -30,7 +30,7 @@ from server.chat import persist_chat, prepare_chat, run_chat, stream_chat
 from server.completions import prepare_completion, run_completion, stream_completion
 from server.config import Settings
 from server.context import begin_request, request_log
-from server.dialect import DROPPED_HEADER, PROVIDER, use_router_dialect
+from server.dialect import DROPPED_HEADER, PROVIDER, dropped_header_value, use_router_dialect
 from server.engine.errors import EngineOverloaded
 from server.errors import EXCEPTION_HANDLERS, APIError
 from server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -331,7 +331,7 @@ class Envelope:
                 status = message["status"]
                 extra = [(b"x-request-id", rid.encode("latin-1"))]
                 if fields.get("dropped_params"):
-                    extra.append((DROPPED_HEADER.encode(), ",".join(fields["dropped_params"]).encode("latin-1", "replace")))
+                    extra.append((DROPPED_HEADER.encode(), dropped_header_value(fields["dropped_params"])))
                 message["headers"] = [*message.get("headers", []), *extra]
             elif message["type"] == "http.response.body" and fields.get("log_response_body"):
                 _capture_body(fields, message.get("body", b""))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from contextvars import ContextVar
 from typing import Any
+from urllib.parse import quote
 
 import msgspec
 
@@ -80,6 +81,11 @@ def _remove(data: Any, path: str) -> bool:
         del node[keys[-1]]
         return True
     return False
+
+
+def dropped_header_value(names: list[str]) -> bytes:
+    """Comma-separated names, percent-encoded where a client's field name is not header-safe."""
+    return ",".join(quote(name, safe="._[]-$") for name in names).encode("ascii")
 
 
 def split_model(model: str | None, aliases: frozenset[str]) -> tuple[str | None, str | None]:

@@ -73,3 +73,10 @@ def test_tags_are_counted_and_bodies_logged_on_request(tiny_server, caplog):
     assert json.loads(line["response_body"])["id"] == response.json()["id"]
     metrics = httpx.get(tiny_server.base_url + "/metrics").text
     assert 'trellis_tagged_requests_total{tag="alpha"}' in metrics
+
+
+def test_dropped_names_that_are_not_header_safe_are_encoded(tiny_server):
+    """Found by the OpenAPI fuzzer: a client's odd field name once made the header illegal."""
+    response = _post(tiny_server, "/v0/chat/completions", **{"b\u00e4d name\r\n": 1})
+    assert response.status_code == 200, response.text
+    assert response.headers[HEADER] == "b%C3%A4d%20name%0D%0A"
