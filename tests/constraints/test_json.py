@@ -51,10 +51,17 @@ def test_person_documents(person, tok, doc, ok):
     assert walk_json(person, tok, doc) is ok
 
 
-def test_compact_and_spaced_whitespace_bounded(person, tok):
-    assert walk_text(person, tok, '{"name":"A","age":1}')
-    assert walk_text(person, tok, '{\n  "name": "A",\n  "age": 1\n}')
-    assert not walk_text(person, tok, '{' + " " * 40 + '"name": "A", "age": 1}')
+def test_default_layout_is_json_dumps(person, tok):
+    assert walk_text(person, tok, '{"name": "A", "age": 1}')
+    assert not walk_text(person, tok, '{"name":"A","age":1}')
+    assert not walk_text(person, tok, '{\n  "name": "A",\n  "age": 1\n}')
+
+
+def test_flexible_whitespace_bounded(compiler, tok):
+    flexible = compiler.compile(ConstraintSpec("json_schema", PERSON, {"json_layout": "flexible"}))
+    assert walk_text(flexible, tok, '{"name":"A","age":1}')
+    assert walk_text(flexible, tok, '{\n  "name": "A",\n  "age": 1\n}')
+    assert not walk_text(flexible, tok, '{' + " " * 40 + '"name": "A", "age": 1}')
 
 
 def test_bitmask_matches_accept_token(person, tok):
@@ -120,7 +127,7 @@ def _check_forced(m, tok):
 def test_forced_tokens_canonical(compiler, tok, backend):
     schema = {"type": "object", "properties": {"temperature": {"type": "number"}},
               "required": ["temperature"], "additionalProperties": False}
-    spec = ConstraintSpec("json_schema", schema, {"backend": backend, "disable_any_whitespace": True})
+    spec = ConstraintSpec("json_schema", schema, {"backend": backend})
     m = compiler.compile(spec).new_matcher()
     forced = _check_forced(m, tok)
     prefix = tok.decode(forced)
