@@ -168,7 +168,7 @@ class LLGuidanceCompiled(CompiledConstraint):
 
 
 def json_options(spec: ConstraintSpec) -> dict[str, Any]:
-    """llguidance JSON options from the spec: strict, bounded whitespace unless told otherwise."""
+    """llguidance JSON options from the spec: strictness and the layout (``spec.json_layout``)."""
     opts: dict[str, Any] = {
         "lenient": not spec.strict,
         "coerce_one_of": False,
@@ -176,10 +176,12 @@ def json_options(spec: ConstraintSpec) -> dict[str, Any]:
     }
     if spec.options.get("whitespace_pattern"):
         opts.update(whitespace_flexible=True, whitespace_pattern=spec.options["whitespace_pattern"])
-    elif spec.options.get("disable_any_whitespace"):
-        opts.update(whitespace_flexible=False, item_separator=", ", key_separator=": ")
-    else:
+    elif spec.json_layout == "flexible":
         opts.update(whitespace_flexible=True, whitespace_pattern=BOUNDED_WHITESPACE)
+    elif spec.json_layout == "compact":
+        opts.update(whitespace_flexible=False, item_separator=",", key_separator=":")
+    else:
+        opts.update(whitespace_flexible=False, item_separator=", ", key_separator=": ")
     return opts
 
 

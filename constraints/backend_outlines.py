@@ -58,20 +58,71 @@ def special_ids(tokenizer: Any) -> set[int]:
     return ids
 
 
-def _build_tables(regex: str, vocabulary: Any, stop_ids: tuple[int, ...]) -> DFATables:
+# outlines-core's DFA has leftmost-first match semantics: once a branch matches, the branches
+# after it are dropped, so `a|ab` would never produce "ab". The index is built for the regex
+# followed by an end marker instead (no thread matches before the marker), and the states from
+# which the marker's bytes reach a match become the final states. The marker is a
+# noncharacter, which no answer contains.
+END_MARKER = "\U0010ffff"
+
+
+def end_marker_ids(vocabulary: dict[bytes, list[int]]) -> list[int] | None:
+    """One single-byte token per byte of END_MARKER, or None when the vocabulary lacks one."""
+    ids = [vocabulary.get(bytes([b])) for b in END_MARKER.encode()]
+    return [found[0] for found in ids] if all(ids) else None
+
+
+def _build_tables(regex: str, vocabulary: Any, stop_ids: tuple[int, ...], marker: list[int] | None) -> DFATables:
     """regex -> DFA tables (numpy)."""
-    import numpy as np
     import outlines_core
 
     try:
-        index = outlines_core.Index(regex, vocabulary)
+        index = outlines_core.Index(f"(?:{regex})\\U0010ffff" if marker else regex, vocabulary)
     except Exception as exc:
         raise InvalidConstraintError(f"invalid regex: {str(exc).splitlines()[0][:200]}") from None
-    trans = index.get_transitions()
+    trans = {s: dict(edges) for s, edges in index.get_transitions().items()}
     finals = set(index.get_final_states())
+    initial = index.get_initial_state()
+    if marker:
+        finals = _strip_end_marker(trans, finals, marker, initial)
     if not finals:
         raise EmptyLanguageError("the regex matches no string")
-    order = sorted(set(trans) | finals | {index.get_initial_state()})
+    return _tables(trans, finals, initial, stop_ids)
+
+
+def _strip_end_marker(trans: dict[int, dict[int, int]], marked: set[int], marker: list[int], initial: int) -> set[int]:
+    """Final states of the regex without its end marker; ``trans`` loses the marker's states and
+    every state that can no longer reach a final one."""
+    finals = set()
+    for s in set(trans) | {initial}:
+        cur: int | None = s
+        for t in marker:
+            cur = trans.get(cur, {}).get(t) if cur is not None else None
+        if cur in marked:
+            finals.add(s)
+    alive = set(finals)
+    preds: dict[int, set[int]] = {}
+    for s, edges in trans.items():
+        for n in edges.values():
+            preds.setdefault(n, set()).add(s)
+    todo = list(finals)
+    while todo:
+        for p in preds.get(todo.pop(), ()):
+            if p not in alive:
+                alive.add(p)
+                todo.append(p)
+    for s in list(trans):
+        if s not in alive:
+            del trans[s]
+        else:
+            trans[s] = {t: n for t, n in trans[s].items() if n in alive}
+    return finals
+
+
+def _tables(trans: dict[int, dict[int, int]], finals: set[int], initial: int, stop_ids: tuple[int, ...]) -> DFATables:
+    import numpy as np
+
+    order = sorted(set(trans) | finals | {initial})
     num = {s: i for i, s in enumerate(order)}
     stops = set(stop_ids)
     offsets, tokens, nexts = [0], [], []
@@ -81,7 +132,7 @@ def _build_tables(regex: str, vocabulary: Any, stop_ids: tuple[int, ...]) -> DFA
         nexts.extend(n for _, n in edges)
         offsets.append(len(tokens))
     return DFATables(
-        initial_state=num[index.get_initial_state()],
+        initial_state=num[initial],
         offsets=np.asarray(offsets, dtype=np.int32),
         tokens=np.asarray(tokens, dtype=np.int32),
         next=np.asarray(nexts, dtype=np.int32),
@@ -120,18 +171,21 @@ class OutlinesBackend(Backend):
     def __init__(self, ctx: TokenizerContext) -> None:
         super().__init__(ctx)
         self._vocabulary: Any = None
+        self._marker: list[int] | None = None
 
     def prepare(self) -> None:
         if self._vocabulary is None:
             import outlines_core
 
             eos = self.ctx.stop_token_ids[0] if self.ctx.stop_token_ids else 0
-            self._vocabulary = outlines_core.Vocabulary(eos, vocabulary_bytes(self.ctx))
+            vocabulary = vocabulary_bytes(self.ctx)
+            self._marker = end_marker_ids(vocabulary)
+            self._vocabulary = outlines_core.Vocabulary(eos, vocabulary)
 
     def compile(self, spec: ConstraintSpec, source: Any) -> DFATables:
         self.prepare()
         regex = choice_regex(source) if spec.kind == "choice" else source
-        tables = _build_tables(regex, self._vocabulary, tuple(self.ctx.stop_token_ids))
+        tables = _build_tables(regex, self._vocabulary, tuple(self.ctx.stop_token_ids), self._marker)
         words = (self.ctx.vocab_size + 31) // 32
         if tables.nbytes(words) > MAX_DFA_BYTES:
             raise ConstraintTooLargeError(

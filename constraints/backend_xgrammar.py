@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 import xgrammar as xgr
@@ -35,6 +36,29 @@ def _compiler(ctx: TokenizerContext) -> "xgr.GrammarCompiler":
         comp = xgr.GrammarCompiler(tokenizer_info(ctx), max_threads=1, cache_enabled=False)
         ctx.cache["xgrammar"] = comp
     return comp
+
+
+def layout_options(layout: str) -> dict[str, Any]:
+    """xgrammar's JSON-schema arguments for a json_layout (see ``constraints.spec.JSON_LAYOUTS``)."""
+    if layout == "flexible":
+        return {"any_whitespace": True, "max_whitespace_cnt": MAX_WHITESPACE}
+    separators = (",", ":") if layout == "compact" else (", ", ": ")
+    return {"any_whitespace": False, "separators": separators}
+
+
+# xgrammar 0.2.8 writes the item separator of untyped values ("any JSON") as ", " whatever the
+# separators: the compact layout patches those rules
+_ANY_ITEM_RULES = re.compile(r'^(basic_array_items\w* ::= .*|basic_object_properties\w* ::= .*)$', re.M)
+
+
+def json_grammar(schema: Any, layout: str) -> "xgr.Grammar | str":
+    """The grammar of JSON text of ``schema``'s instances in ``layout``."""
+    grammar = xgr.Grammar.from_json_schema(json.dumps(schema), **layout_options(layout), strict_mode=False)
+    if layout != "compact":
+        return grammar
+    text = str(grammar)
+    patched = _ANY_ITEM_RULES.sub(lambda m: m.group(0).replace('", "', '","'), text)
+    return patched if patched != text else grammar
 
 
 class XGrammarMatcher(Matcher):
@@ -113,13 +137,7 @@ class XGrammarBackend(Backend):
             if spec.options.get("whitespace_pattern"):
                 raise UnsupportedConstraintError("xgrammar does not support whitespace_pattern")
             schema = source if kind == "json_schema" else {"type": "object"}
-            compact = bool(spec.options.get("disable_any_whitespace"))
-            return comp.compile_json_schema(
-                json.dumps(schema),
-                any_whitespace=not compact,
-                max_whitespace_cnt=None if compact else MAX_WHITESPACE,
-                strict_mode=False,
-            )
+            return comp.compile_grammar(json_grammar(schema, spec.json_layout))
         if kind == "grammar_ebnf":
             return comp.compile_grammar(source)
         if kind == "regex":

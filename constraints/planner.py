@@ -6,11 +6,13 @@ rewriting, emptiness of regexes and grammars) may be costly for hostile inputs.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConstraintError, InvalidConstraintError, UnsupportedConstraintError
+from .regex_dialect import ecma_lark, ecma_regex
 from .spec import ConstraintSpec
 
 
@@ -54,7 +56,8 @@ class Plan(list):
 
 
 # xgrammar parses these differently from the regex flavour requests use: never give it them
-_XGRAMMAR_UNSAFE_REGEX = re.compile(r"\[[:|\\[AzZ]")
+# (POSIX classes, and \A \z \Z, which it reads as literals)
+_XGRAMMAR_UNSAFE_REGEX = re.compile(r"\[:|\\[AzZ]")
 
 
 def _xgrammar_regex_safe(regex: str) -> bool:
@@ -81,7 +84,7 @@ def plan(spec: ConstraintSpec) -> Plan:
     if kind == "json_object":
         return Plan(_only(forced, [Attempt("xgrammar", None), Attempt("llguidance", None)]))
     if kind == "regex":
-        return Plan(_only(forced, _regex_attempts(spec.source, forced)))
+        return Plan(_only(forced, _regex_attempts(ecma_regex(spec.source), forced)))
     if kind == "choice":
         from .backend_outlines import choice_regex
 
@@ -98,10 +101,10 @@ def plan(spec: ConstraintSpec) -> Plan:
         from .grammar_analysis import check_lark_productive
 
         check_lark_productive(spec.source)
-        return Plan(_only(forced, [Attempt("llguidance", spec.source)]))
+        return Plan(_only(forced, [Attempt("llguidance", ecma_lark(spec.source))]))
     if kind == "structural_tag":
         _check_tag_schemas(spec.source)
-        return Plan(_only(forced, [Attempt("xgrammar", spec.source)]))
+        return Plan(_only(forced, [Attempt("xgrammar", ecma_structural_tag(spec.source))]))
     raise UnsupportedConstraintError(f"unsupported constraint kind {kind!r}")
 
 
@@ -139,6 +142,25 @@ def _check_tag_schemas(tag: Any) -> None:
             stack.extend(node)
 
 
+def ecma_structural_tag(tag: Any) -> Any:
+    """A copy of a structural tag whose JSON schemas and regex contents use ECMA-262 classes."""
+    from .schema_analysis import normalise_schema
+
+    out = json.loads(json.dumps(tag))
+    stack = [out]
+    while stack:  # iterative: a tag may nest hundreds of levels
+        node = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, value in list(items):
+            if key in ("schema", "json_schema") and isinstance(value, dict):
+                node[key] = normalise_schema(value)
+            elif key == "pattern" and node.get("type") == "regex" and isinstance(value, str):
+                node[key] = ecma_regex(value)
+            elif isinstance(value, (dict, list)):
+                stack.append(value)
+    return out
+
+
 def _only(forced: str | None, attempts: list[Attempt]) -> list[Attempt]:
     if forced is None:
         return attempts
@@ -149,11 +171,10 @@ def _only(forced: str | None, attempts: list[Attempt]) -> list[Attempt]:
 
 
 def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
-    from .schema_analysis import check_schema, rewrite_schema, xgrammar_gaps
-
     from .grammar_analysis import check_schema_productive
+    from .schema_analysis import check_schema, normalise_schema, rewrite_schema, xgrammar_gaps
 
-    schema = spec.source
+    schema = normalise_schema(spec.source)
     check_schema(schema)
     check_schema_productive(schema)
     if not spec.strict:  # best effort: whatever compiles, fastest first

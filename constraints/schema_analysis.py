@@ -7,6 +7,9 @@
   negatable ``if``, dependencies -> anyOf, annotation-only keywords dropped). Anything that
   cannot be rewritten stays, so a strict backend rejects it instead of half-enforcing it.
 * ``xgrammar_gaps``: keywords of a (rewritten) schema that xgrammar would not enforce.
+* ``normalise_schema``: runs first: integer keywords written as floats (``maxLength: 2.0``)
+  become integers, and every ``pattern`` / ``patternProperties`` regex gets its ECMA-262
+  meaning made explicit (:mod:`constraints.regex_dialect`), so no backend reads it differently.
 """
 
 from __future__ import annotations
@@ -90,6 +93,58 @@ def subschemas(node: Any, pointer: str = "") -> Iterator[tuple[str, Any]]:
         for name, sub in deps.items():
             if isinstance(sub, (dict, bool)):
                 yield from subschemas(sub, f"{pointer}/dependencies/{_esc(name)}")
+
+
+# -- normalisation --------------------------------------------------------------------------------
+
+# keywords whose value must be a non-negative integer in every draft
+INTEGER_KEYWORDS = ("maxLength", "minLength", "maxItems", "minItems", "maxProperties", "minProperties",
+                    "maxContains", "minContains")
+
+
+def normalise_schema(schema: dict) -> dict:
+    """A copy of ``schema`` that every backend reads the same way: ``2.0`` in an integer keyword
+    becomes ``2`` (backends silently skip a float bound) and regexes get ECMA-262 classes.
+
+    A non-integral value (``maxLength: 2.5``) is an InvalidConstraintError naming the keyword and
+    its JSON pointer. The input is not modified.
+    """
+    _check_size(schema)  # bounds the recursion below
+    out = copy.deepcopy(schema)
+    for pointer, node in list(subschemas(out)):
+        if isinstance(node, dict):
+            _integer_keywords(node, pointer)
+            _ecma_patterns(node)
+    return out
+
+
+def _integer_keywords(node: dict, pointer: str) -> None:
+    for key in INTEGER_KEYWORDS:
+        value = node.get(key)
+        if not isinstance(value, float):
+            continue
+        if not value.is_integer():
+            raise InvalidConstraintError(
+                f"invalid JSON schema at {pointer}/{key}: {key} must be an integer, got {value!r}",
+                pointer=f"{pointer}/{key}",
+                keyword=key,
+            )
+        node[key] = int(value)
+
+
+def _ecma_patterns(node: dict) -> None:
+    from .regex_dialect import ecma_regex
+
+    if isinstance(node.get("pattern"), str):
+        node["pattern"] = ecma_regex(node["pattern"])
+    props = node.get("patternProperties")
+    if isinstance(props, dict):
+        merged: dict[str, Any] = {}
+        for key, sub in props.items():
+            key = ecma_regex(key)
+            # "\\d" and "[0-9]" become the same key: a name matching it must satisfy both
+            merged[key] = {"allOf": [merged[key], sub]} if key in merged else sub
+        node["patternProperties"] = merged
 
 
 # -- validation and budget ------------------------------------------------------------------------

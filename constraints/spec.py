@@ -18,12 +18,19 @@ _BACKEND_ALIASES = {"guidance": "llguidance", "outlines-core": "outlines", "outl
 # JSON nesting of a schema / structural tag: well below the interpreter's recursion limit, so
 # hashing and pickling a spec cannot overflow; the schema's own level budget is checked later
 MAX_SOURCE_DEPTH = 512
-_OPTION_DEFAULTS: dict[str, Any] = {"strict": True, "backend": "auto", "disable_any_whitespace": False}
+# JSON text layouts: "dumps" is Python's json.dumps(obj) (", " and ": ", one line), "compact"
+# is json.dumps(obj, separators=(",", ":")), "flexible" allows bounded whitespace between tokens
+JSON_LAYOUTS = ("dumps", "compact", "flexible")
+DEFAULT_JSON_LAYOUT = "dumps"
+_OPTION_DEFAULTS: dict[str, Any] = {
+    "strict": True, "backend": "auto", "disable_any_whitespace": False, "json_layout": DEFAULT_JSON_LAYOUT,
+}
 _OPTION_TYPES: dict[str, type] = {
     "strict": bool,
     "backend": str,
     "disable_any_whitespace": bool,
     "whitespace_pattern": str,
+    "json_layout": str,
 }
 
 
@@ -32,7 +39,7 @@ def _normalise_options(options: Mapping[str, Any] | None) -> Mapping[str, Any]:
     for name, value in (options or {}).items():
         if name not in _OPTION_TYPES:
             raise InvalidConstraintError(f"unknown constraint option {name!r}", param=name)
-        if value is None or value == _OPTION_DEFAULTS.get(name, object()):
+        if value is None:
             continue
         if not isinstance(value, _OPTION_TYPES[name]):
             raise InvalidConstraintError(
@@ -40,10 +47,32 @@ def _normalise_options(options: Mapping[str, Any] | None) -> Mapping[str, Any]:
             )
         if name == "backend":
             value = _normalise_backend(value, name)
-            if value == "auto":
-                continue
         out[name] = value
+    _resolve_layout(out)
+    out = {k: v for k, v in out.items() if v != _OPTION_DEFAULTS.get(k, object())}
     return MappingProxyType(dict(sorted(out.items())))
+
+
+def _resolve_layout(opts: dict[str, Any]) -> None:
+    """Fold the whitespace options into one canonical form: ``json_layout`` (``"compact"`` for
+    ``disable_any_whitespace``), or ``whitespace_pattern`` alone (a custom flexible layout)."""
+    layout = opts.get("json_layout")
+    if layout is not None and layout not in JSON_LAYOUTS:
+        raise InvalidConstraintError(
+            f"json_layout must be one of {', '.join(JSON_LAYOUTS)}, got {layout!r}", param="json_layout"
+        )
+    if opts.pop("disable_any_whitespace", False):
+        if layout not in (None, "compact"):
+            raise InvalidConstraintError(
+                f"disable_any_whitespace contradicts json_layout {layout!r}", param="json_layout"
+            )
+        opts["json_layout"] = layout = "compact"
+    if opts.get("whitespace_pattern") is not None:
+        if layout not in (None, "flexible"):
+            raise InvalidConstraintError(
+                f"whitespace_pattern contradicts json_layout {layout!r}", param="json_layout"
+            )
+        opts.pop("json_layout", None)
 
 
 def _normalise_backend(value: str, param: str) -> str:
@@ -62,8 +91,10 @@ class ConstraintSpec:
 
     ``kind`` is one of :data:`KINDS`; ``source`` is the schema dict (``json_schema``), the regex or
     grammar text, the list of choices (``choice``), the structural-tag dict, or ``None``
-    (``json_object``). ``options`` may hold ``whitespace_pattern``, ``disable_any_whitespace``,
-    ``strict`` (default True) and ``backend`` (default ``"auto"``); defaults are dropped.
+    (``json_object``). ``options`` may hold ``json_layout`` (one of :data:`JSON_LAYOUTS`,
+    default ``"dumps"``), ``whitespace_pattern`` (a custom flexible layout),
+    ``disable_any_whitespace`` (stored as ``json_layout="compact"``), ``strict`` (default True)
+    and ``backend`` (default ``"auto"``); defaults are dropped.
     ``param`` (keyword-only, not part of the key) names the request field, for error messages.
     """
 
@@ -94,6 +125,14 @@ class ConstraintSpec:
     def strict(self) -> bool:
         """Whether every keyword must be enforced (the default) rather than best effort."""
         return bool(self.options.get("strict", True))
+
+    @property
+    def json_layout(self) -> str:
+        """How JSON text is laid out: ``"dumps"`` (default), ``"compact"`` or ``"flexible"``
+        (also when a ``whitespace_pattern`` is given)."""
+        if self.options.get("whitespace_pattern") is not None:
+            return "flexible"
+        return str(self.options.get("json_layout", DEFAULT_JSON_LAYOUT))
 
     @property
     def backend(self) -> str:
@@ -293,9 +332,28 @@ def _from_sglang(fields: Mapping[str, Any], found: _Found) -> None:
         found.append(("json_schema", "json_schema", _schema(fields["json_schema"], "json_schema")))
 
 
+def _json_layout(fields: Mapping[str, Any], so: Any) -> tuple[str, Any] | None:
+    """(param, value) of the requested json_layout: structured_outputs', else response_format's."""
+    if isinstance(so, Mapping) and so.get("json_layout") is not None:
+        return "structured_outputs.json_layout", so["json_layout"]
+    rf = fields.get("response_format")
+    js = rf.get("json_schema") if isinstance(rf, Mapping) else None
+    if isinstance(js, Mapping) and js.get("json_layout") is not None:
+        return "response_format.json_schema.json_layout", js["json_layout"]
+    return None
+
+
 def _options(fields: Mapping[str, Any], kind: str, strict: Any) -> dict[str, Any]:
     so = fields.get("structured_outputs") or {}
     opts: dict[str, Any] = {}
+    layout = _json_layout(fields, so)
+    if layout is not None:
+        param, value = layout
+        if value not in JSON_LAYOUTS:
+            raise InvalidConstraintError(
+                f"json_layout must be one of {', '.join(JSON_LAYOUTS)}, got {value!r}", param=param
+            )
+        opts["json_layout"] = value
     wsp = so.get("whitespace_pattern") if isinstance(so, Mapping) else None
     wsp = wsp if wsp is not None else fields.get("guided_whitespace_pattern")
     if wsp is not None:
@@ -312,8 +370,12 @@ def _options(fields: Mapping[str, Any], kind: str, strict: Any) -> dict[str, Any
     if strict is False:
         opts["strict"] = False
     if kind not in ("json_schema", "json_object"):
-        opts.pop("whitespace_pattern", None)
-        opts.pop("disable_any_whitespace", None)
+        for name in ("whitespace_pattern", "disable_any_whitespace", "json_layout"):
+            opts.pop(name, None)
+    try:
+        _resolve_layout(dict(opts))
+    except InvalidConstraintError as exc:
+        raise InvalidConstraintError(exc.message, param=layout[0] if layout else "structured_outputs") from None
     return opts
 
 

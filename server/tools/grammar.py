@@ -1,7 +1,7 @@
 """The generation constraint for tool calls, as an xgrammar structural tag.
 
 Each callable tool becomes one tag: begin = the fixed call header naming the tool, content = its
-``parameters`` JSON Schema as a grammar for compact JSON, end = ``}</tool_call>``. Then:
+``parameters`` JSON Schema as a grammar for JSON in ``json.dumps`` layout, end = ``}</tool_call>``. Then:
 
 * "required" / "named": ``tags_with_separator`` (no separator, ``at_least_one``) -- nothing but
   calls; with ``parallel=False`` also ``stop_after_first``, so exactly one call.
@@ -10,9 +10,10 @@ Each callable tool becomes one tag: begin = the fixed call header naming the too
 * "none": no constraint.
 
 The arguments are written in one fixed layout, the one ``json.dumps`` uses (and the tool
-definitions in the default prompt): no whitespace but the single spaces in ``", "`` and ``": "``
+definitions in the default prompt; also the default ``json_layout`` of structured outputs): no
+whitespace but the single spaces in ``", "`` and ``": "``
 (whitespace carries no meaning in JSON). A model cannot pad with whitespace, spends no tokens on
-indentation (the default model's pretty-printed weather call took 41 tokens, compact 36), and
+indentation (the default model's pretty-printed weather call took 41 tokens, one-line 36), and
 ``arguments`` come out in the same layout every time. Properties come in the schema's order and
 undeclared properties are not generated (xgrammar's strict mode, as for its structural-tag JSON
 content); every output still validates against the schema as given.
@@ -86,7 +87,7 @@ def _param(plan: ToolPlan, tool: ToolSpec) -> str:
 def _arguments_grammar(tool: ToolSpec, param: str) -> str:
     schema = json.dumps(_enforceable_schema(tool, param), sort_keys=False)
     try:
-        return _compact_json_ebnf(schema)
+        return _dumps_json_ebnf(schema)
     except Exception as exc:  # xgrammar raises RuntimeError/ValueError/TypeError on schemas it cannot convert
         lines = str(exc).strip().splitlines()
         reason = re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", lines[0]) if lines else type(exc).__name__
@@ -94,7 +95,7 @@ def _arguments_grammar(tool: ToolSpec, param: str) -> str:
 
 
 @lru_cache(maxsize=512)
-def _compact_json_ebnf(schema: str) -> str:
+def _dumps_json_ebnf(schema: str) -> str:
     """EBNF for the JSON text of instances of ``schema`` in ``json.dumps`` layout."""
     import xgrammar as xgr  # lazy: keeps this module importable on its own
 
@@ -106,10 +107,11 @@ def _enforceable_schema(tool: ToolSpec, param: str) -> dict[str, Any]:
     """The parameters schema rewritten into keywords xgrammar enforces, or a 400 naming the
     keyword and where it is: a call must never be only half-checked against its schema."""
     from constraints import ConstraintError
-    from constraints.schema_analysis import check_schema, rewrite_schema, xgrammar_gaps
+    from constraints.schema_analysis import check_schema, normalise_schema, rewrite_schema, xgrammar_gaps
 
     schema = _object_schema(tool.parameters)
     try:
+        schema = normalise_schema(schema)
         check_schema(schema)
         rewritten = rewrite_schema(schema)
     except ConstraintError as exc:

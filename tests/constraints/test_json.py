@@ -51,10 +51,17 @@ def test_person_documents(person, tok, doc, ok):
     assert walk_json(person, tok, doc) is ok
 
 
-def test_compact_and_spaced_whitespace_bounded(person, tok):
-    assert walk_text(person, tok, '{"name":"A","age":1}')
-    assert walk_text(person, tok, '{\n  "name": "A",\n  "age": 1\n}')
-    assert not walk_text(person, tok, '{' + " " * 40 + '"name": "A", "age": 1}')
+def test_default_layout_is_json_dumps(person, tok):
+    assert walk_text(person, tok, '{"name": "A", "age": 1}')
+    assert not walk_text(person, tok, '{"name":"A","age":1}')
+    assert not walk_text(person, tok, '{\n  "name": "A",\n  "age": 1\n}')
+
+
+def test_flexible_whitespace_bounded(compiler, tok):
+    flexible = compiler.compile(ConstraintSpec("json_schema", PERSON, {"json_layout": "flexible"}))
+    assert walk_text(flexible, tok, '{"name":"A","age":1}')
+    assert walk_text(flexible, tok, '{\n  "name": "A",\n  "age": 1\n}')
+    assert not walk_text(flexible, tok, '{' + " " * 40 + '"name": "A", "age": 1}')
 
 
 def test_bitmask_matches_accept_token(person, tok):
@@ -120,7 +127,7 @@ def _check_forced(m, tok):
 def test_forced_tokens_canonical(compiler, tok, backend):
     schema = {"type": "object", "properties": {"temperature": {"type": "number"}},
               "required": ["temperature"], "additionalProperties": False}
-    spec = ConstraintSpec("json_schema", schema, {"backend": backend, "disable_any_whitespace": True})
+    spec = ConstraintSpec("json_schema", schema, {"backend": backend})
     m = compiler.compile(spec).new_matcher()
     forced = _check_forced(m, tok)
     prefix = tok.decode(forced)
@@ -249,3 +256,38 @@ def test_extra_stop_tokens(tok):
             assert m.accept_token(0) and m.is_terminated()
     finally:
         c.close()
+
+
+DRAFT4 = "http://json-schema.org/draft-04/schema#"
+
+
+@pytest.mark.parametrize("schema, docs", [
+    ({"type": "string", "maxLength": 2.0}, ["ab", "abc"]),
+    ({"type": "string", "minLength": 2.0, "pattern": "^[a-z]*$"}, ["a", "ab"]),
+    ({"type": "array", "items": {"type": "integer"}, "minItems": 1.0, "maxItems": 2.0}, [[], [1], [1, 2, 3]]),
+    ({"type": "object", "maxProperties": 1.0, "minProperties": 1.0}, [{}, {"a": 1}, {"a": 1, "b": 2}]),
+    ({"$schema": DRAFT4, "type": "array", "maxItems": 1.0}, [[1], [1, 2]]),
+    ({"$schema": DRAFT4, "type": "number", "minimum": 0, "exclusiveMinimum": True}, [0, 1]),
+    ({"type": "object", "properties": {"a": {"type": "string", "maxLength": 1.0}}}, [{"a": "x"}, {"a": "xy"}]),
+])
+@pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
+def test_integral_floats_are_integers(compiler, tok, schema, docs, backend):
+    try:
+        c = compiler.compile(ConstraintSpec("json_schema", schema, {"backend": backend}))
+    except UnsupportedConstraintError:
+        assert backend == "xgrammar"
+        return
+    as_int = json.loads(json.dumps(schema).replace(".0,", ",").replace(".0}", "}"))
+    validator = jsonschema.validators.validator_for(as_int)(as_int)
+    for doc in docs:
+        assert walk_json(c, tok, doc) == validator.is_valid(doc), (doc, backend)
+
+
+def test_non_integral_bound_is_a_400(compiler):
+    spec = spec_from_request({"guided_json": {"type": "object", "properties": {
+        "tags": {"type": "array", "maxItems": 2.5}}}})
+    with pytest.raises(InvalidConstraintError) as info:
+        compiler.compile(spec)
+    assert info.value.keyword == "maxItems"
+    assert info.value.pointer == "/properties/tags/maxItems"
+    assert info.value.param == "guided_json"

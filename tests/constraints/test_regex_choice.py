@@ -103,3 +103,30 @@ def test_structural_tag(compiler, tok):
     c = compiler.compile(ConstraintSpec("structural_tag", tag))
     assert walk_text(c, tok, "hi <f>12</f>")
     assert not walk_text(c, tok, "hi <f>x</f>")
+
+
+@pytest.mark.parametrize("backend", ["outlines", "llguidance", "xgrammar"])
+@pytest.mark.parametrize("regex, good, bad", [
+    ("a|ab|abc", ["a", "ab", "abc"], ["abcd", ""]),
+    (r"[0-9]+|[0-9]+\.[0-9]+", ["12", "1.5"], ["1.", ".5"]),
+    (r"b*|[a-z]*", ["", "bb", "abc"], ["A"]),
+    (r"(?:\p{L}|x)*", ["ab\u00e9"], ["1"]),
+    ("a*?", ["", "aaa"], ["b"]),
+])
+def test_union_is_union_on_every_backend(compiler, tok, backend, regex, good, bad):
+    """outlines-core alone would drop `ab` from `a|ab` (leftmost-first matching)."""
+    try:
+        c = compiler.compile(ConstraintSpec("regex", regex, {"backend": backend}))
+    except Exception:
+        assert backend == "xgrammar"
+        return
+    for text in good:
+        assert walk_text(c, tok, text), (backend, text)
+    for text in bad:
+        assert not walk_text(c, tok, text), (backend, text)
+
+
+def test_choice_prefixes(compiler, tok):
+    c = compiler.compile(ConstraintSpec("choice", ["a", "ab", "abc"]))
+    assert c.backend == "outlines"
+    assert all(walk_text(c, tok, t) for t in ("a", "ab", "abc")) and not walk_text(c, tok, "abcd")

@@ -57,7 +57,7 @@ def test_options():
                               "guided_decoding_backend": "guidance"})
     assert spec.options == {"whitespace_pattern": "[ ]?", "backend": "llguidance"}
     spec = spec_from_request({"structured_outputs": {"json": SCHEMA, "disable_any_whitespace": True}})
-    assert spec.options == {"disable_any_whitespace": True}
+    assert spec.options == {"json_layout": "compact"}
     assert spec_from_request(rf_schema(SCHEMA, strict=False)).strict is False
     assert spec_from_request(rf_schema(SCHEMA, strict=True)).options == {}
 
