@@ -10,18 +10,22 @@ import pytest
 from server.config import Settings
 from server.model_loader import ModelSource
 from tests.conftest import start_server
+from tests.server.store_fixtures import postgres_server  # noqa: F401  (a private PostgreSQL server)
 
 MODEL = "tiny"
 ALICE, BOB = "sk-alice-0123456789", "sk-bob-0123456789"
 
 
-@pytest.fixture(scope="module")
-def keyed_server(tiny_model_dir, tmp_path_factory):
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def keyed_server(request, tiny_model_dir, tmp_path_factory):
     keys = tmp_path_factory.mktemp("keys") / "keys.txt"
     keys.write_text(f"# two users\n{ALICE} alice\n{BOB} bob\n")
-    store = tmp_path_factory.mktemp("store") / "store.sqlite3"
+    if request.param == "sqlite":
+        store = str(tmp_path_factory.mktemp("store") / "store.sqlite3")
+    else:
+        store = request.getfixturevalue("postgres_server").create_database()
     settings = Settings(model=str(tiny_model_dir), served_model_name=MODEL, max_batch_size=4,
-                        api_keys_file=str(keys), store_url=str(store))
+                        api_keys_file=str(keys), store_url=store)
     running, stop = start_server(settings, ModelSource(tiny_model_dir, name=MODEL))
     yield running
     stop()
