@@ -182,7 +182,7 @@ async def _generate(
     prepare: Callable[[ServerState, bytes], Awaitable[Any]],
     run: Callable[[ServerState, Any], Awaitable[Any]],
     stream: Callable[..., AsyncIterator[bytes]],
-    persist: Callable[[Request, Any, Any], Awaitable[None]] | None = None,
+    persist: Callable[[ServerState, Any, Any], Awaitable[None]] | None = None,
 ) -> Response | Stream:
     server = _serving(state)
     _require_json(request)
@@ -198,7 +198,7 @@ async def _generate(
         result = await _guarded(request, server, run(server, job), deadline)
         _note_admitted(server, job)
         if persist is not None:
-            await persist(request, job, result)  # stored before the response is sent
+            await persist(server, job, result)  # stored before the response is sent
     except ClientGone:
         request_log().update(client_gone=True)
         return Response(content=b"", status_code=499)

@@ -55,9 +55,6 @@ async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
     check_model(state, req.model)
     if req.conversation is not None:
         req = await _with_conversation(state, req)
-    if req.store and req.stream:
-        raise bad_request("'store' with 'stream' is not supported yet: send stream: false to store", param="store",
-                          code="unsupported_parameter")
     req = reject_unimplemented(req)
     check_limits(req)
     plan = tool_calls.plan_tools(req)
@@ -92,14 +89,7 @@ async def _with_conversation(state: ServerState, req: ChatCompletionRequest) -> 
         earlier = msgspec.convert(history, list[ChatMessage])
     except msgspec.ValidationError as exc:
         raise bad_request(f"the stored conversation cannot be replayed: {exc}", param="conversation") from None
-    if req.stream and _stores_conversation(req):
-        raise bad_request("storing into a conversation with 'stream' is not supported yet", param="store",
-                          code="unsupported_parameter")
     return msgspec.structs.replace(req, messages=earlier + list(req.messages))
-
-
-def _stores_conversation(req: ChatCompletionRequest) -> bool:
-    return req.conversation is not None and bool(req.store)
 
 
 def _store(state: ServerState):
@@ -109,7 +99,7 @@ def _store(state: ServerState):
     return store
 
 
-async def persist_chat(request, job: ChatJob, result: ChatCompletion) -> None:
+async def persist_chat(state: ServerState, job: ChatJob, result: ChatCompletion) -> None:
     """``store: true`` keeps the completion; with a ``conversation`` it also appends this turn."""
     req = job.req
     if not req.store:
@@ -122,7 +112,7 @@ async def persist_chat(request, job: ChatJob, result: ChatCompletion) -> None:
     if req.conversation is not None:  # keep what the client sent, not the replayed history
         wire["messages"] = wire.get("messages") or []
     await record(
-        request.app.state.store,
+        _store(state),
         principal.user if principal else "anonymous",
         wire,
         msgspec.to_builtins(result),
@@ -176,7 +166,10 @@ def _echo_prefix(req: ChatCompletionRequest) -> str:
 async def run_chat(state: ServerState, job: ChatJob) -> ChatCompletion:
     """Generate all choices and build the non-streamed response."""
     stream = state.start_generation(job.request_id, job.specs, job.req)
-    choices = await collect(stream, len(job.specs))
+    return _completion(state, job, await collect(stream, len(job.specs)))
+
+
+def _completion(state: ServerState, job: ChatJob, choices: list[ChoiceResult]) -> ChatCompletion:
     return ChatCompletion(
         id=job.request_id,
         created=job.created,
@@ -218,6 +211,8 @@ async def stream_chat(state: ServerState, job: ChatJob, stream: GenerationStream
     continuous = bool(options and options.continuous_usage_stats)
     streamers = [tool_calls.ToolCallStreamer(job.tool_plan) if job.tool_plan else None for _ in job.specs]
     completion_tokens = [0] * len(job.specs)
+    results = [ChoiceResult() for _ in job.specs]  # the whole answer, for a stored completion
+    failed = False
     try:
         for index in range(len(job.specs)):
             first = {"role": "assistant", "content": job.echo_prefix}
@@ -225,11 +220,15 @@ async def stream_chat(state: ServerState, job: ChatJob, stream: GenerationStream
         async for index, delta in stream:
             if delta.finish_reason == "error":
                 yield stream_error_event(delta.error or "generation failed")
+                failed = True
                 break
+            results[index].add(delta)
             completion_tokens[index] = delta.completion_tokens
             usage = _usage(job, sum(completion_tokens)) if continuous else None
             for chunk in _delta_chunks(state, job, index, delta, streamers[index], usage):
                 yield sse_event(chunk)
+        if not failed:
+            await persist_chat(state, job, _completion(state, job, results))  # before the last chunks
         if include_usage:
             usage_chunk = _base_chunk(state, job)
             usage_chunk["choices"] = []

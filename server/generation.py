@@ -157,6 +157,14 @@ class ChoiceResult:
     stop_reason: int | str | None = None
     completion_tokens: int = 0
 
+    def add(self, delta: SequenceDelta) -> None:
+        """Fold one engine delta of this choice in."""
+        self.text.append(delta.text)
+        self.logprobs.extend(delta.logprobs or ())
+        self.completion_tokens = delta.completion_tokens
+        if delta.finish_reason:
+            self.finish_reason, self.stop_reason = delta.finish_reason, delta.stop_reason
+
 
 async def collect(stream: GenerationStream, n_choices: int) -> list[ChoiceResult]:
     """Drain ``stream`` into per-choice results; a failed generation becomes a 500 APIError."""
@@ -167,12 +175,7 @@ async def collect(stream: GenerationStream, n_choices: int) -> list[ChoiceResult
         async for index, delta in stream:
             if delta.finish_reason == "error":
                 raise APIError(delta.error or "generation failed", status=500, code="generation_error")
-            result = results[index]
-            result.text.append(delta.text)
-            result.logprobs.extend(delta.logprobs or ())
-            result.completion_tokens = delta.completion_tokens
-            if delta.finish_reason:
-                result.finish_reason, result.stop_reason = delta.finish_reason, delta.stop_reason
+            results[index].add(delta)
     finally:
         stream.close()
     return results

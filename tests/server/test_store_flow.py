@@ -88,3 +88,15 @@ def test_conversation_supplies_history_and_records_the_turn(keyed_server):
     foreign = httpx.post(keyed_server.base_url + "/v1/chat/completions", timeout=60,
                          headers={"Authorization": f"Bearer {BOB}"}, json={**body, "store": False})
     assert foreign.status_code == 403
+
+
+def test_streamed_answer_is_stored_before_the_stream_ends(keyed_server):
+    alice = _client(keyed_server, ALICE)
+    chunks = list(alice.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Stream and keep"}], max_tokens=5, store=True,
+        stream=True, metadata={"kind": "streamed"}, extra_body={"ignore_eos": True},
+    ))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    listed = _get(keyed_server, ALICE, "/v1/chat/completions", **{"metadata[kind]": "streamed"}).json()["data"]
+    assert len(listed) == 1 and listed[0]["id"] == chunks[0].id
+    assert listed[0]["choices"][0]["message"]["content"] == text
