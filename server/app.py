@@ -403,13 +403,16 @@ def create_app(settings: Settings, server: ServerState | None = None) -> Litesta
             if owned:
                 app.state.server.close()
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[chat_completions, completions, router_chat_completions, router_completions, router_endpoints,
                         list_models, health, ready, metrics, *STORE_ROUTE_HANDLERS],
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
-        middleware=[envelope, AuthMiddleware(authenticator)],
+        middleware=[AuthMiddleware(authenticator)],
         openapi_config=OpenAPIConfig(title="Trellis", version="0.1.0", path="/docs"),
         request_max_body_size=settings.max_body_bytes,
         debug=False,
     )
+    # Outside Litestar's router, so unknown routes and methods get a request id and a log line too.
+    app.asgi_handler = envelope(app.asgi_handler)
+    return app

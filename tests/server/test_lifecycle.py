@@ -233,3 +233,10 @@ def test_dead_engine_turns_health_red_and_watchdog_stops_the_server(tiny_model_d
         assert watchdog.engine_failed and watchdog._server.should_exit
     finally:
         stop()
+
+
+def test_unknown_route_and_method_carry_request_id(tiny_server):
+    for response in (httpx.get(tiny_server.base_url + "/v1/nothing", headers={"x-request-id": "r404"}),
+                     httpx.get(tiny_server.base_url + "/v1/completions", headers={"x-request-id": "r404"})):
+        assert response.status_code in (404, 405)
+        assert response.headers["x-request-id"] == "r404" == response.json()["request_id"]
