@@ -187,6 +187,10 @@ async def _generate(
     server = _serving(state)
     _require_json(request)
     deadline = _deadline(server)
+    try:
+        server.engine.check_admission(1, 0)  # a full queue refuses before any rendering or compiling
+    except EngineOverloaded as exc:
+        raise _overloaded(server, exc) from None
     body = await request.body()
     try:
         job = await _guarded(request, server, prepare(server, body), deadline)

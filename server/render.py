@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from server.errors import APIError, bad_request
+from server.errors import bad_request
 
 MAX_PROMPT_CHARS = 16 * 1024 * 1024
 _WORKER_MEMORY_MB = 2048

@@ -75,17 +75,12 @@ class RunningServer:
         return openai.OpenAI(base_url=self.base_url + "/v1", api_key="unused", max_retries=0, **kwargs)
 
 
-def start_server(settings: Settings, source: ModelSource) -> tuple[RunningServer, callable]:
-    """Build the engine and run uvicorn in a thread on a free loopback port."""
+def serve_app(app) -> tuple[str, callable]:
+    """Run an ASGI ``app`` with uvicorn in a thread on a free loopback port: (base URL, stop)."""
     import uvicorn
 
-    from server.app import create_app
-    from server.state import build_state
-
-    state = build_state(settings, source)
     port = free_port()
-    config = uvicorn.Config(create_app(settings, state), host="127.0.0.1", port=port, log_level="warning")
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.time() + 30
@@ -97,9 +92,23 @@ def start_server(settings: Settings, source: ModelSource) -> tuple[RunningServer
     def stop() -> None:
         server.should_exit = True
         thread.join(timeout=10)
+
+    return f"http://127.0.0.1:{port}", stop
+
+
+def start_server(settings: Settings, source: ModelSource) -> tuple[RunningServer, callable]:
+    """Build the engine and serve the app on a free loopback port."""
+    from server.app import create_app
+    from server.state import build_state
+
+    state = build_state(settings, source)
+    base_url, stop_http = serve_app(create_app(settings, state))
+
+    def stop() -> None:
+        stop_http()
         state.close()
 
-    return RunningServer(f"http://127.0.0.1:{port}", state, settings), stop
+    return RunningServer(base_url, state, settings), stop
 
 
 @pytest.fixture(scope="session")

@@ -13,8 +13,6 @@ import pwd
 import shutil
 import subprocess
 import tempfile
-import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -28,7 +26,7 @@ from server.auth import AuthMiddleware, Authenticator
 from server.errors import EXCEPTION_HANDLERS
 from server.store import Store
 from server.store_routes import STORE_ROUTE_HANDLERS
-from tests.conftest import free_port
+from tests.conftest import free_port, serve_app
 
 PG_USER = "trellis"
 _PG_TOOLS = ("initdb", "pg_ctl", "createdb")
@@ -165,20 +163,4 @@ def build_app(authenticator: Authenticator, store_url: str | None = None, extra:
 
 def serve(app: Litestar) -> tuple[str, Callable[[], None]]:
     """Run ``app`` with uvicorn on a free loopback port in a thread; returns its base URL and a stop."""
-    import uvicorn
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started:
-        if time.time() > deadline or not thread.is_alive():
-            raise RuntimeError("test server did not start")
-        time.sleep(0.02)
-
-    def stop() -> None:
-        server.should_exit = True
-        thread.join(timeout=10)
-
-    return f"http://127.0.0.1:{port}", stop
+    return serve_app(app)

@@ -52,12 +52,17 @@ def _own_server(tiny_model_dir, **overrides):
     return start_server(settings, ModelSource(tiny_model_dir, name=MODEL))
 
 
-def _vm_size() -> int:
+def _proc_status_bytes(field: str) -> int:
+    """A size line of /proc/self/status (the test servers run in threads of this process)."""
     with open("/proc/self/status") as status:
         for line in status:
-            if line.startswith("VmSize:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def _vm_size() -> int:
+    return _proc_status_bytes("VmSize")
 
 
 @contextmanager
@@ -108,12 +113,7 @@ def deadline_server(tiny_model_dir):
 
 
 def _rss_bytes() -> int:
-    """Resident memory of this process (the test servers run in threads of it)."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    return _proc_status_bytes("VmRSS")
 
 
 def _wait_idle(server, timeout: float = 10.0) -> None:
