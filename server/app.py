@@ -398,7 +398,7 @@ def create_app(settings: Settings, server: ServerState | None = None) -> Litesta
         app.state.server = server or await asyncio.to_thread(build_state, settings)
         app.state.envelope = envelope
         envelope.server = app.state.server
-        app.state.store = app.state.server.store = await Store.open(settings.store_url or str(_default_store_path()))
+        app.state.store = app.state.server.store = await Store.open(settings.database_url or str(_default_store_path()))
         document_bodies(app)
         try:
             yield

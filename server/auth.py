@@ -329,16 +329,16 @@ def _verifier_from_settings(settings: Any) -> JWTVerifier | None:
         "leeway": float(getattr(settings, "jwt_leeway", 0.0) or 0.0),
     }
     algorithms = _split(getattr(settings, "jwt_algorithms", ""))
-    sources = [(name, getattr(settings, name, "")) for name in ("jwt_secret", "jwt_public_key_file", "jwt_jwks_file")]
+    sources = [(name, getattr(settings, name, "")) for name in ("jwt_secret", "jwt_public_key", "jwt_jwks_file")]
     given = [(name, value) for name, value in sources if value]
     if len(given) > 1:
-        raise AuthConfigError("give only one of --jwt-secret, --jwt-public-key-file and --jwt-jwks-file")
+        raise AuthConfigError("give only one of --jwt-secret, --jwt-public-key and --jwt-jwks-file")
     if not given:
         return None
     name, value = given[0]
     build = {
         "jwt_secret": JWTVerifier.from_secret,
-        "jwt_public_key_file": JWTVerifier.from_pem_file,
+        "jwt_public_key": JWTVerifier.from_pem_file,
         "jwt_jwks_file": JWTVerifier.from_jwks_file,
     }[name]
     return build(value, algorithms, **options)
@@ -350,7 +350,7 @@ def open_mode_warning(authenticator: Authenticator) -> str | None:
         return None
     return ("authentication is OFF: no API key and no JWT key is configured, so every client is the "
             f"'{ANONYMOUS}' user and can read every stored completion and conversation "
-            "(set --api-keys, --api-keys-file or --jwt-secret / --jwt-public-key-file / --jwt-jwks-file)")
+            "(set --api-keys, --api-keys-file or --jwt-secret / --jwt-public-key / --jwt-jwks-file)")
 
 
 # --------------------------------------------------------------------------- middleware + access

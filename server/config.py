@@ -37,13 +37,13 @@ class Settings:
     api_keys: str = ""
     api_keys_file: str = ""
     jwt_secret: str = ""
-    jwt_public_key_file: str = ""
+    jwt_public_key: str = ""
     jwt_jwks_file: str = ""
     jwt_algorithms: str = ""
     jwt_issuer: str = ""
     jwt_audience: str = ""
     jwt_leeway: float = 0.0
-    store_url: str = ""
+    database_url: str = ""
     provider_aliases: str = ""
     log_bodies: bool = False
     log_level: str = "info"
@@ -76,7 +76,7 @@ _HELP = {
     "api_keys": "comma-separated API keys, sent as 'Authorization: Bearer KEY' or 'Api-Key KEY' (prefer --api-keys-file: flags show in ps)",
     "api_keys_file": "file with one API key per line, optionally 'KEY USER' to name its user; '#' starts a comment",
     "jwt_secret": "HS256 secret verifying JWT bearer tokens (the 'sub' claim is the user)",
-    "jwt_public_key_file": "PEM public key verifying JWTs (RSA -> RS256, EC -> ES256, Ed25519 -> EdDSA)",
+    "jwt_public_key": "PEM public key verifying JWTs (RSA -> RS256, EC -> ES256, Ed25519 -> EdDSA)",
     "jwt_jwks_file": "local JWKS file verifying JWTs by 'kid' (no network)",
     "jwt_algorithms": "comma-separated accepted JWT algorithms (default: from the key)",
     "jwt_issuer": "required JWT 'iss' claim (empty: not checked)",
@@ -84,7 +84,7 @@ _HELP = {
     "jwt_leeway": "seconds of clock skew allowed for JWT exp/nbf",
     "provider_aliases": "comma-separated provider names besides 'trellis' accepted in model@provider",
     "log_bodies": "log request and response bodies in the request log line (a request's log_query_body / log_response_body override it)",
-    "store_url": "stored completions and conversations: a SQLite file, or postgresql://user:pass@host:port/db (default: store.sqlite3 in the cache directory)",
+    "database_url": "stored completions and conversations: a SQLite file, or postgresql://user:pass@host:port/db (default: store.sqlite3 in the cache directory)",
     "log_level": "debug, info, warning or error",
 }
 _CHOICES = {
@@ -123,9 +123,23 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
             default=default,
             choices=_CHOICES.get(field.name),
             metavar=None if field.name in _CHOICES else field.name.upper(),
-            help=f"{_HELP[field.name]} [env {env}; default: {default}]",
+            help=f"{_HELP[field.name]} [env {env}; default: {_shown(field.name, default)}]",
         )
+    parser.add_argument("--api-key", action="append", metavar="KEY",
+                        help="one API key (repeatable; adds to --api-keys)")
+
+
+_SECRETS = {"api_keys", "jwt_secret"}
+
+
+def _shown(name: str, value) -> str:
+    """Defaults as --help shows them; secrets from the environment are never printed."""
+    return "(set)" if name in _SECRETS and value else str(value)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    return Settings(**{f.name: getattr(args, f.name) for f in fields(Settings)})
+    settings = Settings(**{f.name: getattr(args, f.name) for f in fields(Settings)})
+    extra_keys = getattr(args, "api_key", None) or []
+    if extra_keys:  # --api-key may be repeated; it adds to --api-keys
+        settings.api_keys = ",".join(filter(None, [settings.api_keys, *extra_keys]))
+    return settings

@@ -204,7 +204,7 @@ def test_jwt_rs256_public_key_file(run_app, tmp_path):
     other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     pem = tmp_path / "jwt.pem"
     pem.write_bytes(_pem(private))
-    settings = SimpleNamespace(jwt_public_key_file=str(pem), jwt_audience="trellis")
+    settings = SimpleNamespace(jwt_public_key=str(pem), jwt_audience="trellis")
     client = run_app(Authenticator.from_settings(settings))
     good = _token({"aud": "trellis"}, key=private, algorithm="RS256")
     assert client.get("/whoami", headers=_bearer(good)).json() == {"user": "bob", "via": "jwt"}

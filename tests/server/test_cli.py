@@ -40,3 +40,14 @@ def test_directory_without_config_is_one_line_error(tmp_path):
     result = run_cli("serve", "--model", str(tmp_path))
     assert result.returncode == 2
     assert "no config.json" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_api_key_flag_repeats_and_secrets_stay_out_of_help(monkeypatch):
+    monkeypatch.setenv("TRELLIS_API_KEYS", "sk-from-env")
+    monkeypatch.setenv("TRELLIS_JWT_SECRET", "very-secret")
+    parser = build_parser()
+    settings = settings_from_args(parser.parse_args(["serve", "--api-key", "sk-a", "--api-key", "sk-b"]))
+    assert settings.api_keys.split(",") == ["sk-from-env", "sk-a", "sk-b"]
+    help_text = parser._subparsers._group_actions[0].choices["serve"].format_help()
+    assert "sk-from-env" not in help_text and "very-secret" not in help_text
+    assert "--database-url" in help_text and "--jwt-public-key" in help_text

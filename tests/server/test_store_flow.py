@@ -25,7 +25,7 @@ def keyed_server(request, tiny_model_dir, tmp_path_factory):
     else:
         store = request.getfixturevalue("postgres_server").create_database()
     settings = Settings(model=str(tiny_model_dir), served_model_name=MODEL, max_batch_size=4,
-                        api_keys_file=str(keys), store_url=store)
+                        api_keys_file=str(keys), database_url=store)
     running, stop = start_server(settings, ModelSource(tiny_model_dir, name=MODEL))
     yield running
     stop()
