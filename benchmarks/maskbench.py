@@ -17,7 +17,6 @@ import json
 import math
 import os
 import sys
-import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -230,50 +229,35 @@ def load_rows(data: Path, limit: int | None) -> list[tuple[str, dict]]:
     return rows
 
 
-class _Pool:
-    """``jobs`` worker processes for one engine, each killable on its own."""
+def _new_pool(engine: str, jobs: int):
+    """``jobs`` killable worker processes for one engine (they load the tokenizer before any timeout)."""
+    from constraints.workers import WorkerPool
 
-    def __init__(self, engine: str, jobs: int) -> None:
-        from constraints.workers import ProcessRunner
-
-        self.free = [ProcessRunner("maskbench:init_worker", (engine,)) for _ in range(jobs)]
-        self.lock = threading.Lock()
-
-    def run(self, schema: Any, tests: list[dict], timeout: float) -> dict:
-        from constraints.errors import ConstraintTimeoutError
-
-        with self.lock:
-            runner = self.free.pop()
-        try:
-            return runner.run("maskbench:score_schema", schema, tests, timeout=timeout)
-        except ConstraintTimeoutError:
-            return {"status": "compile_error", "error": f"timeout after {timeout:g} s"}
-        except Exception as exc:  # worker crash
-            return {"status": "compile_error", "error": f"crash: {str(exc)[:200]}"}
-        finally:
-            with self.lock:
-                self.free.append(runner)
-
-    def close(self) -> None:
-        for runner in self.free:
-            runner.close()
+    pool = WorkerPool(jobs, "maskbench:init_worker", (engine,), name=f"maskbench-{engine}")
+    pool.wait_ready()
+    return pool
 
 
-def _warm(pool: _Pool, jobs: int) -> None:
-    # first call starts the process and loads the tokenizer: keep that out of the timeout
-    with ThreadPoolExecutor(jobs) as ex:
-        list(ex.map(lambda _: pool.run({"type": "null"}, [], 600.0), range(jobs)))
+def _score(pool, schema: Any, tests: list[dict], timeout: float) -> dict:
+    from constraints.errors import ConstraintError, ConstraintTimeoutError
+
+    try:
+        result, _ = pool.run("maskbench:score_schema", schema, tests, timeout=timeout)
+        return result
+    except ConstraintTimeoutError:
+        return {"status": "compile_error", "error": f"timeout after {timeout:g} s"}
+    except ConstraintError as exc:  # the worker died (memory, crash)
+        return {"status": "compile_error", "error": f"crash: {exc.message[:200]}"}
 
 
 def run_engine(engine: str, rows: list, timeout: float, jobs: int, progress: bool) -> list[dict]:
-    pool = _Pool(engine, jobs)
-    _warm(pool, jobs)
+    pool = _new_pool(engine, jobs)
     results: list[dict] = [{}] * len(rows)
     done = [0]
 
     def one(i: int) -> None:
         subset, row = rows[i]
-        results[i] = pool.run(row["schema"], row.get("tests", []), timeout)
+        results[i] = _score(pool, row["schema"], row.get("tests", []), timeout)
         done[0] += 1
         if progress and done[0] % 200 == 0:
             print(f"  {engine}: {done[0]}/{len(rows)}", file=sys.stderr, flush=True)
