@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -17,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Sequence
 
 from .backend import CompiledConstraint, TokenizerContext, make_backend
+from .disk_cache import DiskCache
 from .errors import (
     ConstraintError,
     ConstraintTimeoutError,
@@ -30,6 +32,7 @@ from .workers import WorkerPool
 
 FAILURE_TTL_S = 30.0  # failures are cached briefly: a retry storm must not recompile
 _FAILURE_BYTES = 1024
+_DISK_STATS = ("disk_hits", "disk_misses", "disk_writes", "disk_errors")
 
 
 def tokenizer_fingerprint(tokenizer: Any, vocab_size: int, stop_ids: Sequence[int]) -> str:
@@ -96,6 +99,11 @@ class ConstraintCompiler:
     grow its worker by ``compile_memory_mb`` MiB (0: no cap); a worker over either is killed and
     replaced. The server process only loads what a worker already built. Results (and, briefly,
     failures) are cached in an LRU bounded by ``max_cache_bytes``.
+
+    With ``disk_cache_dir``, successful compiles are also kept on disk (at most
+    ``disk_cache_bytes``; see :mod:`constraints.disk_cache`), shared by every compiler over the
+    same directory, across processes and restarts: a spec is looked up in memory, then on disk,
+    and only then compiled. The directory holds pickles and must be the operator's own.
     """
 
     PLAN_JOB = "constraints.jobs:plan"  # worker functions (tests substitute their own)
@@ -111,6 +119,8 @@ class ConstraintCompiler:
         max_cache_bytes: int = 256 << 20,
         max_workers: int = 2,
         compile_memory_mb: int = 4096,
+        disk_cache_dir: str | os.PathLike | None = None,
+        disk_cache_bytes: int = 1 << 30,
     ) -> None:
         if stop_token_ids is None:
             eos = tokenizer.eos_token_id
@@ -139,6 +149,7 @@ class ConstraintCompiler:
         # these threads only wait on the workers: compiles queue for workers, not for threads
         self._executor = ThreadPoolExecutor(4 * max_workers, thread_name_prefix="trellis-compile")
         self._cache = _Cache(max_cache_bytes)
+        self._disk = DiskCache(disk_cache_dir, disk_cache_bytes) if disk_cache_dir is not None else None
         self._inflight: dict[str, Future] = {}
         self._lock = threading.Lock()
         self._backends = {name: make_backend(name, self._ctx) for name in ("llguidance", "xgrammar", "outlines")}
@@ -162,8 +173,10 @@ class ConstraintCompiler:
             raise exc.for_param(spec.param) from None
 
     def cache_stats(self) -> dict[str, int]:
-        """Cache counters: hits, misses, entries, bytes."""
-        return self._cache.stats()
+        """Cache counters: hits, misses, entries, bytes (memory) and disk_hits, disk_misses,
+        disk_writes, disk_errors (all 0 without a disk cache)."""
+        disk = self._disk.stats() if self._disk is not None else dict.fromkeys(_DISK_STATS, 0)
+        return {**self._cache.stats(), **disk}
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Wait until the compile workers have started (they start with the compiler, in the
@@ -208,7 +221,9 @@ class ConstraintCompiler:
 
     def _compile_and_cache(self, spec: ConstraintSpec, key: str) -> CompiledConstraint:
         try:
-            compiled = self._compile_now(spec)
+            compiled = self._load_from_disk(spec)
+            if compiled is None:
+                compiled = self._compile_to_disk(spec)
         except ConstraintError as exc:
             self._finish(key, exc, _FAILURE_BYTES, FAILURE_TTL_S)
             raise
@@ -230,6 +245,30 @@ class ConstraintCompiler:
                 if value is not None:
                     self._cache.put(key, value, size, ttl)
 
+    # -- the disk cache: entries are (backend, payload) of the winning attempt ----------------
+
+    def _load_from_disk(self, spec: ConstraintSpec) -> CompiledConstraint | None:
+        """The compiled constraint from the disk cache, or None on a miss or a bad entry."""
+        if self._disk is None:
+            return None
+        key = self._disk.key(self.fingerprint, spec.key())
+        entry = self._disk.get(key)
+        if entry is None:
+            return None
+        backend, payload = entry
+        try:
+            return self._backends[backend].load(spec, payload)
+        except Exception:
+            self._disk.load_failed(key)
+            return None
+
+    def _compile_to_disk(self, spec: ConstraintSpec) -> CompiledConstraint:
+        """Compile in the workers; store the winning payload on disk when there is a disk cache."""
+        compiled, backend, payload = self._compile_now(spec)
+        if self._disk is not None:
+            self._disk.put(self._disk.key(self.fingerprint, spec.key()), backend, payload)
+        return compiled
+
     # -- one compile: plan and attempts, each in a worker -------------------------------------
 
     def _timeout_error(self) -> ConstraintTimeoutError:
@@ -237,7 +276,8 @@ class ConstraintCompiler:
             f"compiling the constraint exceeded the {self.compile_timeout_s:g} s budget"
         )
 
-    def _compile_now(self, spec: ConstraintSpec) -> CompiledConstraint:
+    def _compile_now(self, spec: ConstraintSpec) -> tuple[CompiledConstraint, str, Any]:
+        """The compiled constraint with the backend and worker payload it was loaded from."""
         budget = _Budget(self.compile_timeout_s)
         attempts = budget.run(self._pool, self.PLAN_JOB, spec)
         errors: list[ConstraintError] = []
@@ -259,11 +299,13 @@ class ConstraintCompiler:
             i += 1
         raise attempts.failure(errors)
 
-    def _try(self, attempt: Any, spec: ConstraintSpec, budget: "_Budget", last: bool) -> CompiledConstraint:
+    def _try(
+        self, attempt: Any, spec: ConstraintSpec, budget: "_Budget", last: bool
+    ) -> tuple[CompiledConstraint, str, Any]:
         # a DFA that explodes gets half the budget; the lazy backends get the rest
         share = 1.0 if last or attempt.backend != "outlines" else 0.5
         payload = budget.run(self._pool, self.ATTEMPT_JOB, spec, attempt, share=share)
-        return self._backends[attempt.backend].load(spec, payload)
+        return self._backends[attempt.backend].load(spec, payload), attempt.backend, payload
 
 
 class _Budget:
