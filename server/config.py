@@ -26,6 +26,7 @@ class Settings:
     compile_timeout: float = 5.0
     compile_memory_mb: int = 4096
     compile_workers: int = 2
+    constraint_cache_dir: str = ""
     max_waiting_seqs: int = 256
     max_waiting_tokens: int = 262144
     request_timeout: float = 600.0
@@ -64,6 +65,7 @@ _HELP = {
     "device_dfa": "regex/choice constraints as a device-resident DFA masked by a kernel: auto (on with CUDA), on, off",
     "compile_timeout": "seconds a constraint (schema, regex, grammar) may take to compile",
     "compile_memory_mb": "memory a constraint compile may add to its worker process, in MiB (0 = no cap)",
+    "constraint_cache_dir": "compiled constraints on disk, shared by processes and restarts ('' = 'constraints' in the cache directory, 'off' = none)",
     "compile_workers": "constraint-compile worker processes (each ~0.5 GB resident)",
     "max_waiting_seqs": "most sequences waiting for a batch slot; more -> 429 with Retry-After",
     "max_waiting_tokens": "most prompt tokens waiting for a batch slot; more -> 429 with Retry-After",

@@ -88,6 +88,8 @@ class ServerState:
             gauges["trellis_constraint_cache_hits"] = ("compiled-constraint cache hits", cache["hits"])
             gauges["trellis_constraint_cache_misses"] = ("compiled-constraint cache misses", cache["misses"])
             gauges["trellis_constraint_cache_bytes"] = ("compiled-constraint cache size", cache["bytes"])
+            gauges["trellis_constraint_disk_hits"] = ("compiled constraints loaded from disk", cache["disk_hits"])
+            gauges["trellis_constraint_disk_writes"] = ("compiled constraints written to disk", cache["disk_writes"])
         return gauges
 
     def close(self) -> None:
@@ -174,6 +176,16 @@ def sequence_constraint(state: ServerState, compiled) -> tuple[object | None, ob
     return compiled.new_matcher(), token_dfa
 
 
+def _constraint_cache_dir(settings: Settings):
+    if settings.constraint_cache_dir == "off":
+        return None
+    if settings.constraint_cache_dir:
+        return settings.constraint_cache_dir
+    from server.model_loader import cache_root
+
+    return cache_root() / "constraints"
+
+
 def _build_compiler(tokenizer, vocab_size: int, eos: frozenset[int], settings: Settings):
     from constraints import ConstraintCompiler
 
@@ -184,4 +196,5 @@ def _build_compiler(tokenizer, vocab_size: int, eos: frozenset[int], settings: S
         compile_timeout_s=settings.compile_timeout,
         compile_memory_mb=settings.compile_memory_mb,
         max_workers=settings.compile_workers,
+        disk_cache_dir=_constraint_cache_dir(settings),
     )
