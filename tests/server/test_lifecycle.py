@@ -240,3 +240,22 @@ def test_unknown_route_and_method_carry_request_id(tiny_server):
                      httpx.get(tiny_server.base_url + "/v1/completions", headers={"x-request-id": "r404"})):
         assert response.status_code in (404, 405)
         assert response.headers["x-request-id"] == "r404" == response.json()["request_id"]
+
+
+def test_restarted_server_loads_compiled_constraints_from_disk(tiny_model_dir, tmp_path):
+    from server.config import Settings
+    from server.model_loader import ModelSource
+    from tests.conftest import start_server
+
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}
+    settings = Settings(model=str(tiny_model_dir), served_model_name=MODEL, max_batch_size=2,
+                        constraint_cache_dir=str(tmp_path / "constraints"))
+    for run in range(2):  # the second server is a restart over the same cache directory
+        running, stop = start_server(settings, ModelSource(tiny_model_dir, name=MODEL))
+        try:
+            response = _chat(running, guided_json=schema, max_tokens=30)
+            assert response.status_code == 200, response.text
+            stats = running.state.compiler.cache_stats()
+            assert (stats["disk_writes"], stats["disk_hits"]) == ((1, 0) if run == 0 else (0, 1))
+        finally:
+            stop()
