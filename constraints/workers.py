@@ -230,13 +230,15 @@ class WorkerPool:
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Wait until every worker has started (or failed to); False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        acquired = 0
         for _ in self._threads:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not self._first_starts.acquire(timeout=left):
-                return False
-        for _ in self._threads:
-            self._first_starts.release()  # later callers wait for nothing
-        return True
+                break
+            acquired += 1
+        for _ in range(acquired):
+            self._first_starts.release()  # every permit goes back: later callers see the same starts
+        return acquired == len(self._threads)
 
     def pids(self) -> list[int]:
         """Process ids of the live workers."""

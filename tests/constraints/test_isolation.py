@@ -247,3 +247,17 @@ def test_stop_only_mask_on_error_is_int32_safe():
     row = torch.zeros((1, 2), dtype=torch.int32)
     row[0, 0] |= _bit(31)
     assert int(row[0, 0]) == -(1 << 31)
+
+
+def test_wait_ready_can_be_asked_again_after_a_timeout_and_after_success():
+    """wait_ready hands back every start-up signal it took, so later calls see the same starts."""
+    from constraints.workers import WorkerPool
+
+    pool = WorkerPool(2, "tests.constraints.worker_hooks:slow_init", (1.0,), name="test-ready")
+    try:
+        assert not pool.wait_ready(0.01)
+        assert pool.wait_ready(120)
+        assert pool.wait_ready(0.01)  # everyone started: nothing to wait for, however often asked
+        assert pool.run("tests.constraints.worker_hooks:echo", 7, timeout=30)[0] == 7
+    finally:
+        pool.close()

@@ -19,3 +19,12 @@ def plan(spec):
         held = [bytearray(1 << 20) for _ in range(int(first.split(":")[1]))]
         del held
     return jobs.plan(spec)
+
+
+def slow_init(seconds: float) -> None:
+    """A worker init that takes ``seconds`` (for WorkerPool.wait_ready)."""
+    time.sleep(seconds)
+
+
+def echo(value):
+    return value
