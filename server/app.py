@@ -56,12 +56,18 @@ class ClientGone(Exception):
 # --------------------------------------------------------------------------- guard rails
 
 
-def _serving(state: State) -> ServerState:
-    """The server state, or 503 while loading, draining, or after the engine died."""
+def _loaded(state: State) -> ServerState:
+    """The server state, or 503 while the model loads."""
     server: ServerState | None = state.get("server")
     if server is None:
         raise APIError("the model is still loading", status=503, code="model_loading",
                        headers={"Retry-After": "5"})
+    return server
+
+
+def _serving(state: State) -> ServerState:
+    """The server state, or 503 while loading, draining, or after the engine died."""
+    server = _loaded(state)
     if server.draining:
         raise APIError("the server is shutting down", status=503, code="server_draining")
     if not server.engine.alive:
@@ -238,18 +244,14 @@ async def router_completions(request: Request, state: State) -> Response | Strea
 
 @get("/v0/endpoints", summary="The model@provider endpoints this server answers")
 async def router_endpoints(state: State) -> list[str]:
-    server = state.get("server")
-    if server is None:
-        raise APIError("the model is still loading", status=503, code="model_loading")
+    server = _loaded(state)
     providers = [PROVIDER, *sorted(server.provider_aliases)]
     return [f"{server.model_name}@{provider}" for provider in providers]
 
 
 @get("/v1/models", summary="List the served model")
 async def list_models(state: State) -> ModelList:
-    server = state.get("server")
-    if server is None:
-        raise APIError("the model is still loading", status=503, code="model_loading")
+    server = _loaded(state)
     card = ModelCard(
         id=server.model_name, created=server.created, root=server.model_name, max_model_len=server.settings.max_model_len
     )

@@ -372,6 +372,11 @@ class Engine:
                 except Exception as exc:
                     failures[i] = f"constraint matcher failed: {_describe(exc)}"
                     bitmask[i] = -1  # the row is dropped; a full mask keeps the sampler's math sane
+            empty = (bitmask & self._valid_bits).eq(0).all(dim=1)  # here, so it overlaps the forward
+            if bool(empty.any()):
+                for i in empty.nonzero().flatten().tolist():
+                    failures[i] = "constraint matcher failed: no token is allowed (empty mask)"
+                bitmask[empty] = -1
             self.stats.mask_fill_s += time.perf_counter() - started
             return bitmask, failures
 
@@ -385,11 +390,6 @@ class Engine:
         bitmask, failures = fill.result()
         for i, message in failures.items():
             self._fail(sampled[masked[i]], message)
-        empty = (bitmask & self._valid_bits).eq(0).all(dim=1)
-        if bool(empty.any()):
-            for i in empty.nonzero().flatten().tolist():
-                self._fail(sampled[masked[i]], "constraint matcher failed: no token is allowed (empty mask)")
-            bitmask[empty] = -1
         device = self.runner.device
         return bitmask.to(device, non_blocking=True), torch.tensor(masked, dtype=torch.long, device=device)
 
