@@ -270,15 +270,20 @@ class Engine:
 
     def _new_sequence(self, request: GenerationRequest) -> Sequence:
         row = self.sampler.new_row(request.params, request.prompt_token_ids)
-        if request.token_dfa is not None:
+        if request.token_dfa is not None and request.reasoning is None:
             row.attach_dfa(request.token_dfa)
-        return Sequence(
+        seq = Sequence(
             request=request,
             row=row,
             detokenizer=IncrementalDetokenizer(self.tokenizer, request.skip_special_tokens),
             stops=StopStringMatcher(request.stop, request.include_stop_str_in_output),
             pending=list(request.prompt_token_ids),
+            matcher=request.matcher if request.reasoning is None else None,
+            reasoning=request.reasoning,
         )
+        if seq.reasoning is not None:
+            self._enter_reasoning(seq)
+        return seq
 
     def _abort(self, request_id: str) -> None:
         for seq in self._waiting + self._running:
@@ -368,7 +373,7 @@ class Engine:
             failures: dict[int, str] = {}
             for i, seq in enumerate(masked):
                 try:
-                    seq.request.matcher.fill_bitmask(bitmask, i)
+                    seq.matcher.fill_bitmask(bitmask, i)
                 except Exception as exc:
                     failures[i] = f"constraint matcher failed: {_describe(exc)}"
                     bitmask[i] = -1  # the row is dropped; a full mask keeps the sampler's math sane
@@ -407,7 +412,10 @@ class Engine:
             self._fail(seq, f"internal error: {_describe(exc)}", replace_finish=True)
 
     def _take_sampled(self, seq: Sequence, token: int, logprob: TokenLogprobs | None) -> None:
-        matcher = seq.request.matcher
+        if seq.reasoning is not None:
+            self._take_reasoning(seq, token, logprob)
+            return
+        matcher = seq.matcher
         if matcher is not None and not _guarded("constraint matcher", matcher.accept_token, token):
             self._fail(seq, f"constraint rejected sampled token {token}")
             return
@@ -421,17 +429,70 @@ class Engine:
 
     def _jump_forward(self, seq: Sequence) -> None:
         """Append the tokens the automaton forces; they are fed to the model in one extension."""
-        matcher = seq.request.matcher
+        matcher = seq.matcher
         room = seq.request.max_tokens - len(seq.output_ids)
         forced = _guarded("constraint matcher", matcher.forced_tokens)[: max(room - 1, 0)]
         for token in forced:
             if not _guarded("constraint matcher", matcher.accept_token, token):
                 break
             self.stats.forced_tokens += 1
-            forced_logprob = TokenLogprobs(token, 0.0, [(token, 0.0)] * bool(seq.request.params.top_logprobs))
-            if self._append(seq, token, forced_logprob):
+            if self._append(seq, token, _forced_logprob(seq, token)):
                 return
             seq.pending.append(token)
+
+    # ------------------------------------------------------------------ reasoning
+
+    def _enter_reasoning(self, seq: Sequence) -> None:
+        """A new sequence starts inside its reasoning segment: open it where the prompt did not."""
+        phase = seq.reasoning
+        seq.reasoning = None  # forced markers are not reasoning tokens
+        if self._force(seq, phase.start_ids):
+            return
+        seq.reasoning = phase
+        if phase.budget == 0:
+            self._end_reasoning(seq, force_end=True)
+
+    def _take_reasoning(self, seq: Sequence, token: int, logprob: TokenLogprobs | None) -> None:
+        """A token sampled inside the reasoning segment: the constraint is not consulted."""
+        request = seq.request
+        if request.matcher is not None and token in request.eos_token_ids and not request.ignore_eos:
+            seq.pending = []  # the answer is still owed: end the reasoning instead of the sequence
+            self._end_reasoning(seq, force_end=True)
+            return
+        if self._append(seq, token, logprob):
+            return
+        seq.pending = [token]
+        phase = seq.reasoning
+        if seq.output_ids[-len(phase.end_ids):] == list(phase.end_ids):
+            self._end_reasoning(seq, force_end=False)
+            return
+        seq.reasoning_tokens += 1
+        if phase.budget is not None and seq.reasoning_tokens >= phase.budget:
+            self._end_reasoning(seq, force_end=True)
+
+    def _end_reasoning(self, seq: Sequence, *, force_end: bool) -> None:
+        """Leave the segment (forcing its end marker when the model did not write it), force the
+        answer's prefix, then hand the sequence to its constraint, fresh from its first state."""
+        phase, seq.reasoning = seq.reasoning, None
+        forced = (phase.end_ids if force_end else ()) + phase.answer_prefix_ids
+        if self._force(seq, forced):
+            return
+        request = seq.request
+        seq.matcher = request.matcher
+        if request.token_dfa is not None:
+            seq.row.attach_dfa(request.token_dfa)
+        if seq.matcher is not None and self.jump_forward:
+            self._jump_forward(seq)
+
+    def _force(self, seq: Sequence, tokens: tuple[int, ...]) -> bool:
+        """Append ``tokens`` unsampled (fed to the model with the next extension); True when the
+        sequence finished on one of them."""
+        for token in tokens:
+            self.stats.forced_tokens += 1
+            if self._append(seq, token, _forced_logprob(seq, token)):
+                return True
+            seq.pending.append(token)
+        return False
 
     def _append(self, seq: Sequence, token: int, logprob: TokenLogprobs | None) -> bool:
         """Add one token to the output; returns True when it finished the sequence."""
@@ -441,7 +502,7 @@ class Engine:
         seq.step_tokens.append(token)
         if logprob is not None:
             seq.step_logprobs.append(logprob)
-        matcher = request.matcher
+        matcher = seq.matcher
         if token in request.stop_token_ids:
             seq.finish("stop", token)
         elif token in request.eos_token_ids and not request.ignore_eos:
@@ -534,7 +595,12 @@ class Engine:
 
 def _needs_host_mask(seq: Sequence) -> bool:
     """Constrained rows whose mask is not computed on the device by a resident DFA."""
-    return seq.request.matcher is not None and seq.row.dfa is None
+    return seq.matcher is not None and seq.row.dfa is None
+
+
+def _forced_logprob(seq: Sequence, token: int) -> TokenLogprobs:
+    """The logprob entry of a token appended without sampling (certain: 0.0)."""
+    return TokenLogprobs(token, 0.0, [(token, 0.0)] * bool(seq.request.params.top_logprobs))
 
 
 def _valid_bits(vocab_size: int, words: int) -> torch.Tensor:

@@ -10,6 +10,30 @@ from sampler import SamplingParams, SamplingRow, TokenLogprobs
 from server.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 
 
+@dataclass(frozen=True)
+class ReasoningPhase:
+    """A reasoning segment before the (constrained) answer: "free to think, strict to answer".
+
+    While the sequence is inside the segment its constraint is not consulted (no mask, no
+    accept, no jump-forward, no termination). The segment ends when the output ends with
+    ``end_ids``, or is ended by the engine (``end_ids`` forced) once ``budget`` reasoning tokens
+    were generated, or when the model samples EOS while an answer is still required. Then
+    ``answer_prefix_ids`` are forced (harmony's final-channel header) and the constraint starts
+    fresh on the tokens that follow.
+    """
+
+    end_ids: tuple[int, ...]
+    start_ids: tuple[int, ...] = ()  # forced first when the prompt does not open the segment
+    answer_prefix_ids: tuple[int, ...] = ()
+    budget: int | None = None  # reasoning tokens (markers not counted); None = bounded by max_tokens
+
+    def __post_init__(self) -> None:
+        if not self.end_ids:
+            raise ValueError("a reasoning phase needs an end marker")
+        if self.budget is not None and self.budget < 0:
+            raise ValueError("a reasoning budget cannot be negative")
+
+
 @dataclass
 class GenerationRequest:
     """One sequence to generate (the API layer submits ``n`` of these for ``n`` choices)."""
@@ -27,6 +51,7 @@ class GenerationRequest:
     skip_special_tokens: bool = True
     matcher: Any = None  # constraints.Matcher (per sequence, never shared)
     token_dfa: Any = None  # constraints.TokenDFA for a device-resident mask, when enabled
+    reasoning: ReasoningPhase | None = None  # the constraint applies after this segment
 
 
 @dataclass
@@ -60,6 +85,9 @@ class Sequence:
     detokenizer: IncrementalDetokenizer
     stops: StopStringMatcher
     slot: int = -1
+    matcher: Any = None  # the constraint in force: None while reasoning, then request.matcher
+    reasoning: ReasoningPhase | None = None  # set while the sequence is inside its reasoning segment
+    reasoning_tokens: int = 0  # tokens generated inside the segment (markers not counted)
     cached_len: int = 0  # tokens whose keys/values are in the KV cache
     pending: list[int] = field(default_factory=list)  # tokens to feed the model next
     output_ids: list[int] = field(default_factory=list)
