@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from server import reasoning as reasoning_mod
 from server import tools as tool_calls
 from server.errors import APIError, bad_request
 from server.generation import ChoiceResult, GenerationStream, SequenceSpec, collect, new_request_id, with_seed
@@ -46,6 +47,7 @@ class ChatJob:
     specs: list[SequenceSpec]
     tool_plan: object | None
     echo_prefix: str = ""
+    reasoning: reasoning_mod.ReasoningSetup | None = None  # the model thinks before it answers
     wire: dict = field(default_factory=dict)  # the request as sent (extra_body merged), for the store
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -57,24 +59,30 @@ async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
         req = await _with_conversation(state, req)
     req = reject_unimplemented(req)
     check_limits(req)
+    switches = reasoning_mod.read_switches(req)
+    reasoning_format = reasoning_mod.detect_reasoning(state.tokenizer, req.chat_template)
     plan = tool_calls.plan_tools(req)
     want_logprobs, top = logprob_settings(req.logprobs, req.top_logprobs, chat=True)
     params = sampling_params(
         req, vocab_size=state.vocab_size, eos_token_ids=state.eos_token_ids, logprobs=want_logprobs, top_logprobs=top
     )
     stop_strings(req.stop)
-    prompt_ids = await render_prompt(state, req, plan)
+    prompt_ids = await render_prompt(state, req, plan, reasoning_format, switches)
+    reasoning = reasoning_mod.setup_reasoning(reasoning_format, switches, state.tokenizer, prompt_ids)
+    if reasoning is not None and reasoning_mod.keeps_special_tokens(reasoning.format, state.tokenizer):
+        req = msgspec.structs.replace(req, skip_special_tokens=False)  # the markers are split off below
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = resolve_max_tokens(requested, len(prompt_ids), state.settings.max_model_len, param)
     spec = await constraint_spec_async(state, wire, plan)
     compiled = await compile_constraint(state, spec)
+    phase = reasoning_mod.engine_phase(reasoning, state.tokenizer, constrained=compiled is not None)
     specs = [
-        SequenceSpec(prompt_ids, with_seed(params, i), max_tokens, *sequence_constraint(state, compiled))
+        SequenceSpec(prompt_ids, with_seed(params, i), max_tokens, *sequence_constraint(state, compiled), phase)
         for i in range(req.n)
     ]
     echo = _echo_prefix(req)
-    return ChatJob(req, new_request_id("chatcmpl"), prompt_ids, specs, plan, echo, wire=wire)
+    return ChatJob(req, new_request_id("chatcmpl"), prompt_ids, specs, plan, echo, reasoning=reasoning, wire=wire)
 
 
 async def _with_conversation(state: ServerState, req: ChatCompletionRequest) -> ChatCompletionRequest:
@@ -129,7 +137,8 @@ def check_model(state: ServerState, model: str | None) -> None:
         raise APIError(f"The model `{model}` does not exist.", status=404, param="model", code="model_not_found")
 
 
-async def render_prompt(state: ServerState, req: ChatCompletionRequest, plan) -> list[int]:
+async def render_prompt(state: ServerState, req: ChatCompletionRequest, plan, reasoning_format=None,
+                        switches=None) -> list[int]:
     """Apply the chat template (request overrides first) and tokenize, off the event loop."""
     if not req.messages:
         raise bad_request("'messages' must contain at least one message", param="messages")
@@ -139,6 +148,8 @@ async def render_prompt(state: ServerState, req: ChatCompletionRequest, plan) ->
     supports_tools = tool_calls.template_supports_tools(state.tokenizer, req.chat_template)
     messages, tools = tool_calls.render_messages(req.messages, plan, supports_tools)
     kwargs = dict(req.chat_template_kwargs or {})
+    if switches is not None:
+        kwargs = reasoning_mod.template_kwargs(reasoning_format, switches, kwargs)
     if tools is not None:
         kwargs["tools"] = tools
     job = RenderJob(
@@ -181,19 +192,40 @@ def _completion(state: ServerState, job: ChatJob, choices: list[ChoiceResult]) -
 
 
 def _chat_choice(state: ServerState, job: ChatJob, index: int, choice: ChoiceResult) -> ChatChoice:
-    text = job.echo_prefix + "".join(choice.text)
+    reasoning, text = _split_reasoning(job, "".join(choice.text))
+    text = job.echo_prefix + text
     finish = choice.finish_reason
     message = AssistantMessage(content=text)
     if job.tool_plan is not None:
         content, calls = tool_calls.parse_tool_output(text, job.tool_plan)
         message = tool_calls.assistant_message(content, calls, job.tool_plan)
         finish = tool_calls.finish_reason(job.tool_plan, bool(calls), finish)
+    if reasoning is not None:
+        message = msgspec.structs.replace(message, reasoning_content=reasoning)
     logprobs = None
     if job.req.logprobs:
         logprobs = ChoiceLogprobs(content=state.token_texts.chat_entries(choice.logprobs))
     return ChatChoice(
         index=index, message=message, logprobs=logprobs, finish_reason=finish, stop_reason=choice.stop_reason
     )
+
+
+# The minimal <think>/harmony split (server/reasoning.py), kept to these two functions so that the
+# per-family output parsers can take their place.
+
+
+def _split_reasoning(job: ChatJob, text: str) -> tuple[str | None, str]:
+    """(reasoning_content or None, the answer text) of one whole output."""
+    if job.reasoning is None:
+        return None, text
+    reasoning, content = reasoning_mod.split_reasoning(text, job.reasoning.format, job.reasoning.starts_inside)
+    return reasoning, content
+
+
+def _reasoning_streamer(job: ChatJob) -> reasoning_mod.ReasoningStreamSplitter | None:
+    if job.reasoning is None:
+        return None
+    return reasoning_mod.ReasoningStreamSplitter(job.reasoning.format, job.reasoning.starts_inside)
 
 
 def _usage(job: ChatJob, completion_tokens: int) -> Usage:
@@ -210,6 +242,7 @@ async def stream_chat(state: ServerState, job: ChatJob, stream: GenerationStream
     include_usage = bool(options and options.include_usage)
     continuous = bool(options and options.continuous_usage_stats)
     streamers = [tool_calls.ToolCallStreamer(job.tool_plan) if job.tool_plan else None for _ in job.specs]
+    splitters = [_reasoning_streamer(job) for _ in job.specs]
     completion_tokens = [0] * len(job.specs)
     results = [ChoiceResult() for _ in job.specs]  # the whole answer, for a stored completion
     failed = False
@@ -225,7 +258,7 @@ async def stream_chat(state: ServerState, job: ChatJob, stream: GenerationStream
             results[index].add(delta)
             completion_tokens[index] = delta.completion_tokens
             usage = _usage(job, sum(completion_tokens)) if continuous else None
-            for chunk in _delta_chunks(state, job, index, delta, streamers[index], usage):
+            for chunk in _delta_chunks(state, job, index, delta, streamers[index], usage, splitters[index]):
                 yield sse_event(chunk)
         if not failed:
             await persist_chat(state, job, _completion(state, job, results))  # before the last chunks
@@ -239,17 +272,22 @@ async def stream_chat(state: ServerState, job: ChatJob, stream: GenerationStream
         stream.close()
 
 
-def _delta_chunks(state, job, index, delta, streamer, usage):
+def _delta_chunks(state, job, index, delta, streamer, usage, splitter=None):
     logprobs = None
     if job.req.logprobs and delta.logprobs:
         logprobs = {"content": msgspec.to_builtins(state.token_texts.chat_entries(delta.logprobs))}
-    pieces = [{"content": delta.text}] if delta.text else []
     finish = delta.finish_reason
+    text, thought = delta.text, ""
+    if splitter is not None:
+        thought, text = splitter.feed(delta.text, final=bool(finish))
+    pieces = [{"content": text}] if text else []
     if streamer is not None:
-        pieces = streamer.feed(delta.text) if delta.text else []
+        pieces = streamer.feed(text) if text else []
         if finish:
             pieces += streamer.finish()
             finish = tool_calls.finish_reason(job.tool_plan, streamer.has_calls, finish)
+    if thought:
+        pieces.insert(0, {"reasoning_content": thought})
     if not pieces and (logprobs or finish):
         pieces = [{}]
     for i, piece in enumerate(pieces):

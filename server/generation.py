@@ -39,6 +39,7 @@ class SequenceSpec:
     max_tokens: int
     matcher: object | None = None
     token_dfa: object | None = None
+    reasoning: object | None = None  # server.engine.sequence.ReasoningPhase
 
 
 @dataclass
@@ -94,6 +95,7 @@ class GenerationStream:
                 sink=self._sink(index),
                 matcher=spec.matcher,
                 token_dfa=spec.token_dfa,
+                reasoning=spec.reasoning,
                 **request_fields,
             )
             for index, spec in enumerate(specs)

@@ -124,6 +124,12 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     echo: bool = False
     documents: list[Json] | None = None
     reasoning_effort: str | None = None
+    # Reasoning switches (server/reasoning.py): a hosted platform's top-level switch, and the
+    # reasoning budget under its own name and vLLM's / SGLang's.
+    enable_thinking: bool | None = None
+    max_reasoning_tokens: int | None = None
+    thinking_token_budget: int | None = None
+    thinking_budget: int | None = None
     modalities: list[str] | None = None
     audio: Json | None = None
     prediction: Json | None = None
@@ -192,6 +198,7 @@ class AssistantMessage(_Response, kw_only=True):
     refusal: str | None = None
     tool_calls: list[ToolCall] | None = None
     function_call: FunctionCall | None = None
+    reasoning_content: str | msgspec.UnsetType = msgspec.UNSET  # only on reasoning models
 
 
 class ChatChoice(_Response, kw_only=True):

@@ -156,7 +156,6 @@ def reject_unimplemented(req: T) -> T:
     if isinstance(req, ChatCompletionRequest):
         unsupported.update(
             documents=req.documents is not None,
-            reasoning_effort=req.reasoning_effort is not None,
             audio=req.audio is not None,
             prediction=req.prediction is not None,
             web_search_options=req.web_search_options is not None,
