@@ -328,3 +328,19 @@ def test_harmony_analysis_then_final_json(harmony_server):
     cut = len(header) + 6
     assert tokens[cut] == "<|end|>"  # forced at the budget, then the final channel's header
     assert "".join(tokens[cut:]).startswith("<|end|><|start|>assistant<|channel|>final<|message|>{")
+
+
+# DeepSeek-R1-style: the generation prompt pre-fills "<think>\n" (the segment is open in the prompt).
+PREFILLED_TEMPLATE = THINK_TEMPLATE.replace("<|im_start|>assistant\n", "<|im_start|>assistant\n<think>\n", 1)
+
+
+def test_prefilled_think_is_not_opened_twice(think_server):
+    assert PREFILLED_TEMPLATE != THINK_TEMPLATE
+    reply = think_server.client().chat.completions.create(
+        model="think", messages=MESSAGES, max_completion_tokens=60, seed=2, logprobs=True,
+        response_format=json_format(), extra_body={"chat_template": PREFILLED_TEMPLATE, "max_reasoning_tokens": 5})
+    tokens = _tokens(reply)
+    assert "<think>" not in tokens and tokens.index("</think>") == 5
+    message = reply.choices[0].message
+    jsonschema.validate(json.loads(message.content), SCHEMA)
+    assert message.reasoning_content and "<think>" not in message.reasoning_content
