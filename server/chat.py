@@ -219,7 +219,7 @@ def _split_reasoning(job: ChatJob, text: str) -> tuple[str | None, str]:
     if job.reasoning is None:
         return None, text
     reasoning, content = reasoning_mod.split_reasoning(text, job.reasoning.format, job.reasoning.starts_inside)
-    return reasoning, content
+    return reasoning or None, content
 
 
 def _reasoning_streamer(job: ChatJob) -> reasoning_mod.ReasoningStreamSplitter | None:

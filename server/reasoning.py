@@ -78,8 +78,9 @@ def template_source(tokenizer: Any, chat_template: str | None) -> str:
 
 def detect_reasoning(tokenizer: Any, chat_template: str | None = None) -> ReasoningFormat | None:
     """The reasoning format of the template in use, or None (e.g. the default SmolLM2 model)."""
-    vocab = tokenizer.get_vocab()
-    return _detect(template_source(tokenizer, chat_template), "<|channel|>" in vocab)
+    source = template_source(tokenizer, chat_template)
+    has_channel = "<|channel|>" in source and len(tokenizer.encode("<|channel|>", add_special_tokens=False)) == 1
+    return _detect(source, has_channel)
 
 
 @lru_cache(maxsize=64)

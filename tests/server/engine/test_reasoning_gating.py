@@ -197,3 +197,11 @@ def test_without_reasoning_the_constraint_applies_from_the_first_token(make_engi
 def test_phase_needs_an_end_marker():
     with pytest.raises(ValueError):
         ReasoningPhase(end_ids=())
+
+
+def test_max_tokens_spent_on_the_forced_opening(make_engine, ids):
+    start, end = ids("<think>"), ids("</think>")
+    phase = ReasoningPhase(end_ids=end, start_ids=start, budget=3)
+    out = run(make_engine(), prompt_token_ids=PROMPT, params=SamplingParams(temperature=1.0, seed=1),
+              max_tokens=len(start), matcher=DigitsMatcher(digits(ids), length=2), reasoning=phase)
+    assert out["finish"] == "length" and tuple(out["tokens"]) == start
