@@ -400,3 +400,21 @@ def test_v0_drops_the_refused_knobs_and_names_them(server):
     response = chat(server, "/v0/chat/completions", deep_research=True, max_dynamic_patch=4)
     ok(response)
     assert set(response.headers["x-trellis-dropped-params"].split(",")) == {"deep_research", "max_dynamic_patch"}
+
+
+# --------------------------------------------------------------------------- the real default model
+
+
+@pytest.mark.real_model
+def test_real_model_never_says_a_banned_word(real_server):
+    """SmolLM2 answers "Paris" greedily; with the word banned (as TensorRT-LLM's bad words) it
+    cannot, and it still answers."""
+    client = real_server.client()
+    question = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+    free = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=question, max_tokens=12,
+                                          temperature=0)
+    assert "Paris" in free.choices[0].message.content
+    banned = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=question, max_tokens=12,
+                                            temperature=0, extra_body={"bad": ["Paris"]})
+    assert "Paris" not in banned.choices[0].message.content
+    assert banned.choices[0].message.content.strip()
