@@ -283,12 +283,14 @@ def _bad_words(req, tokenizer, vocab_size: int) -> tuple[tuple[int, ...], ...]:
             phrases.append((name, phrase))
     _at_most(len(phrases) + len(req.bad_token_ids or ()), MAX_BAD_WORDS, "bad_words")
     words: dict[tuple[int, ...], None] = {}
+    if phrases and tokenizer is None:
+        raise ValueError("bad words need the tokenizer")
     for name, phrase in phrases:
-        for variant in dict.fromkeys((phrase, phrase.lstrip(), " " + phrase.lstrip())):
-            if variant.strip():
-                ids = tuple(tokenizer(variant, add_special_tokens=False).input_ids)
-                if ids:
-                    words[ids] = None
+        variants = (phrase, phrase.lstrip(), " " + phrase.lstrip()) if phrase.strip() else (phrase,)
+        for variant in dict.fromkeys(variants):
+            ids = tuple(tokenizer(variant, add_special_tokens=False).input_ids)
+            if ids:
+                words[ids] = None
     for token in sorted(_token_ids(req.bad_token_ids or [], "bad_token_ids", vocab_size)):
         words[(token,)] = None
     return tuple(words)
