@@ -17,6 +17,12 @@ class SamplingParams:
     Invalid values raise ``ValueError`` at construction. ``logit_bias`` keys may be ints or
     decimal strings (as in OpenAI JSON); they are normalised to an immutable ``{int: float}``.
     ``top_k <= 0`` means off.
+
+    ``bad_words``: token sequences never generated (TensorRT-LLM's bad words): the last token of
+    a sequence is banned whenever the tokens before it (prompt included) end with the rest of it;
+    a one-token sequence is a banned token. ``top_p_decay`` / ``top_p_min`` / ``top_p_reset_ids``:
+    TensorRT-LLM's decaying top-p: after each token the row's top-p becomes
+    ``max(top_p * top_p_decay, top_p_min)``, or ``top_p`` again when the token is a reset id.
     """
 
     temperature: float = 1.0
@@ -32,6 +38,10 @@ class SamplingParams:
     seed: int | None = None
     logprobs: bool = False
     top_logprobs: int = 0
+    bad_words: tuple[tuple[int, ...], ...] = ()
+    top_p_decay: float = 1.0
+    top_p_min: float = 1e-6
+    top_p_reset_ids: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:
@@ -46,6 +56,15 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
+        if not 0.0 < self.top_p_decay <= 1.0:
+            raise ValueError(f"top_p_decay must be in (0, 1], got {self.top_p_decay}")
+        if not 0.0 < self.top_p_min <= 1.0:
+            raise ValueError(f"top_p_min must be in (0, 1], got {self.top_p_min}")
+        words = tuple(tuple(int(t) for t in word) for word in self.bad_words)
+        if any(not word for word in words):
+            raise ValueError("bad_words entries must not be empty")
+        object.__setattr__(self, "bad_words", words)
+        object.__setattr__(self, "top_p_reset_ids", frozenset(int(t) for t in self.top_p_reset_ids))
         object.__setattr__(self, "banned_until_min_tokens", frozenset(int(t) for t in self.banned_until_min_tokens))
         if self.logit_bias is not None:
             bias = {int(k): float(v) for k, v in self.logit_bias.items()}
@@ -57,6 +76,16 @@ class SamplingParams:
     def greedy(self) -> bool:
         """Temperature 0: argmax of the processed logits."""
         return self.temperature == 0.0
+
+    @property
+    def decays_top_p(self) -> bool:
+        """Top-p changes from token to token (TensorRT-LLM's decaying top-p)."""
+        return self.top_p_decay < 1.0 and not self.greedy
+
+    @property
+    def uses_top_p(self) -> bool:
+        """Top-p truncation applies to this (sampled) row."""
+        return not self.greedy and (self.top_p < 1.0 or self.decays_top_p)
 
     @property
     def has_penalties(self) -> bool:

@@ -43,6 +43,9 @@ class SamplingRow:
         if seed is not None and choice_index:
             seed = f"{seed}:{choice_index}"  # str seeds are hashed deterministically
         self.rng = random.Random(seed)  # seed None -> OS entropy
+        self.top_p = params.top_p  # this step's top-p (decays when params.decays_top_p)
+        longest = max((len(w) for w in params.bad_words), default=1)
+        self._bad_context = list(prompt_token_ids[max(0, len(prompt_token_ids) - (longest - 1)):]) if longest > 1 else []
         self.slot: int | None = None
         self.pending_counts: list[int] = []
         if pool is not None and params.has_penalties:
@@ -61,6 +64,38 @@ class SamplingRow:
             self.pending_counts.append(token_id)
         if self.dfa is not None:
             self.dfa.push(token_id)
+        if self.params.decays_top_p:
+            self._decay_top_p(token_id)
+
+    def _decay_top_p(self, token_id: int) -> None:
+        params = self.params
+        if token_id in params.top_p_reset_ids:
+            self.top_p = params.top_p
+        else:
+            self.top_p = max(self.top_p * params.top_p_decay, params.top_p_min)
+
+    def banned_words_now(self) -> list[int]:
+        """Tokens that would complete one of ``params.bad_words`` after the tokens so far
+        (the prompt's last tokens count as context too)."""
+        banned = []
+        for word in self.params.bad_words:
+            head = len(word) - 1
+            if head == 0:
+                banned.append(word[0])
+                continue
+            if self._context_ends_with(word[:-1]):
+                banned.append(word[-1])
+        return banned
+
+    def _context_ends_with(self, head: tuple[int, ...]) -> bool:
+        n = len(head)
+        out = self.output_token_ids
+        if len(out) >= n:
+            return tuple(out[len(out) - n:]) == head
+        need = n - len(out)
+        if len(self._bad_context) < need:
+            return False
+        return tuple(self._bad_context[len(self._bad_context) - need:]) + tuple(out) == head
 
     def attach_dfa(self, dfa: DeviceDFA | Any) -> DeviceDFA:
         """Constrain this row by a DFA (a ``DeviceDFA``, or a ``TokenDFA``-like object that is

@@ -36,6 +36,9 @@ class _Plan:
     penalty_pos: list[int] = field(default_factory=list)
     dfa_groups: list[tuple[list[int], torch.Tensor]] = field(default_factory=list)
     min_tokens_pos: list[int] = field(default_factory=list)
+    bad_words_pos: list[int] = field(default_factory=list)
+    top_p_pos: list[int] = field(default_factory=list)  # rows of top_k_p, in order
+    top_p_decays: bool = False  # some top-p row decays: its p is re-read every step
     logprob_pos: list[int] = field(default_factory=list)
     logprob_idx: Idx = None
     top_max: int = 0
@@ -58,7 +61,7 @@ class _Plan:
 class Sampler:
     """Turns a batch of logits into one token per row.
 
-    Processing order per row: bitmask, DFA mask, logit_bias, min_tokens bans,
+    Processing order per row: bitmask, DFA mask, logit_bias, min_tokens and bad-word bans,
     repetition/presence/frequency penalties, temperature (0 = greedy argmax), top-k,
     top-p, min-p, then sampling. Greedy rows skip temperature/top-k/top-p/min-p.
     Sampling uses one uniform per row from the row's own seeded RNG and inverse-CDF
@@ -120,7 +123,7 @@ class Sampler:
         plan = self._plan_for(rows)
         self._flush(rows, plan)
         x = logits[:, : self.vocab_size]  # [B, V]
-        bans = self._min_token_bans(rows, plan)
+        bans = self._dynamic_bans(rows, plan)
         if plan.all_greedy and not plan.needs_processing and bans is None and bitmask is None:
             return self._finish(x.argmax(dim=-1), x, rows, plan)  # fast path: plain greedy
         x = self._process(x, rows, plan, bans, bitmask, bitmask_indices)
@@ -138,7 +141,7 @@ class Sampler:
         plan = self._plan_for(rows)
         self._flush(rows, plan)
         x = logits[:, : self.vocab_size].float().clone()
-        bans = self._min_token_bans(rows, plan)
+        bans = self._dynamic_bans(rows, plan)
         return self._process(x, rows, plan, bans, bitmask, bitmask_indices)
 
     def _process(
@@ -159,7 +162,7 @@ class Sampler:
         if bans is not None:
             ops.ban_tokens_soft(x, *bans)
         self._penalties_and_temperature(x, plan)
-        self._truncate(x, plan)
+        self._truncate(x, rows, plan)
         return x
 
     # ----------------------------------------------------------------- steps
@@ -178,13 +181,22 @@ class Sampler:
             states = torch.stack([d._state for d in dfas])  # [R] int32
             dfa_apply_mask_inplace(x, dfas[0].tables.allowed, states, idx)
 
-    def _min_token_bans(self, rows: Sequence[SamplingRow], plan: _Plan) -> tuple[torch.Tensor, ...] | None:
-        """(unique rows, ban rows, ban tokens) for rows still below ``min_tokens``."""
-        active, ban_rows, ban_toks = [], [], []
+    def _dynamic_bans(self, rows: Sequence[SamplingRow], plan: _Plan) -> tuple[torch.Tensor, ...] | None:
+        """(unique rows, ban rows, ban tokens) for this step: the stop tokens of rows still below
+        ``min_tokens`` and the tokens that would complete a row's bad word."""
+        banned: dict[int, set[int]] = {}
         for i in plan.min_tokens_pos:
             row = rows[i]
             if row.num_generated < row.params.min_tokens:
-                toks = [t for t in row.params.banned_until_min_tokens if 0 <= t < self.vocab_size]
+                banned.setdefault(i, set()).update(row.params.banned_until_min_tokens)
+        for i in plan.bad_words_pos:
+            toks = rows[i].banned_words_now()
+            if toks:
+                banned.setdefault(i, set()).update(toks)
+        active, ban_rows, ban_toks = [], [], []
+        for i, toks in banned.items():
+            toks = [t for t in toks if 0 <= t < self.vocab_size]
+            if toks:
                 active.append(i)
                 ban_rows += [i] * len(toks)
                 ban_toks += toks
@@ -208,11 +220,14 @@ class Sampler:
         if inv_temp is not None:
             x.mul_(inv_temp.unsqueeze(1))
 
-    def _truncate(self, x: torch.Tensor, plan: _Plan) -> None:
+    def _truncate(self, x: torch.Tensor, rows: Sequence[SamplingRow], plan: _Plan) -> None:
         if plan.top_k is not None:
             ops.top_k_inplace(x, *plan.top_k)
         if plan.top_k_p is not None:
-            ops.top_k_top_p_inplace(x, *plan.top_k_p)
+            idx, k, p = plan.top_k_p
+            if plan.top_p_decays:  # one small host->device copy per step, only for decaying rows
+                p = to_device([rows[i].top_p for i in plan.top_p_pos], torch.float32, self.device)
+            ops.top_k_top_p_inplace(x, idx, k, p)
         if plan.min_p is not None:
             ops.min_p_inplace(x, *plan.min_p)
 
@@ -292,13 +307,15 @@ def _build_plan(rows: Sequence[SamplingRow], vocab: int, device: torch.device) -
     if any(t != 1.0 for t in temps):
         plan.inv_temp = f32([1.0 / t for t in temps])
     k_eff = [p.top_k if (not p.greedy and 0 < p.top_k < vocab) else vocab for p in params]
-    pos_kp = [i for i in random_pos if params[i].top_p < 1.0]
-    pos_k = [i for i in random_pos if params[i].top_p >= 1.0 and k_eff[i] < vocab]
+    pos_kp = [i for i in random_pos if params[i].uses_top_p]
+    pos_k = [i for i in random_pos if not params[i].uses_top_p and k_eff[i] < vocab]
     if pos_k:
         ks = [k_eff[i] for i in pos_k]
         plan.top_k = (_index(pos_k, n, device), i64(ks), max(ks))
     if pos_kp:
         plan.top_k_p = (_index(pos_kp, n, device), i64([k_eff[i] for i in pos_kp]), f32([params[i].top_p for i in pos_kp]))
+        plan.top_p_pos = pos_kp
+        plan.top_p_decays = any(params[i].decays_top_p for i in pos_kp)
     pos_mp = [i for i in random_pos if params[i].min_p > 0.0]
     if pos_mp:
         plan.min_p = (_index(pos_mp, n, device), f32([math.log(params[i].min_p) for i in pos_mp]))
@@ -322,6 +339,7 @@ def _build_plan(rows: Sequence[SamplingRow], vocab: int, device: torch.device) -
             groups.setdefault(id(r.dfa.tables), []).append(i)
     plan.dfa_groups = [(pos, i64(pos)) for pos in groups.values()]
     plan.min_tokens_pos = [i for i, p in enumerate(params) if p.min_tokens > 0 and p.banned_until_min_tokens]
+    plan.bad_words_pos = [i for i, p in enumerate(params) if p.bad_words]
     plan.logprob_pos = [i for i, p in enumerate(params) if p.logprobs]
     if plan.logprob_pos:
         plan.logprob_idx = _index(plan.logprob_pos, n, device)

@@ -340,6 +340,8 @@ class Envelope:
                     extra.append((DROPPED_HEADER.encode(), dropped_header_value(fields["dropped_params"])))
                 if fields.get("ignored_params"):  # accepted, but no effect on this model (server/reasoning.py)
                     extra.append((b"x-trellis-ignored", dropped_header_value(fields["ignored_params"])))
+                if fields.get("truncated_prompt_tokens"):
+                    extra.append((b"x-trellis-truncated-prompt-tokens", str(fields["truncated_prompt_tokens"]).encode()))
                 message["headers"] = [*message.get("headers", []), *extra]
             elif message["type"] == "http.response.body" and fields.get("log_response_body"):
                 _capture_body(fields, message.get("body", b""))

@@ -13,7 +13,7 @@ from server import tools as tool_calls
 from server.errors import APIError, bad_request
 from server.generation import ChoiceResult, GenerationStream, SequenceSpec, collect, new_request_id, with_seed
 from server.dialect import split_model
-from server.render import RenderJob
+from server.render import RenderJob, template_source, with_documents_and_verbosity
 from server.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -24,7 +24,12 @@ from server.protocol import (
     Usage,
 )
 from server.requests import (
+    build_usage,
     check_limits,
+    clamps_max_tokens,
+    note_truncated,
+    stop_regexes,
+    truncate_prompt,
     decode_request,
     logprob_settings,
     reject_unimplemented,
@@ -48,6 +53,7 @@ class ChatJob:
     tool_plan: object | None
     echo_prefix: str = ""
     reasoning: reasoning_mod.ReasoningSetup | None = None  # the model thinks before it answers
+    truncated: int = 0  # prompt tokens removed by truncate_prompt_tokens
     wire: dict = field(default_factory=dict)  # the request as sent (extra_body merged), for the store
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -57,23 +63,29 @@ async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
     check_model(state, req.model)
     if req.conversation is not None:
         req = await _with_conversation(state, req)
-    req = reject_unimplemented(req)
+    req = reject_unimplemented(req, custom_logit_processor_enabled=state.settings.enable_custom_logit_processor)
     check_limits(req)
     switches = reasoning_mod.read_switches(req)
     reasoning_format = reasoning_mod.detect_reasoning(state.tokenizer, req.chat_template)
     plan = tool_calls.plan_tools(req)
     want_logprobs, top = logprob_settings(req.logprobs, req.top_logprobs, chat=True)
     params = sampling_params(
-        req, vocab_size=state.vocab_size, eos_token_ids=state.eos_token_ids, logprobs=want_logprobs, top_logprobs=top
+        req, vocab_size=state.vocab_size, eos_token_ids=state.eos_token_ids, logprobs=want_logprobs,
+        top_logprobs=top, tokenizer=state.tokenizer,
     )
     stop_strings(req.stop)
-    prompt_ids = await render_prompt(state, req, plan, reasoning_format, switches)
+    stop_regexes(req.stop_regex)
+    settings = state.settings
+    prompt_ids, truncated = truncate_prompt(await render_prompt(state, req, plan, reasoning_format, switches),
+                                            req.truncate_prompt_tokens, settings.max_model_len)
+    note_truncated(truncated)
     reasoning = reasoning_mod.setup_reasoning(reasoning_format, switches, state.tokenizer, prompt_ids)
     if reasoning is not None and reasoning_mod.keeps_special_tokens(reasoning.format, state.tokenizer):
         req = msgspec.structs.replace(req, skip_special_tokens=False)  # the markers are split off below
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    max_tokens = resolve_max_tokens(requested, len(prompt_ids), state.settings.max_model_len, param)
+    max_tokens = resolve_max_tokens(requested, len(prompt_ids), settings.max_model_len, param,
+                                    clamp=clamps_max_tokens(settings.max_tokens_overflow))
     spec = await constraint_spec_async(state, wire, plan)
     compiled = await compile_constraint(state, spec)
     phase = reasoning_mod.engine_phase(reasoning, state.tokenizer, constrained=compiled is not None)
@@ -82,7 +94,8 @@ async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
         for i in range(req.n)
     ]
     echo = _echo_prefix(req)
-    return ChatJob(req, new_request_id("chatcmpl"), prompt_ids, specs, plan, echo, reasoning=reasoning, wire=wire)
+    return ChatJob(req, new_request_id("chatcmpl"), prompt_ids, specs, plan, echo, reasoning=reasoning,
+                   truncated=truncated, wire=wire)
 
 
 async def _with_conversation(state: ServerState, req: ChatCompletionRequest) -> ChatCompletionRequest:
@@ -152,12 +165,15 @@ async def render_prompt(state: ServerState, req: ChatCompletionRequest, plan, re
         kwargs = reasoning_mod.template_kwargs(reasoning_format, switches, kwargs)
     if tools is not None:
         kwargs["tools"] = tools
+    source = template_source(state.tokenizer, req.chat_template)
+    messages = with_documents_and_verbosity(messages, kwargs, source, req.documents, req.verbosity)
     job = RenderJob(
         messages=messages,
         chat_template=req.chat_template,
         add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
         continue_final_message=req.continue_final_message,
         kwargs=kwargs,
+        add_special_tokens=req.add_special_tokens,
     )
     return await state.renderer.render(job)
 
@@ -206,7 +222,8 @@ def _chat_choice(state: ServerState, job: ChatJob, index: int, choice: ChoiceRes
     if job.req.logprobs:
         logprobs = ChoiceLogprobs(content=state.token_texts.chat_entries(choice.logprobs))
     return ChatChoice(
-        index=index, message=message, logprobs=logprobs, finish_reason=finish, stop_reason=choice.stop_reason
+        index=index, message=message, logprobs=logprobs, finish_reason=finish, stop_reason=choice.stop_reason,
+        matched_stop=choice.matched_stop,
     )
 
 
@@ -229,8 +246,8 @@ def _reasoning_streamer(job: ChatJob) -> reasoning_mod.ReasoningStreamSplitter |
 
 
 def _usage(job: ChatJob, completion_tokens: int) -> Usage:
-    prompt = len(job.prompt_ids)
-    return Usage(prompt_tokens=prompt, completion_tokens=completion_tokens, total_tokens=prompt + completion_tokens)
+    return build_usage(len(job.prompt_ids), completion_tokens, cached_details=job.req.return_cached_tokens_details,
+                       truncated=job.truncated)
 
 
 # --------------------------------------------------------------------------- streaming
@@ -293,7 +310,8 @@ def _delta_chunks(state, job, index, delta, streamer, usage, splitter=None):
     for i, piece in enumerate(pieces):
         last = i == len(pieces) - 1
         yield _chunk(state, job, index, piece, logprobs if i == 0 else None, finish if last else None,
-                     stop_reason=delta.stop_reason if last and finish else None, usage=usage)
+                     stop_reason=delta.stop_reason if last and finish else None,
+                     matched_stop=delta.matched_stop if last and finish else None, usage=usage)
 
 
 def _base_chunk(state: ServerState, job: ChatJob) -> dict:
@@ -301,11 +319,12 @@ def _base_chunk(state: ServerState, job: ChatJob) -> dict:
             "system_fingerprint": state.system_fingerprint}
 
 
-def _chunk(state, job, index, delta, logprobs, finish, *, stop_reason=None, usage=None) -> dict:
+def _chunk(state, job, index, delta, logprobs, finish, *, stop_reason=None, matched_stop=None, usage=None) -> dict:
     chunk = _base_chunk(state, job)
     choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
     if finish is not None:
         choice["stop_reason"] = stop_reason
+        choice["matched_stop"] = matched_stop
     chunk["choices"] = [choice]
     if usage is not None:
         chunk["usage"] = msgspec.to_builtins(usage)

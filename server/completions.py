@@ -14,7 +14,12 @@ from server.errors import bad_request
 from server.generation import GenerationStream, SequenceSpec, collect, new_request_id, with_seed
 from server.protocol import Completion, CompletionChoice, CompletionRequest, Usage
 from server.requests import (
+    build_usage,
     check_limits,
+    clamps_max_tokens,
+    note_truncated,
+    stop_regexes,
+    truncate_prompt,
     decode_request,
     logprob_settings,
     reject_unimplemented,
@@ -34,6 +39,7 @@ class CompletionJob:
     prompts: list[list[int]]
     specs: list[SequenceSpec]  # prompt-major: choice index = prompt * n + j
     echo_texts: list[str]
+    truncated: int = 0  # prompt tokens removed by truncate_prompt_tokens, all prompts together
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -69,28 +75,37 @@ def _prompt_ids(state: ServerState, req: CompletionRequest, i: int, item) -> lis
 async def prepare_completion(state: ServerState, body: bytes) -> CompletionJob:
     req, wire = decode_request(body, CompletionRequest)
     check_model(state, req.model)
-    req = reject_unimplemented(req)
+    req = reject_unimplemented(req, custom_logit_processor_enabled=state.settings.enable_custom_logit_processor)
     want_logprobs, top = logprob_settings(req.logprobs, None, chat=False)
     params = sampling_params(
-        req, vocab_size=state.vocab_size, eos_token_ids=state.eos_token_ids, logprobs=want_logprobs, top_logprobs=top
+        req, vocab_size=state.vocab_size, eos_token_ids=state.eos_token_ids, logprobs=want_logprobs,
+        top_logprobs=top, tokenizer=state.tokenizer,
     )
     stop_strings(req.stop)
+    stop_regexes(req.stop_regex)
     check_limits(req, _prompt_count(req.prompt))
-    prompts = await asyncio.to_thread(_prompts, state, req)
+    settings = state.settings
+    prompts, truncated = [], 0
+    for prompt in await asyncio.to_thread(_prompts, state, req):
+        kept, removed = truncate_prompt(prompt, req.truncate_prompt_tokens, settings.max_model_len)
+        prompts.append(kept)
+        truncated += removed
+    note_truncated(truncated)
     compiled = await compile_constraint(state, await constraint_spec_async(state, wire, None))
+    clamp = clamps_max_tokens(settings.max_tokens_overflow)
     specs = []
     for prompt in prompts:
         max_tokens = resolve_max_tokens(req.max_tokens if req.max_tokens is not None else 16, len(prompt),
-                                        state.settings.max_model_len, "max_tokens")
+                                        settings.max_model_len, "max_tokens", clamp=clamp)
         for j in range(req.n):
             specs.append(SequenceSpec(prompt, with_seed(params, j), max_tokens, *sequence_constraint(state, compiled)))
     echo = [state.tokenizer.decode(p) if req.echo else "" for p in prompts]
-    return CompletionJob(req, new_request_id("cmpl"), prompts, specs, echo)
+    return CompletionJob(req, new_request_id("cmpl"), prompts, specs, echo, truncated)
 
 
 def _usage(job: CompletionJob, completion_tokens: int) -> Usage:
-    prompt = sum(len(p) for p in job.prompts)
-    return Usage(prompt_tokens=prompt, completion_tokens=completion_tokens, total_tokens=prompt + completion_tokens)
+    return build_usage(sum(len(p) for p in job.prompts), completion_tokens,
+                       cached_details=job.req.return_cached_tokens_details, truncated=job.truncated)
 
 
 async def run_completion(state: ServerState, job: CompletionJob) -> Completion:
@@ -101,7 +116,8 @@ async def run_completion(state: ServerState, job: CompletionJob) -> Completion:
         echo = job.echo_texts[i // job.req.n]
         lp = state.token_texts.completion_logprobs(result.logprobs, len(echo)) if job.req.logprobs is not None else None
         choices.append(CompletionChoice(index=i, text=echo + "".join(result.text), logprobs=lp,
-                                        finish_reason=result.finish_reason, stop_reason=result.stop_reason))
+                                        finish_reason=result.finish_reason, stop_reason=result.stop_reason,
+                                        matched_stop=result.matched_stop))
     return Completion(id=job.request_id, created=job.created, model=state.model_name, choices=choices,
                       system_fingerprint=state.system_fingerprint,
                       usage=_usage(job, sum(r.completion_tokens for r in results)))
@@ -126,7 +142,8 @@ async def stream_completion(state: ServerState, job: CompletionJob, stream: Gene
             if job.req.logprobs is not None and delta.logprobs:
                 lp = msgspec.to_builtins(state.token_texts.completion_logprobs(delta.logprobs, offsets[index]))
             offsets[index] += len(delta.text)
-            yield sse_event(_chunk(state, job, index, delta.text, lp, delta.finish_reason, delta.stop_reason))
+            yield sse_event(_chunk(state, job, index, delta.text, lp, delta.finish_reason, delta.stop_reason,
+                                   delta.matched_stop))
         if include_usage:
             chunk = {**_chunk_head(state, job), "choices": [], "usage": msgspec.to_builtins(_usage(job, sum(tokens)))}
             yield sse_event(chunk)
@@ -135,10 +152,11 @@ async def stream_completion(state: ServerState, job: CompletionJob, stream: Gene
         stream.close()
 
 
-def _chunk(state, job, index, text, logprobs, finish, stop_reason=None) -> dict:
+def _chunk(state, job, index, text, logprobs, finish, stop_reason=None, matched_stop=None) -> dict:
     choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
     if finish is not None:
         choice["stop_reason"] = stop_reason
+        choice["matched_stop"] = matched_stop
     return {**_chunk_head(state, job), "choices": [choice]}
 
 

@@ -34,6 +34,8 @@ class Settings:
     max_body_bytes: int = 8 * 1024 * 1024
     template_timeout: float = 2.0
     allow_client_chat_template: bool = True
+    max_tokens_overflow: str = "error"
+    enable_custom_logit_processor: bool = False
     log_requests: bool = True
     api_keys: str = ""
     api_keys_file: str = ""
@@ -74,6 +76,8 @@ _HELP = {
     "max_body_bytes": "largest request body in bytes (larger -> 413)",
     "template_timeout": "seconds a chat template may take to render (then 400)",
     "allow_client_chat_template": "accept a request's own 'chat_template' (rendered sandboxed in a worker process)",
+    "max_tokens_overflow": "max_tokens beyond the context on /v1: 'error' (OpenAI's 400) or 'clamp' to what fits (always clamped on /v0)",
+    "enable_custom_logit_processor": "let requests carry SGLang's 'custom_logit_processor' (client code; without this flag: 400)",
     "log_requests": "one structured log line per request (on|off)",
     "api_keys": "comma-separated API keys, sent as 'Authorization: Bearer KEY' or 'Api-Key KEY' (prefer --api-keys-file: flags show in ps)",
     "api_keys_file": "file with one API key per line, optionally 'KEY USER' to name its user; '#' starts a comment",
@@ -94,6 +98,7 @@ _CHOICES = {
     "device": ["auto", "cpu", "cuda"],
     "log_level": ["debug", "info", "warning", "error"],
     "device_dfa": ["auto", "on", "off"],
+    "max_tokens_overflow": ["error", "clamp"],
 }
 
 

@@ -31,6 +31,11 @@ def use_router_dialect() -> None:
     _route_drops_params.set(True)
 
 
+def on_router_dialect() -> bool:
+    """Whether the current request came in on a ``/v0`` route."""
+    return _route_drops_params.get()
+
+
 def drops_params(data: dict[str, Any]) -> bool:
     """The request's ``drop_params``, else the route's default."""
     value = data.get("drop_params")

@@ -16,7 +16,7 @@ from sampler import SamplingParams, TokenLogprobs
 from server.engine.engine import Engine
 from server.engine.sequence import GenerationRequest, SequenceDelta
 from server.protocol import CompletionLogprobs, TokenLogprob, TopLogprob
-from server.requests import stop_strings
+from server.requests import stop_regexes, stop_strings
 
 
 def new_request_id(prefix: str) -> str:
@@ -143,8 +143,10 @@ def start_generation(
         stop_token_ids=frozenset(req.stop_token_ids or ()),
         eos_token_ids=eos_token_ids,
         ignore_eos=req.ignore_eos,
-        include_stop_str_in_output=req.include_stop_str_in_output,
+        include_stop_str_in_output=req.include_stop_str_in_output or req.no_stop_trim,
         skip_special_tokens=req.skip_special_tokens,
+        spaces_between_special_tokens=bool(req.spaces_between_special_tokens),
+        stop_regex=stop_regexes(req.stop_regex),
     )
     return stream
 
@@ -157,6 +159,7 @@ class ChoiceResult:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    matched_stop: int | str | None = None
     completion_tokens: int = 0
 
     def add(self, delta: SequenceDelta) -> None:
@@ -166,6 +169,7 @@ class ChoiceResult:
         self.completion_tokens = delta.completion_tokens
         if delta.finish_reason:
             self.finish_reason, self.stop_reason = delta.finish_reason, delta.stop_reason
+            self.matched_stop = delta.matched_stop
 
 
 async def collect(stream: GenerationStream, n_choices: int) -> list[ChoiceResult]:

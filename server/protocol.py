@@ -68,7 +68,7 @@ class _SamplingFields(_Request, kw_only=True):
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
+    spaces_between_special_tokens: bool | None = None
     user: str | None = None
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
@@ -89,6 +89,19 @@ class _SamplingFields(_Request, kw_only=True):
     use_beam_search: bool = False
     length_penalty: float | None = None
     truncate_prompt_tokens: int | None = None
+    # TensorRT-LLM-style and SGLang generation extras.
+    bad: str | list[str] | None = None
+    bad_words: str | list[str] | None = None
+    bad_token_ids: list[int] | None = None
+    top_p_min: float | None = None
+    top_p_decay: float | None = None
+    top_p_reset_ids: int | list[int] | None = None
+    stop_regex: str | list[str] | None = None
+    no_stop_trim: bool = False
+    return_cached_tokens_details: bool = False
+    custom_logit_processor: str | None = None
+    max_dynamic_patch: int | None = None
+    min_dynamic_patch: int | None = None
     # Structured outputs (OpenAI, vLLM legacy + current, SGLang).
     response_format: Json | None = None
     guided_json: Any = None
@@ -134,7 +147,9 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     audio: Json | None = None
     prediction: Json | None = None
     web_search_options: Json | None = None
-    verbosity: str | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+    deep_research: Any = None
+    add_special_tokens: bool = False
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
@@ -175,10 +190,19 @@ class CompletionLogprobs(_Response, kw_only=True):
     text_offset: list[int]
 
 
-class Usage(_Response, kw_only=True):
+class PromptTokensDetails(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """``usage.prompt_tokens_details``: ``cached_tokens`` (always 0: no prefix cache yet) and the
+    prompt tokens ``truncate_prompt_tokens`` removed, when it removed any."""
+
+    cached_tokens: int
+    truncated_tokens: int | None = None
+
+
+class Usage(msgspec.Struct, omit_defaults=True, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class FunctionCall(_Response, kw_only=True):
@@ -207,6 +231,7 @@ class ChatChoice(_Response, kw_only=True):
     logprobs: ChoiceLogprobs | None
     finish_reason: str | None
     stop_reason: int | str | None = None
+    matched_stop: int | str | None = None
 
 
 class ChatCompletion(_Response, kw_only=True):
@@ -225,6 +250,7 @@ class CompletionChoice(_Response, kw_only=True):
     logprobs: CompletionLogprobs | None
     finish_reason: str | None
     stop_reason: int | str | None = None
+    matched_stop: int | str | None = None
 
 
 class Completion(_Response, kw_only=True):

@@ -11,12 +11,13 @@ from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import msgspec
+import regex
 
 from sampler import SamplingParams
 from server.context import request_log
-from server.dialect import convert_dropping_unknown, drops_params, normalise_tags
+from server.dialect import convert_dropping_unknown, drops_params, normalise_tags, on_router_dialect
 from server.errors import APIError, bad_request, not_implemented
-from server.protocol import ChatCompletionRequest, CompletionRequest
+from server.protocol import ChatCompletionRequest, CompletionRequest, PromptTokensDetails, Usage
 
 T = TypeVar("T", ChatCompletionRequest, CompletionRequest)
 
@@ -28,6 +29,9 @@ MAX_STOP = 32
 MAX_LOGIT_BIAS = 1024
 MAX_TOOLS = 128
 MAX_PROMPTS_TIMES_N = 256
+MAX_TEMPERATURE = 4.0  # OpenAI documents 0-2; the TensorRT-LLM-style hosted API up to 4
+MAX_BAD_WORDS = 64
+MAX_BAD_WORD_CHARS = 256
 _dropping: ContextVar[bool] = ContextVar("trellis_dropping_params", default=False)
 _FIELD_AT = re.compile(r"at `\$(.*)`$")
 _UNKNOWN_FIELD = re.compile(r"unknown field `([^`]*)`")
@@ -146,20 +150,35 @@ def _json_path_to_param(path: str) -> str:
 # --------------------------------------------------------------------------- field checks
 
 
-def reject_unimplemented(req: T) -> T:
+_REFUSALS = {
+    "custom_logit_processor": "'custom_logit_processor' is client code run inside the server; this server "
+    "refuses it unless started with --enable-custom-logit-processor",
+    "max_dynamic_patch": "'max_dynamic_patch' sets image tiling, but the loaded model is text-only",
+    "min_dynamic_patch": "'min_dynamic_patch' sets image tiling, but the loaded model is text-only",
+    "deep_research": "'deep_research' needs a reasoning model; the loaded model has no reasoning mode",
+}
+_CUSTOM_PROCESSOR_ENABLED = (
+    "'custom_logit_processor' is enabled on this server (--enable-custom-logit-processor), but running "
+    "serialized processors is not supported yet; remove it from the request"
+)
+
+
+def reject_unimplemented(req: T, *, custom_logit_processor_enabled: bool = False) -> T:
     """Refuse behaviour-changing fields this server does not implement (or, with ``drop_params``,
     drop them and say so); returns the request without dropped fields."""
     unsupported = {
         "use_beam_search": bool(req.use_beam_search),
         "length_penalty": req.length_penalty is not None,
+        "custom_logit_processor": req.custom_logit_processor is not None,
+        "max_dynamic_patch": req.max_dynamic_patch is not None,
+        "min_dynamic_patch": req.min_dynamic_patch is not None,
     }
     if isinstance(req, ChatCompletionRequest):
         unsupported.update(
-            documents=req.documents is not None,
             audio=req.audio is not None,
             prediction=req.prediction is not None,
             web_search_options=req.web_search_options is not None,
-            verbosity=req.verbosity is not None,
+            deep_research=req.deep_research not in (None, False),
             modalities=req.modalities is not None and req.modalities != ["text"],
         )
     else:
@@ -174,7 +193,13 @@ def reject_unimplemented(req: T) -> T:
     if "best_of" in present:
         raise bad_request("'best_of' other than n is not supported", param="best_of", code="unsupported_parameter")
     if present:
-        raise not_implemented(present[0])
+        name = present[0]
+        message = _REFUSALS.get(name)
+        if name == "custom_logit_processor" and custom_logit_processor_enabled:
+            message = _CUSTOM_PROCESSOR_ENABLED
+        if message is None:
+            raise not_implemented(name)
+        raise bad_request(message, param=name, code="unsupported_parameter")
     return req
 
 
@@ -190,11 +215,13 @@ def sampling_params(
     eos_token_ids: frozenset[int],
     logprobs: bool,
     top_logprobs: int,
+    tokenizer=None,
 ) -> SamplingParams:
-    """Validate the sampling fields and turn them into :class:`SamplingParams`."""
+    """Validate the sampling fields and turn them into :class:`SamplingParams` (``tokenizer``
+    encodes ``bad`` / ``bad_words`` phrases)."""
     if not 1 <= req.n <= MAX_N:
         raise bad_request(f"'n' must be between 1 and {MAX_N}, got {req.n}", param="n")
-    _check_range(req.temperature, "temperature", 0.0, 2.0)
+    _check_range(req.temperature, "temperature", 0.0, MAX_TEMPERATURE)
     _check_range(req.top_p, "top_p", 0.0, 1.0)
     if req.top_p is not None and req.top_p <= 0.0:
         raise bad_request("'top_p' must be greater than 0", param="top_p")
@@ -208,6 +235,7 @@ def sampling_params(
     if req.min_tokens < 0:
         raise bad_request("'min_tokens' must be >= 0", param="min_tokens")
     stop_ids = _token_ids(req.stop_token_ids or [], "stop_token_ids", vocab_size)
+    decay, floor, resets = _top_p_decay(req, vocab_size)
     return SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
@@ -222,7 +250,49 @@ def sampling_params(
         seed=req.seed,
         logprobs=logprobs,
         top_logprobs=top_logprobs,
+        bad_words=_bad_words(req, tokenizer, vocab_size),
+        top_p_decay=decay,
+        top_p_min=floor,
+        top_p_reset_ids=resets,
     )
+
+
+def _top_p_decay(req, vocab_size: int) -> tuple[float, float, frozenset[int]]:
+    """TensorRT-LLM's decaying top-p fields (defaults: no decay, floor 1e-6, no reset id)."""
+    for name in ("top_p_decay", "top_p_min"):
+        value = getattr(req, name)
+        if value is not None and not 0.0 < value <= 1.0:
+            raise bad_request(f"'{name}' must be greater than 0 and at most 1, got {value}", param=name)
+    resets = req.top_p_reset_ids
+    resets = [resets] if isinstance(resets, int) else (resets or [])
+    reset_ids = _token_ids(resets, "top_p_reset_ids", vocab_size)
+    decay = 1.0 if req.top_p_decay is None else req.top_p_decay
+    return decay, 1e-6 if req.top_p_min is None else req.top_p_min, reset_ids
+
+
+def _bad_words(req, tokenizer, vocab_size: int) -> tuple[tuple[int, ...], ...]:
+    """``bad`` / ``bad_words`` phrases as token sequences (each phrase as the tokenizer encodes it
+    alone and after a space) plus ``bad_token_ids`` as one-token sequences."""
+    phrases: list[tuple[str, str]] = []
+    for name in ("bad", "bad_words"):
+        value = getattr(req, name)
+        for phrase in [value] if isinstance(value, str) else (value or []):
+            if not phrase or len(phrase) > MAX_BAD_WORD_CHARS:
+                raise bad_request(f"'{name}' entries must have 1 to {MAX_BAD_WORD_CHARS} characters", param=name)
+            phrases.append((name, phrase))
+    _at_most(len(phrases) + len(req.bad_token_ids or ()), MAX_BAD_WORDS, "bad_words")
+    words: dict[tuple[int, ...], None] = {}
+    if phrases and tokenizer is None:
+        raise ValueError("bad words need the tokenizer")
+    for name, phrase in phrases:
+        variants = (phrase, phrase.lstrip(), " " + phrase.lstrip()) if phrase.strip() else (phrase,)
+        for variant in dict.fromkeys(variants):
+            ids = tuple(tokenizer(variant, add_special_tokens=False).input_ids)
+            if ids:
+                words[ids] = None
+    for token in sorted(_token_ids(req.bad_token_ids or [], "bad_token_ids", vocab_size)):
+        words[(token,)] = None
+    return tuple(words)
 
 
 def _token_ids(ids: list[int], name: str, vocab_size: int) -> frozenset[int]:
@@ -258,8 +328,66 @@ def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: int, param: str) -> int:
-    """Completion budget: the request's limit, bounded by the context; 400 when it cannot fit."""
+def stop_regexes(stop_regex: str | list[str] | None) -> tuple[Any, ...]:
+    """SGLang's ``stop_regex`` compiled (Python ``regex`` syntax); 400 naming it when a pattern is
+    empty, invalid or matches the empty string (it would stop before the first token)."""
+    patterns = [stop_regex] if isinstance(stop_regex, str) else (stop_regex or [])
+    _at_most(len(patterns), MAX_STOP, "stop_regex")
+    compiled = []
+    for i, pattern in enumerate(patterns):
+        if not pattern:
+            raise bad_request("stop_regex patterns must not be empty", param="stop_regex")
+        try:
+            compiled.append(regex.compile(pattern))
+        except (regex.error, OverflowError, RecursionError) as exc:
+            raise bad_request(f"stop_regex[{i}] is not a valid regular expression: {exc}", param="stop_regex") from None
+        if compiled[-1].fullmatch("") is not None:
+            raise bad_request(f"stop_regex[{i}] matches the empty string", param="stop_regex")
+    return tuple(compiled)
+
+
+def truncate_prompt(ids: list[int], keep: int | None, max_model_len: int) -> tuple[list[int], int]:
+    """vLLM's ``truncate_prompt_tokens``: keep the last ``keep`` tokens (-1: the context length);
+    returns (prompt, tokens removed)."""
+    if keep is None:
+        return ids, 0
+    if keep == -1:
+        keep = max_model_len
+    if not 1 <= keep <= max_model_len:
+        raise bad_request(f"'truncate_prompt_tokens' must be -1 or between 1 and {max_model_len}, got {keep}",
+                          param="truncate_prompt_tokens")
+    removed = max(0, len(ids) - keep)
+    return ids[removed:], removed
+
+
+def clamps_max_tokens(max_tokens_overflow: str) -> bool:
+    """``max_tokens`` beyond the context is clamped on ``/v0`` (the hosted API's rule) and on
+    ``/v1`` with ``--max-tokens-overflow clamp``; otherwise it is OpenAI's 400."""
+    return on_router_dialect() or max_tokens_overflow == "clamp"
+
+
+def note_truncated(removed: int) -> None:
+    """Prompt tokens ``truncate_prompt_tokens`` removed, for the response header and the log."""
+    if removed:
+        fields = request_log()
+        fields["truncated_prompt_tokens"] = fields.get("truncated_prompt_tokens", 0) + removed
+
+
+def build_usage(prompt: int, completion: int, *, cached_details: bool, truncated: int) -> Usage:
+    """``usage``; ``prompt_tokens_details`` when asked for (``return_cached_tokens_details``:
+    ``cached_tokens`` is 0, there is no prefix cache) or when the prompt was truncated."""
+    details = None
+    if cached_details or truncated:
+        details = PromptTokensDetails(cached_tokens=0, truncated_tokens=truncated or None)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                 prompt_tokens_details=details)
+
+
+def resolve_max_tokens(
+    requested: int | None, prompt_len: int, max_model_len: int, param: str, *, clamp: bool = False
+) -> int:
+    """Completion budget: the request's limit, bounded by the context; 400 when it cannot fit
+    (or, with ``clamp``, as many tokens as fit)."""
     room = max_model_len - prompt_len
     if room <= 0:
         raise APIError(
@@ -272,6 +400,8 @@ def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: in
         return room
     if requested < 1:
         raise bad_request(f"'{param}' must be at least 1, got {requested}", param=param)
+    if requested > room and clamp:
+        return room
     if requested > room:
         raise APIError(
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "

@@ -3,13 +3,33 @@
 Decoding token by token breaks multi-byte characters and loses the spaces that SentencePiece-style
 tokenizers attach to the next token, so the text of new tokens is always decoded together with
 the previously read tokens as left context and only emitted once it no longer ends in a replacement character.
+
+Stops are strings (held back while the text may still be starting one) and regular expressions
+(``stop_regex``, Python ``regex`` syntax): text is held back from the start of the earliest partial
+match (``regex``'s ``partial=True``), so a regex stop also matches across token boundaries and the
+stop text never reaches the client.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+import regex
 
 _REPLACEMENT = "\ufffd"
+_REGEX_TIMEOUT_S = 0.05  # per search: a catastrophically backtracking stop_regex fails its sequence only
+_ADDED_IDS: dict[int, frozenset[int]] = {}
+
+
+def added_token_ids(tokenizer) -> frozenset[int]:
+    """Ids of the tokenizer's added tokens (special tokens among them), computed once."""
+    key = id(tokenizer)
+    ids = _ADDED_IDS.get(key)
+    if ids is None:
+        vocab = getattr(tokenizer, "get_added_vocab", dict)()
+        ids = _ADDED_IDS[key] = frozenset(vocab.values()) | frozenset(getattr(tokenizer, "all_special_ids", ()))
+    return ids
 
 
 @dataclass
@@ -18,6 +38,7 @@ class IncrementalDetokenizer:
 
     tokenizer: object
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = False
     tokens: list[int] = field(default_factory=list)
     _prefix_offset: int = 0
     _read_offset: int = 0
@@ -44,15 +65,39 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         if not ids:
             return ""
+        if self.spaces_between_special_tokens:
+            return self._decode_spaced(ids)
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def _decode_spaced(self, ids: list[int]) -> str:
+        """Added (special) tokens as separate pieces joined to their neighbours by one space
+        (fast tokenizers ignore ``spaces_between_special_tokens``, so it is done here)."""
+        added = added_token_ids(self.tokenizer)
+        special = frozenset(getattr(self.tokenizer, "all_special_ids", ()))
+        pieces: list[str] = []
+        run: list[int] = []
+        for token in ids:
+            if token not in added:
+                run.append(token)
+                continue
+            if run:
+                pieces.append(self.tokenizer.decode(run, skip_special_tokens=self.skip_special_tokens))
+                run = []
+            if not (self.skip_special_tokens and token in special):
+                pieces.append(self.tokenizer.decode([token], skip_special_tokens=False))
+        if run:
+            pieces.append(self.tokenizer.decode(run, skip_special_tokens=self.skip_special_tokens))
+        return " ".join(piece for piece in pieces if piece)
 
 
 @dataclass
 class StopStringMatcher:
-    """Finds stop strings across token boundaries and holds back text that may start one."""
+    """Finds stop strings and stop regexes across token boundaries and holds back text that may
+    start one. A regex stop reports the text it matched."""
 
     stops: tuple[str, ...]
     include_stop: bool = False
+    regexes: tuple[Any, ...] = ()  # compiled ``regex`` patterns
     text: str = ""
     _emitted: int = 0
 
@@ -63,13 +108,41 @@ class StopStringMatcher:
         """Append ``delta``; return (text safe to emit now, the stop string hit or None)."""
         search_from = max(0, len(self.text) - self._holdback)
         self.text += delta
-        hit = self._find_stop(search_from)
+        hit = self._earliest(self._find_stop(search_from), self._find_regex())
         if hit is not None:
             index, stop = hit
             end = index + len(stop) if self.include_stop else index
             self.text = self.text[:end]
             return self._emit_until(len(self.text)), stop
-        return self._emit_until(len(self.text) - self._holdback), None
+        return self._emit_until(min(len(self.text) - self._holdback, self._regex_holdback())), None
+
+    @staticmethod
+    def _earliest(a: tuple[int, str] | None, b: tuple[int, str] | None) -> tuple[int, str] | None:
+        if a is None or b is None:
+            return a or b
+        return a if a[0] <= b[0] else b
+
+    def _find_regex(self) -> tuple[int, str] | None:
+        """The earliest complete, non-empty regex match in the text not yet emitted (text before
+        it cannot start a match: it was released only once no partial match started there)."""
+        best: tuple[int, str] | None = None
+        for pattern in self.regexes:
+            for match in pattern.finditer(self.text, self._emitted, timeout=_REGEX_TIMEOUT_S):
+                if match.end() > match.start():
+                    if best is None or match.start() < best[0]:
+                        best = (match.start(), match.group(0))
+                    break
+        return best
+
+    def _regex_holdback(self) -> int:
+        """Where the earliest partial regex match (text that may still become a stop) starts."""
+        start = len(self.text)
+        for pattern in self.regexes:
+            for match in pattern.finditer(self.text, self._emitted, partial=True, timeout=_REGEX_TIMEOUT_S):
+                if match.partial:
+                    start = min(start, match.start())
+                    break
+        return start
 
     def flush(self) -> str:
         return self._emit_until(len(self.text))

@@ -275,8 +275,10 @@ class Engine:
         seq = Sequence(
             request=request,
             row=row,
-            detokenizer=IncrementalDetokenizer(self.tokenizer, request.skip_special_tokens),
-            stops=StopStringMatcher(request.stop, request.include_stop_str_in_output),
+            detokenizer=IncrementalDetokenizer(
+                self.tokenizer, request.skip_special_tokens, request.spaces_between_special_tokens
+            ),
+            stops=StopStringMatcher(request.stop, request.include_stop_str_in_output, request.stop_regex),
             pending=list(request.prompt_token_ids),
             matcher=request.matcher if request.reasoning is None else None,
             reasoning=request.reasoning,
@@ -507,8 +509,10 @@ class Engine:
             seq.finish("stop", token)
         elif token in request.eos_token_ids and not request.ignore_eos:
             seq.finish("stop")
+            seq.eos_hit = token
         elif matcher is not None and _guarded("constraint matcher", matcher.is_terminated):
             seq.finish("stop")
+            seq.eos_hit = token if token in request.eos_token_ids else None
         if seq.finished:
             seq.step_text.append(self._feed_stops(seq, _guarded("detokenizer", seq.detokenizer.flush))[0])
             return True

@@ -49,6 +49,8 @@ class GenerationRequest:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = False
+    stop_regex: tuple[Any, ...] = ()  # compiled ``regex`` patterns
     matcher: Any = None  # constraints.Matcher (per sequence, never shared)
     token_dfa: Any = None  # constraints.TokenDFA for a device-resident mask, when enabled
     reasoning: ReasoningPhase | None = None  # the constraint applies after this segment
@@ -63,6 +65,7 @@ class SequenceDelta:
     logprobs: list[TokenLogprobs] | None
     finish_reason: str | None = None  # stop | length | abort | error
     stop_reason: int | str | None = None
+    matched_stop: int | str | None = None  # SGLang's: the stop string/regex text or token id (EOS too)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
@@ -93,6 +96,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    eos_hit: int | None = None  # the EOS token that ended the sequence
     error: str | None = None
     aborted: bool = False
     closed: bool = False  # the final delta (with finish_reason) went to the sink
@@ -124,9 +128,15 @@ class Sequence:
             logprobs=self.step_logprobs if self.request.params.logprobs else None,
             finish_reason=self.finish_reason,
             stop_reason=self.stop_reason,
+            matched_stop=self._matched_stop(),
             prompt_tokens=len(self.request.prompt_token_ids),
             completion_tokens=len(self.output_ids),
             error=self.error,
         )
         self.step_text, self.step_tokens, self.step_logprobs = [], [], []
         return delta
+
+    def _matched_stop(self) -> int | str | None:
+        if self.finish_reason != "stop":
+            return None
+        return self.stop_reason if self.stop_reason is not None else self.eos_hit

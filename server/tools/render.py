@@ -31,6 +31,8 @@ from server.tools.prompt import tools_system_prompt
 
 Msg = dict[str, Any]
 _TOOLS_RE = re.compile(r"\btools\b")
+_MEDIA_PARTS = frozenset({"image_url", "image", "input_image", "input_audio", "audio", "audio_url", "video",
+                          "video_url", "file", "input_file"})
 
 
 def template_supports_tools(tokenizer: Any, chat_template: str | None) -> bool:
@@ -81,7 +83,15 @@ def _normalize(i: int, message: ChatMessage, calls: _CallNames) -> Msg:
         return _result(i, message, content, calls)
     if content is None:
         raise bad_request(f"Missing required parameter: 'messages[{i}].content'", f"messages[{i}].content")
-    return {"role": role, "content": content}
+    return _with_name({"role": role, "content": content}, message)
+
+
+def _with_name(out: Msg, message: ChatMessage) -> Msg:
+    """The speaker's ``name`` goes to the template (``server.render`` folds it into the content
+    when the template ignores it)."""
+    if message.name:
+        out["name"] = message.name
+    return out
 
 
 def _text_content(i: int, message: ChatMessage) -> str | None:
@@ -95,6 +105,13 @@ def _text_content(i: int, message: ChatMessage) -> str | None:
             texts.append(part["text"])
         elif kind == "refusal" and message.role == "assistant" and isinstance(part.get("refusal"), str):
             texts.append(part["refusal"])
+        elif kind in _MEDIA_PARTS:
+            raise bad_request(
+                f"content part {j} of 'messages[{i}].content' is {kind!r}, but the loaded model is text-only: "
+                "it takes no images, audio, video or files",
+                f"messages[{i}].content",
+                code="unsupported_content",
+            )
         else:
             raise bad_request(
                 f"Invalid content part {j} of 'messages[{i}].content': only text parts are supported "
@@ -115,7 +132,7 @@ def _assistant(i: int, message: ChatMessage, content: str | None, calls: _CallNa
             f"Invalid 'messages[{i}]': an assistant message needs 'content' or 'tool_calls'",
             f"messages[{i}].content",
         )
-    return {"role": "assistant", "content": content or "", "calls": tool_calls}
+    return _with_name({"role": "assistant", "content": content or "", "calls": tool_calls}, message)
 
 
 def _tool_call(i: int, j: int, raw: Any, calls: _CallNames) -> Msg:
@@ -154,6 +171,8 @@ def _openai_shape(message: Msg) -> Msg:
     if message["role"] != "assistant":
         return {k: v for k, v in message.items() if v is not None}
     out: Msg = {"role": "assistant", "content": message["content"]}
+    if message.get("name"):
+        out["name"] = message["name"]
     if message["calls"]:
         out["tool_calls"] = [
             {
@@ -180,7 +199,10 @@ def _default_shape(message: Msg) -> Msg:
         return message
     calls = CALL_SEPARATOR.join(format_call(c["name"], c["arguments"].strip() or "{}") for c in message["calls"])
     text = "\n".join(part for part in (message["content"], calls) if part)
-    return {"role": "assistant", "content": text}
+    out = {"role": "assistant", "content": text}
+    if message.get("name"):
+        out["name"] = message["name"]
+    return out
 
 
 def _merge_results(messages: list[Msg]) -> list[Msg]:

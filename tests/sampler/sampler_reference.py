@@ -50,17 +50,23 @@ def reference_process(
     prompt: Sequence[int],
     output: Sequence[int],
     allowed: torch.Tensor | None = None,
+    top_p: float | None = None,
 ) -> torch.Tensor:
-    """Processed float32 logits [V] of one row, written as plainly as possible."""
+    """Processed float32 logits [V] of one row, written as plainly as possible.
+
+    ``top_p``: the row's current top-p (decaying top-p); default ``params.top_p``."""
     x = logits.float().clone()
     vocab = x.numel()
     if allowed is not None:
         x[~allowed] = NEG_INF
     for tok, val in (params.logit_bias or {}).items():
         x[tok] += val
+    banned = set(reference_bad_word_bans(params.bad_words, prompt, output))
     if len(output) < params.min_tokens:
+        banned |= set(params.banned_until_min_tokens)
+    if banned:
         y = x.clone()
-        for tok in params.banned_until_min_tokens:
+        for tok in banned:
             y[tok] = NEG_INF
         if y.max() > NEG_INF:
             x = y
@@ -76,14 +82,15 @@ def reference_process(
     if 0 < params.top_k < vocab:
         kth = sorted(x.tolist(), reverse=True)[params.top_k - 1]
         x[x < kth] = NEG_INF
-    if params.top_p < 1.0:
+    top_p = params.top_p if top_p is None else top_p
+    if top_p < 1.0:
         probs = torch.softmax(x.double(), 0).tolist()
         order = sorted(range(vocab), key=lambda t: -float(x[t]))
         mass, threshold = 0.0, None
         for t in order:
             threshold = float(x[t])
             mass += probs[t]
-            if mass >= params.top_p:
+            if mass >= top_p:
                 break
         x[x < threshold] = NEG_INF
     if params.min_p > 0:
@@ -116,3 +123,18 @@ def log_softmax(x: torch.Tensor) -> torch.Tensor:
     """float64 log_softmax (reference precision)."""
     return torch.log_softmax(x.double(), 0)
 
+
+
+def reference_bad_word_bans(words, prompt: Sequence[int], output: Sequence[int]) -> list[int]:
+    """Tokens completing a bad word after prompt + output (the whole sequence is the context)."""
+    context = list(prompt) + list(output)
+    return [w[-1] for w in words if len(context) >= len(w) - 1 and context[len(context) - (len(w) - 1):] == list(w[:-1])]
+
+
+def reference_top_p_schedule(params: SamplingParams, tokens: Sequence[int]) -> list[float]:
+    """The top-p used for each step while ``tokens`` are generated (TensorRT-LLM's decay rule)."""
+    p, schedule = params.top_p, []
+    for tok in tokens:
+        schedule.append(p)
+        p = params.top_p if tok in params.top_p_reset_ids else max(p * params.top_p_decay, params.top_p_min)
+    return schedule

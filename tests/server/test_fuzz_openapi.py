@@ -92,8 +92,9 @@ def api_schema(tiny_server):
     return schemathesis.openapi.from_dict(document, config=config)
 
 
-_ALWAYS_REFUSED = ("use_beam_search", "length_penalty", "documents", "audio", "prediction",
-                   "web_search_options", "verbosity", "modalities", "suffix", "best_of")
+_ALWAYS_REFUSED = ("use_beam_search", "length_penalty", "audio", "prediction",
+                   "web_search_options", "modalities", "suffix", "best_of", "custom_logit_processor",
+                   "max_dynamic_patch", "min_dynamic_patch", "deep_research")
 _CONSTRAINT_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
                       "structured_outputs", "regex", "ebnf", "json_schema")
 

@@ -181,7 +181,7 @@ def test_text_completion_stream(tiny_server):
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"temperature": 3}, "temperature"),
+        ({"temperature": 5}, "temperature"),
         ({"n": 0}, "n"),
         ({"top_p": 0}, "top_p"),
         ({"top_k": -5}, "top_k"),
