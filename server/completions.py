@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from server.chat import check_model
+from server.chat import check_model, choice_logprobs
 from server.errors import bad_request
 from server.generation import GenerationStream, SequenceSpec, collect, new_request_id, with_seed
 from server.protocol import Completion, CompletionChoice, CompletionRequest, Usage
 from server.requests import (
     check_limits,
+    choice_token_ids,
     decode_request,
     logprob_settings,
     reject_unimplemented,
@@ -35,6 +36,7 @@ class CompletionJob:
     specs: list[SequenceSpec]  # prompt-major: choice index = prompt * n + j
     echo_texts: list[str]
     created: int = field(default_factory=lambda: int(time.time()))
+    scored_choices: list[str] | None = None  # choice texts whose probabilities are reported
 
 
 def _prompts(state: ServerState, req: CompletionRequest) -> list[list[int]]:
@@ -77,15 +79,20 @@ async def prepare_completion(state: ServerState, body: bytes) -> CompletionJob:
     stop_strings(req.stop)
     check_limits(req, _prompt_count(req.prompt))
     prompts = await asyncio.to_thread(_prompts, state, req)
-    compiled = await compile_constraint(state, await constraint_spec_async(state, wire, None))
+    spec = await constraint_spec_async(state, wire, None)
+    compiled = await compile_constraint(state, spec)
+    scored = choice_token_ids(spec, want_logprobs, state.tokenizer, [len(p) for p in prompts],
+                              state.settings.max_model_len)
     specs = []
     for prompt in prompts:
         max_tokens = resolve_max_tokens(req.max_tokens if req.max_tokens is not None else 16, len(prompt),
                                         state.settings.max_model_len, "max_tokens")
         for j in range(req.n):
-            specs.append(SequenceSpec(prompt, with_seed(params, j), max_tokens, *sequence_constraint(state, compiled)))
+            specs.append(SequenceSpec(prompt, with_seed(params, j), max_tokens, *sequence_constraint(state, compiled),
+                                      score_choices=scored))
     echo = [state.tokenizer.decode(p) if req.echo else "" for p in prompts]
-    return CompletionJob(req, new_request_id("cmpl"), prompts, specs, echo)
+    return CompletionJob(req, new_request_id("cmpl"), prompts, specs, echo,
+                         scored_choices=list(spec.source) if scored else None)
 
 
 def _usage(job: CompletionJob, completion_tokens: int) -> Usage:
@@ -101,7 +108,8 @@ async def run_completion(state: ServerState, job: CompletionJob) -> Completion:
         echo = job.echo_texts[i // job.req.n]
         lp = state.token_texts.completion_logprobs(result.logprobs, len(echo)) if job.req.logprobs is not None else None
         choices.append(CompletionChoice(index=i, text=echo + "".join(result.text), logprobs=lp,
-                                        finish_reason=result.finish_reason, stop_reason=result.stop_reason))
+                                        finish_reason=result.finish_reason, stop_reason=result.stop_reason,
+                                        choice_logprobs=choice_logprobs(job.scored_choices, result.choice_logprobs)))
     return Completion(id=job.request_id, created=job.created, model=state.model_name, choices=choices,
                       system_fingerprint=state.system_fingerprint,
                       usage=_usage(job, sum(r.completion_tokens for r in results)))
@@ -126,7 +134,11 @@ async def stream_completion(state: ServerState, job: CompletionJob, stream: Gene
             if job.req.logprobs is not None and delta.logprobs:
                 lp = msgspec.to_builtins(state.token_texts.completion_logprobs(delta.logprobs, offsets[index]))
             offsets[index] += len(delta.text)
-            yield sse_event(_chunk(state, job, index, delta.text, lp, delta.finish_reason, delta.stop_reason))
+            chunk = _chunk(state, job, index, delta.text, lp, delta.finish_reason, delta.stop_reason)
+            scored = choice_logprobs(job.scored_choices, delta.choice_logprobs) if delta.finish_reason else None
+            if scored is not None:
+                chunk["choices"][0]["choice_logprobs"] = msgspec.to_builtins(scored)
+            yield sse_event(chunk)
         if include_usage:
             chunk = {**_chunk_head(state, job), "choices": [], "usage": msgspec.to_builtins(_usage(job, sum(tokens)))}
             yield sse_event(chunk)

@@ -169,10 +169,23 @@ class CompletionLogprobs(_Response, kw_only=True):
     text_offset: list[int]
 
 
+class CompletionTokensDetails(_Response, kw_only=True):
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+
+
 class Usage(_Response, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    completion_tokens_details: CompletionTokensDetails | None = None  # set with a ``prediction``
+
+
+class ChoiceLogprob(_Response, kw_only=True):
+    """One choice's probability (``logprobs`` with ``guided_choice``/``structured_outputs.choice``)."""
+
+    choice: str
+    logprob: float
 
 
 class FunctionCall(_Response, kw_only=True):
@@ -200,6 +213,7 @@ class ChatChoice(_Response, kw_only=True):
     logprobs: ChoiceLogprobs | None
     finish_reason: str | None
     stop_reason: int | str | None = None
+    choice_logprobs: list[ChoiceLogprob] | None = None
 
 
 class ChatCompletion(_Response, kw_only=True):
@@ -218,6 +232,7 @@ class CompletionChoice(_Response, kw_only=True):
     logprobs: CompletionLogprobs | None
     finish_reason: str | None
     stop_reason: int | str | None = None
+    choice_logprobs: list[ChoiceLogprob] | None = None
 
 
 class Completion(_Response, kw_only=True):

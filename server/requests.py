@@ -158,7 +158,6 @@ def reject_unimplemented(req: T) -> T:
             documents=req.documents is not None,
             reasoning_effort=req.reasoning_effort is not None,
             audio=req.audio is not None,
-            prediction=req.prediction is not None,
             web_search_options=req.web_search_options is not None,
             verbosity=req.verbosity is not None,
             modalities=req.modalities is not None and req.modalities != ["text"],
@@ -177,6 +176,44 @@ def reject_unimplemented(req: T) -> T:
     if present:
         raise not_implemented(present[0])
     return req
+
+
+def prediction_text(prediction: Any) -> str | None:
+    """The text of OpenAI's ``prediction: {"type": "content", "content": str | [text parts]}``."""
+    if prediction is None:
+        return None
+    if not isinstance(prediction, dict) or prediction.get("type") != "content":
+        raise bad_request("'prediction' must be {\"type\": \"content\", \"content\": ...}", param="prediction.type")
+    unknown = set(prediction) - {"type", "content"}
+    if unknown:
+        raise bad_request(f"unknown field in 'prediction': {sorted(unknown)[0]}", param="prediction")
+    content = prediction.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content:
+        parts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad_request("prediction content parts must be {\"type\": \"text\", \"text\": str}",
+                                  param=f"prediction.content[{i}]")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise bad_request("'prediction.content' must be a string or a non-empty list of text parts",
+                      param="prediction.content")
+
+
+def choice_token_ids(spec: Any, want_logprobs: bool, tokenizer, prompt_lens: list[int], max_model_len: int):
+    """Token ids of each choice to score (``guided_choice``/``structured_outputs.choice`` with
+    ``logprobs``), or None. A choice is scored as the tokenizer's own encoding of its text."""
+    if spec is None or spec.kind != "choice" or not want_logprobs:
+        return None
+    choices = [list(tokenizer.encode(text, add_special_tokens=False)) for text in spec.source]
+    for i, ids in enumerate(choices):
+        if not ids:
+            raise bad_request("an empty choice cannot be scored (logprobs with choices)", param=f"{spec.param}[{i}]")
+    if max(prompt_lens) + max(len(ids) for ids in choices) > max_model_len:
+        raise bad_request("the prompt and the longest choice exceed the context window", param=spec.param)
+    return choices
 
 
 def _check_range(value: float | None, name: str, low: float, high: float) -> None:

@@ -44,7 +44,7 @@ def run(engine: Engine, requests: list[dict]) -> list[dict]:
     raise AssertionError("engine did not finish")
 
 
-def request(prompt, max_tokens=40, temperature=0.0, seed=None, **extra) -> dict:
+def request(prompt, max_tokens=24, temperature=0.0, seed=None, **extra) -> dict:
     """Greedy by default; the presence penalty keeps the random tiny model from repeating one
     token forever (and makes every position depend on the tokens before it)."""
     params = SamplingParams(temperature=temperature, seed=seed, logprobs=True, presence_penalty=2.0)
@@ -91,11 +91,11 @@ def test_wrong_prediction_is_rejected_and_output_unchanged(tiny_hf, default_toke
 
 
 def test_edited_prediction_realigns_after_the_edit(tiny_hf, default_tokenizer):
-    plain = run(make_engine(tiny_hf, default_tokenizer), [request(PROMPTS[2], max_tokens=60)])[0]
+    plain = run(make_engine(tiny_hf, default_tokenizer), [request(PROMPTS[2], max_tokens=40)])[0]
     tokens = plain["tokens"]
     edited = tokens[:10] + [4242, 4243] + tokens[12:]  # two wrong tokens in the middle
     predicted = run(make_engine(tiny_hf, default_tokenizer),
-                    [request(PROMPTS[2], max_tokens=60, prediction_token_ids=edited)])[0]
+                    [request(PROMPTS[2], max_tokens=40, prediction_token_ids=edited)])[0]
     assert predicted["tokens"] == tokens
     assert predicted["last"].accepted_prediction_tokens > 20  # it went on using the draft after the edit
     assert predicted["last"].rejected_prediction_tokens >= 1
@@ -127,7 +127,7 @@ def test_batch_of_drafting_and_plain_rows(tiny_hf, default_tokenizer):
 
 
 def test_max_tokens_and_stop_token_cut_the_draft(tiny_hf, default_tokenizer):
-    plain = run(make_engine(tiny_hf, default_tokenizer), [request(PROMPTS[0], max_tokens=40)])[0]
+    plain = run(make_engine(tiny_hf, default_tokenizer), [request(PROMPTS[0], max_tokens=24)])[0]
     tokens = plain["tokens"]
     short = run(make_engine(tiny_hf, default_tokenizer),
                 [request(PROMPTS[0], max_tokens=7, prediction_token_ids=tokens)])[0]
