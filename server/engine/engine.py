@@ -426,8 +426,7 @@ class Engine:
         while active:
             agreeing = []
             for seq, mark in active:
-                out = seq.output_ids
-                if position >= len(seq.verify) or len(out) <= mark + position or out[mark + position] != seq.verify[position]:
+                if not _sampled_draft_token(seq, mark, position):
                     continue
                 used[id(seq)] = position + 1
                 if seq.finished:
@@ -528,7 +527,8 @@ class Engine:
             values, indices = logprobs.topk(min(top_n, logprobs.shape[1]), dim=-1)
             top = [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
         seq.choice_token_logprobs[choice] = [
-            TokenLogprobs(token, value, alternatives) for token, value, alternatives in zip(tokens, chosen.tolist(), top)
+            TokenLogprobs(token, value, alternatives)
+            for token, value, alternatives in zip(tokens, chosen.tolist(), top)
         ]
 
     def _finish_scoring(self, seqs: list[Sequence]) -> None:
@@ -744,6 +744,14 @@ class Engine:
             last.slot = slot
         seq.slot = -1
         seq.row.release()
+
+
+def _sampled_draft_token(seq: Sequence, mark: int, position: int) -> bool:
+    """This step's output token ``position`` (counted from output length ``mark``) exists and is
+    the draft token fed at that position."""
+    out = seq.output_ids
+    index = mark + position
+    return position < len(seq.verify) and len(out) > index and out[index] == seq.verify[position]
 
 
 def _needs_host_mask(seq: Sequence) -> bool:
