@@ -7,6 +7,11 @@ forward runs, sample all rows in one sampler pass, then append tokens,
 detokenize, check stops and report one delta per sequence. Finished sequences leave the batch at
 the end of the step; nothing ever waits for another request to finish.
 
+Two hooks use per-position logits of an extension: a sequence with a predicted output feeds its
+next draft tokens after its last token and keeps the prefix that sampling agrees with
+(:meth:`Engine._verify_drafts`); a sequence scoring choices feeds every choice after the prompt
+from a copy of the prompt's cache, all in one pass (:meth:`Engine._plan_scoring`).
+
 Failures stay as small as they can: whatever fails for one sequence (its matcher, detokenizer,
 stop strings or sink) ends only that sequence with finish_reason "error"; a failed forward or
 sampler pass ends only the sequences of that step. The waiting queue is bounded
