@@ -20,7 +20,9 @@ from server.protocol import (
     ChatCompletion,
     ChatCompletionRequest,
     ChatMessage,
+    ChoiceLogprob,
     ChoiceLogprobs,
+    CompletionTokensDetails,
     Usage,
 )
 from server.requests import (
@@ -30,8 +32,10 @@ from server.requests import (
     note_truncated,
     stop_regexes,
     truncate_prompt,
+    choice_token_ids,
     decode_request,
     logprob_settings,
+    prediction_text,
     reject_unimplemented,
     resolve_max_tokens,
     sampling_params,
@@ -55,6 +59,7 @@ class ChatJob:
     reasoning: reasoning_mod.ReasoningSetup | None = None  # the model thinks before it answers
     truncated: int = 0  # prompt tokens removed by truncate_prompt_tokens
     wire: dict = field(default_factory=dict)  # the request as sent (extra_body merged), for the store
+    scored_choices: list[str] | None = None  # choice texts whose probabilities are reported
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -89,13 +94,19 @@ async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
     spec = await constraint_spec_async(state, wire, plan)
     compiled = await compile_constraint(state, spec)
     phase = reasoning_mod.engine_phase(reasoning, state.tokenizer, constrained=compiled is not None)
+    predicted = prediction_text(req.prediction)
+    prediction_ids = list(state.tokenizer.encode(predicted, add_special_tokens=False)) if predicted else None
+    scored = None  # a reasoning model thinks first: its choice does not follow the prompt directly
+    if phase is None:
+        scored = choice_token_ids(spec, want_logprobs, state.tokenizer, [len(prompt_ids)], settings.max_model_len)
     specs = [
-        SequenceSpec(prompt_ids, with_seed(params, i), max_tokens, *sequence_constraint(state, compiled), phase)
+        SequenceSpec(prompt_ids, with_seed(params, i), max_tokens, *sequence_constraint(state, compiled), phase,
+                     prediction_token_ids=prediction_ids, score_choices=scored)
         for i in range(req.n)
     ]
     echo = _echo_prefix(req)
     return ChatJob(req, new_request_id("chatcmpl"), prompt_ids, specs, plan, echo, reasoning=reasoning,
-                   truncated=truncated, wire=wire)
+                   truncated=truncated, wire=wire, scored_choices=list(spec.source) if scored else None)
 
 
 async def _with_conversation(state: ServerState, req: ChatCompletionRequest) -> ChatCompletionRequest:
@@ -203,7 +214,7 @@ def _completion(state: ServerState, job: ChatJob, choices: list[ChoiceResult]) -
         model=state.model_name,
         system_fingerprint=state.system_fingerprint,
         choices=[_chat_choice(state, job, i, c) for i, c in enumerate(choices)],
-        usage=_usage(job, sum(c.completion_tokens for c in choices)),
+        usage=_usage(job, choices),
     )
 
 
@@ -224,7 +235,15 @@ def _chat_choice(state: ServerState, job: ChatJob, index: int, choice: ChoiceRes
     return ChatChoice(
         index=index, message=message, logprobs=logprobs, finish_reason=finish, stop_reason=choice.stop_reason,
         matched_stop=choice.matched_stop,
+        choice_logprobs=choice_logprobs(job.scored_choices, choice.choice_logprobs),
     )
+
+
+def choice_logprobs(texts: list[str] | None, values: list[float] | None) -> list[ChoiceLogprob] | None:
+    """Each scored choice with its normalised log-probability."""
+    if texts is None or values is None:
+        return None
+    return [ChoiceLogprob(choice=text, logprob=value) for text, value in zip(texts, values)]
 
 
 # The minimal <think>/harmony split (server/reasoning.py), kept to these two functions so that the
@@ -245,9 +264,16 @@ def _reasoning_streamer(job: ChatJob) -> reasoning_mod.ReasoningStreamSplitter |
     return reasoning_mod.ReasoningStreamSplitter(job.reasoning.format, job.reasoning.starts_inside)
 
 
-def _usage(job: ChatJob, completion_tokens: int) -> Usage:
+def _usage(job: ChatJob, choices: list[ChoiceResult]) -> Usage:
+    completion_tokens = sum(c.completion_tokens for c in choices)
+    details = None
+    if job.req.prediction is not None:
+        details = CompletionTokensDetails(
+            accepted_prediction_tokens=sum(c.accepted_prediction_tokens for c in choices),
+            rejected_prediction_tokens=sum(c.rejected_prediction_tokens for c in choices),
+        )
     return build_usage(len(job.prompt_ids), completion_tokens, cached_details=job.req.return_cached_tokens_details,
-                       truncated=job.truncated)
+                       truncated=job.truncated, completion_details=details)
 
 
 # --------------------------------------------------------------------------- streaming
@@ -260,7 +286,6 @@ async def stream_chat(state: ServerState, job: ChatJob, stream: GenerationStream
     continuous = bool(options and options.continuous_usage_stats)
     streamers = [tool_calls.ToolCallStreamer(job.tool_plan) if job.tool_plan else None for _ in job.specs]
     splitters = [_reasoning_streamer(job) for _ in job.specs]
-    completion_tokens = [0] * len(job.specs)
     results = [ChoiceResult() for _ in job.specs]  # the whole answer, for a stored completion
     failed = False
     try:
@@ -273,8 +298,7 @@ async def stream_chat(state: ServerState, job: ChatJob, stream: GenerationStream
                 failed = True
                 break
             results[index].add(delta)
-            completion_tokens[index] = delta.completion_tokens
-            usage = _usage(job, sum(completion_tokens)) if continuous else None
+            usage = _usage(job, results) if continuous else None
             for chunk in _delta_chunks(state, job, index, delta, streamers[index], usage, splitters[index]):
                 yield sse_event(chunk)
         if not failed:
@@ -282,7 +306,7 @@ async def stream_chat(state: ServerState, job: ChatJob, stream: GenerationStream
         if include_usage:
             usage_chunk = _base_chunk(state, job)
             usage_chunk["choices"] = []
-            usage_chunk["usage"] = msgspec.to_builtins(_usage(job, sum(completion_tokens)))
+            usage_chunk["usage"] = msgspec.to_builtins(_usage(job, results))
             yield sse_event(usage_chunk)
         yield done_event()
     finally:
@@ -307,11 +331,15 @@ def _delta_chunks(state, job, index, delta, streamer, usage, splitter=None):
         pieces.insert(0, {"reasoning_content": thought})
     if not pieces and (logprobs or finish):
         pieces = [{}]
+    scored = choice_logprobs(job.scored_choices, delta.choice_logprobs) if finish else None
     for i, piece in enumerate(pieces):
         last = i == len(pieces) - 1
-        yield _chunk(state, job, index, piece, logprobs if i == 0 else None, finish if last else None,
-                     stop_reason=delta.stop_reason if last and finish else None,
-                     matched_stop=delta.matched_stop if last and finish else None, usage=usage)
+        chunk = _chunk(state, job, index, piece, logprobs if i == 0 else None, finish if last else None,
+                       stop_reason=delta.stop_reason if last and finish else None,
+                       matched_stop=delta.matched_stop if last and finish else None, usage=usage)
+        if last and scored is not None:
+            chunk["choices"][0]["choice_logprobs"] = msgspec.to_builtins(scored)
+        yield chunk
 
 
 def _base_chunk(state: ServerState, job: ChatJob) -> dict:

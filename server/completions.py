@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from server.chat import check_model
+from server.chat import check_model, choice_logprobs
 from server.errors import bad_request
 from server.generation import GenerationStream, SequenceSpec, collect, new_request_id, with_seed
 from server.protocol import Completion, CompletionChoice, CompletionRequest, Usage
@@ -20,6 +20,7 @@ from server.requests import (
     note_truncated,
     stop_regexes,
     truncate_prompt,
+    choice_token_ids,
     decode_request,
     logprob_settings,
     reject_unimplemented,
@@ -41,6 +42,7 @@ class CompletionJob:
     echo_texts: list[str]
     truncated: int = 0  # prompt tokens removed by truncate_prompt_tokens, all prompts together
     created: int = field(default_factory=lambda: int(time.time()))
+    scored_choices: list[str] | None = None  # choice texts whose probabilities are reported
 
 
 def _prompts(state: ServerState, req: CompletionRequest) -> list[list[int]]:
@@ -91,16 +93,20 @@ async def prepare_completion(state: ServerState, body: bytes) -> CompletionJob:
         prompts.append(kept)
         truncated += removed
     note_truncated(truncated)
-    compiled = await compile_constraint(state, await constraint_spec_async(state, wire, None))
+    spec = await constraint_spec_async(state, wire, None)
+    compiled = await compile_constraint(state, spec)
+    scored = choice_token_ids(spec, want_logprobs, state.tokenizer, [len(p) for p in prompts], settings.max_model_len)
     clamp = clamps_max_tokens(settings.max_tokens_overflow)
     specs = []
     for prompt in prompts:
         max_tokens = resolve_max_tokens(req.max_tokens if req.max_tokens is not None else 16, len(prompt),
                                         settings.max_model_len, "max_tokens", clamp=clamp)
         for j in range(req.n):
-            specs.append(SequenceSpec(prompt, with_seed(params, j), max_tokens, *sequence_constraint(state, compiled)))
+            specs.append(SequenceSpec(prompt, with_seed(params, j), max_tokens, *sequence_constraint(state, compiled),
+                                      score_choices=scored))
     echo = [state.tokenizer.decode(p) if req.echo else "" for p in prompts]
-    return CompletionJob(req, new_request_id("cmpl"), prompts, specs, echo, truncated)
+    return CompletionJob(req, new_request_id("cmpl"), prompts, specs, echo, truncated,
+                         scored_choices=list(spec.source) if scored else None)
 
 
 def _usage(job: CompletionJob, completion_tokens: int) -> Usage:
@@ -117,7 +123,8 @@ async def run_completion(state: ServerState, job: CompletionJob) -> Completion:
         lp = state.token_texts.completion_logprobs(result.logprobs, len(echo)) if job.req.logprobs is not None else None
         choices.append(CompletionChoice(index=i, text=echo + "".join(result.text), logprobs=lp,
                                         finish_reason=result.finish_reason, stop_reason=result.stop_reason,
-                                        matched_stop=result.matched_stop))
+                                        matched_stop=result.matched_stop,
+                                        choice_logprobs=choice_logprobs(job.scored_choices, result.choice_logprobs)))
     return Completion(id=job.request_id, created=job.created, model=state.model_name, choices=choices,
                       system_fingerprint=state.system_fingerprint,
                       usage=_usage(job, sum(r.completion_tokens for r in results)))
@@ -142,8 +149,12 @@ async def stream_completion(state: ServerState, job: CompletionJob, stream: Gene
             if job.req.logprobs is not None and delta.logprobs:
                 lp = msgspec.to_builtins(state.token_texts.completion_logprobs(delta.logprobs, offsets[index]))
             offsets[index] += len(delta.text)
-            yield sse_event(_chunk(state, job, index, delta.text, lp, delta.finish_reason, delta.stop_reason,
-                                   delta.matched_stop))
+            chunk = _chunk(state, job, index, delta.text, lp, delta.finish_reason, delta.stop_reason,
+                           delta.matched_stop)
+            scored = choice_logprobs(job.scored_choices, delta.choice_logprobs) if delta.finish_reason else None
+            if scored is not None:
+                chunk["choices"][0]["choice_logprobs"] = msgspec.to_builtins(scored)
+            yield sse_event(chunk)
         if include_usage:
             chunk = {**_chunk_head(state, job), "choices": [], "usage": msgspec.to_builtins(_usage(job, sum(tokens)))}
             yield sse_event(chunk)

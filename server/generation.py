@@ -40,6 +40,8 @@ class SequenceSpec:
     matcher: object | None = None
     token_dfa: object | None = None
     reasoning: object | None = None  # server.engine.sequence.ReasoningPhase
+    prediction_token_ids: list[int] | None = None
+    score_choices: list[list[int]] | None = None
 
 
 @dataclass
@@ -96,6 +98,8 @@ class GenerationStream:
                 matcher=spec.matcher,
                 token_dfa=spec.token_dfa,
                 reasoning=spec.reasoning,
+                prediction_token_ids=spec.prediction_token_ids,
+                score_choices=spec.score_choices,
                 **request_fields,
             )
             for index, spec in enumerate(specs)
@@ -161,12 +165,18 @@ class ChoiceResult:
     stop_reason: int | str | None = None
     matched_stop: int | str | None = None
     completion_tokens: int = 0
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+    choice_logprobs: list[float] | None = None
 
     def add(self, delta: SequenceDelta) -> None:
         """Fold one engine delta of this choice in."""
         self.text.append(delta.text)
         self.logprobs.extend(delta.logprobs or ())
         self.completion_tokens = delta.completion_tokens
+        self.accepted_prediction_tokens = delta.accepted_prediction_tokens
+        self.rejected_prediction_tokens = delta.rejected_prediction_tokens
+        self.choice_logprobs = delta.choice_logprobs or self.choice_logprobs
         if delta.finish_reason:
             self.finish_reason, self.stop_reason = delta.finish_reason, delta.stop_reason
             self.matched_stop = delta.matched_stop

@@ -198,11 +198,24 @@ class PromptTokensDetails(msgspec.Struct, omit_defaults=True, kw_only=True):
     truncated_tokens: int | None = None
 
 
+class CompletionTokensDetails(_Response, kw_only=True):
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+
+
 class Usage(msgspec.Struct, omit_defaults=True, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None  # set with a ``prediction``
+
+
+class ChoiceLogprob(_Response, kw_only=True):
+    """One choice's probability (``logprobs`` with ``guided_choice``/``structured_outputs.choice``)."""
+
+    choice: str
+    logprob: float
 
 
 class FunctionCall(_Response, kw_only=True):
@@ -232,6 +245,7 @@ class ChatChoice(_Response, kw_only=True):
     finish_reason: str | None
     stop_reason: int | str | None = None
     matched_stop: int | str | None = None
+    choice_logprobs: list[ChoiceLogprob] | None = None
 
 
 class ChatCompletion(_Response, kw_only=True):
@@ -251,6 +265,7 @@ class CompletionChoice(_Response, kw_only=True):
     finish_reason: str | None
     stop_reason: int | str | None = None
     matched_stop: int | str | None = None
+    choice_logprobs: list[ChoiceLogprob] | None = None
 
 
 class Completion(_Response, kw_only=True):

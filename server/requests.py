@@ -17,7 +17,7 @@ from sampler import SamplingParams
 from server.context import request_log
 from server.dialect import convert_dropping_unknown, drops_params, normalise_tags, on_router_dialect
 from server.errors import APIError, bad_request, not_implemented
-from server.protocol import ChatCompletionRequest, CompletionRequest, PromptTokensDetails, Usage
+from server.protocol import ChatCompletionRequest, CompletionRequest, CompletionTokensDetails, PromptTokensDetails, Usage
 
 T = TypeVar("T", ChatCompletionRequest, CompletionRequest)
 
@@ -176,7 +176,6 @@ def reject_unimplemented(req: T, *, custom_logit_processor_enabled: bool = False
     if isinstance(req, ChatCompletionRequest):
         unsupported.update(
             audio=req.audio is not None,
-            prediction=req.prediction is not None,
             web_search_options=req.web_search_options is not None,
             deep_research=req.deep_research not in (None, False),
             modalities=req.modalities is not None and req.modalities != ["text"],
@@ -201,6 +200,44 @@ def reject_unimplemented(req: T, *, custom_logit_processor_enabled: bool = False
             raise not_implemented(name)
         raise bad_request(message, param=name, code="unsupported_parameter")
     return req
+
+
+def prediction_text(prediction: Any) -> str | None:
+    """The text of OpenAI's ``prediction: {"type": "content", "content": str | [text parts]}``."""
+    if prediction is None:
+        return None
+    if not isinstance(prediction, dict) or prediction.get("type") != "content":
+        raise bad_request("'prediction' must be {\"type\": \"content\", \"content\": ...}", param="prediction.type")
+    unknown = set(prediction) - {"type", "content"}
+    if unknown:
+        raise bad_request(f"unknown field in 'prediction': {sorted(unknown)[0]}", param="prediction")
+    content = prediction.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content:
+        parts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad_request("prediction content parts must be {\"type\": \"text\", \"text\": str}",
+                                  param=f"prediction.content[{i}]")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise bad_request("'prediction.content' must be a string or a non-empty list of text parts",
+                      param="prediction.content")
+
+
+def choice_token_ids(spec: Any, want_logprobs: bool, tokenizer, prompt_lens: list[int], max_model_len: int):
+    """Token ids of each choice to score (``guided_choice``/``structured_outputs.choice`` with
+    ``logprobs``), or None. A choice is scored as the tokenizer's own encoding of its text."""
+    if spec is None or spec.kind != "choice" or not want_logprobs:
+        return None
+    choices = [list(tokenizer.encode(text, add_special_tokens=False)) for text in spec.source]
+    for i, ids in enumerate(choices):
+        if not ids:
+            raise bad_request("an empty choice cannot be scored (logprobs with choices)", param=f"{spec.param}[{i}]")
+    if max(prompt_lens) + max(len(ids) for ids in choices) > max_model_len:
+        raise bad_request("the prompt and the longest choice exceed the context window", param=spec.param)
+    return choices
 
 
 def _check_range(value: float | None, name: str, low: float, high: float) -> None:
@@ -373,14 +410,17 @@ def note_truncated(removed: int) -> None:
         fields["truncated_prompt_tokens"] = fields.get("truncated_prompt_tokens", 0) + removed
 
 
-def build_usage(prompt: int, completion: int, *, cached_details: bool, truncated: int) -> Usage:
+def build_usage(
+    prompt: int, completion: int, *, cached_details: bool, truncated: int,
+    completion_details: CompletionTokensDetails | None = None,
+) -> Usage:
     """``usage``; ``prompt_tokens_details`` when asked for (``return_cached_tokens_details``:
     ``cached_tokens`` is 0, there is no prefix cache) or when the prompt was truncated."""
     details = None
     if cached_details or truncated:
         details = PromptTokensDetails(cached_tokens=0, truncated_tokens=truncated or None)
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
-                 prompt_tokens_details=details)
+                 prompt_tokens_details=details, completion_tokens_details=completion_details)
 
 
 def resolve_max_tokens(

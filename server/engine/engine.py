@@ -7,6 +7,11 @@ forward runs, sample all rows in one sampler pass, then append tokens,
 detokenize, check stops and report one delta per sequence. Finished sequences leave the batch at
 the end of the step; nothing ever waits for another request to finish.
 
+Two hooks use per-position logits of an extension: a sequence with a predicted output feeds its
+next draft tokens after its last token and keeps the prefix that sampling agrees with
+(:meth:`Engine._verify_drafts`); a sequence scoring choices feeds every choice after the prompt
+from a copy of the prompt's cache, all in one pass (:meth:`Engine._plan_scoring`).
+
 Failures stay as small as they can: whatever fails for one sequence (its matcher, detokenizer,
 stop strings or sink) ends only that sequence with finish_reason "error"; a failed forward or
 sampler pass ends only the sequences of that step. The waiting queue is bounded
@@ -28,6 +33,7 @@ import torch
 from sampler import Sampler, TokenLogprobs
 from server.engine.admission import AdmissionControl
 from server.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from server.engine.drafts import Draft
 from server.engine.errors import EngineDead, EngineOverloaded, EngineUnavailable
 from server.engine.model import ModelRunner, StepBatch
 from server.engine.sequence import GenerationRequest, Sequence, SequenceDelta, error_delta
@@ -38,6 +44,7 @@ log = logging.getLogger("trellis.engine")
 
 DEFAULT_MAX_WAITING_SEQS = 256
 DEFAULT_MAX_WAITING_TOKENS = 262144
+DEFAULT_MAX_DRAFT_TOKENS = 32  # predicted-output tokens verified per sequence per step
 
 
 @dataclass
@@ -46,6 +53,9 @@ class EngineStats:
     decode_tokens: int = 0
     extend_tokens: int = 0
     forced_tokens: int = 0
+    draft_tokens: int = 0  # predicted-output tokens fed for verification
+    accepted_draft_tokens: int = 0  # of those, kept in the output
+    scored_choices: int = 0  # choices scored as a whole sequence (choice logprobs)
     mask_fill_s: float = 0.0
     forward_s: float = 0.0
     sample_s: float = 0.0
@@ -72,6 +82,7 @@ class Engine:
         jump_forward: bool = True,
         max_waiting_seqs: int = DEFAULT_MAX_WAITING_SEQS,
         max_waiting_tokens: int = DEFAULT_MAX_WAITING_TOKENS,
+        max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS,
     ) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
@@ -80,6 +91,7 @@ class Engine:
         self.max_model_len = max_model_len
         self.prefill_budget = prefill_budget
         self.jump_forward = jump_forward
+        self.max_draft_tokens = max_draft_tokens
         self.stats = EngineStats()
         self.last_step_at = time.monotonic()
         self._admission = AdmissionControl(max_waiting_seqs, max_waiting_tokens)
@@ -231,19 +243,24 @@ class Engine:
         if not self._running:
             return
         self.stats.steps += 1
-        decode_rows, extend_plan = self._schedule()
-        sampled = decode_rows + [seq for seq, take in extend_plan if take == len(seq.pending)]
+        decode_rows, extend_plan = self._plan_drafts(*self._schedule())
+        scoring = self._plan_scoring()
+        sampled = decode_rows + [seq for seq, take in extend_plan if take == len(seq.pending) and not seq.scoring]
+        drafting = [(seq, len(seq.output_ids)) for seq in sampled if seq.verify]
         masked = [i for i, seq in enumerate(sampled) if _needs_host_mask(seq)]
         fill = self._start_mask_fill([sampled[i] for i in masked])
         try:
-            logits = self._forward(decode_rows, extend_plan)
+            logits = self._forward(decode_rows, extend_plan, scoring)
         except Exception as exc:
             _wait_quietly(fill)  # its matchers must be idle before anyone touches them again
-            self._fail_batch(decode_rows + [seq for seq, _ in extend_plan], f"model forward failed: {_describe(exc)}")
+            failed = decode_rows + [seq for seq, _ in extend_plan] + [seq for seq, _ in scoring]
+            self._fail_batch(failed, f"model forward failed: {_describe(exc)}")
         else:
             bitmask, indices = self._finish_mask_fill(fill, masked, sampled)
             if logits is not None:
                 self._sample(logits, sampled, bitmask, indices)
+            self._verify_drafts(drafting)
+            self._finish_scoring([seq for seq, _ in scoring])
         self._report_and_retire()
 
     def _drain_inbox(self) -> None:
@@ -285,6 +302,10 @@ class Engine:
         )
         if seq.reasoning is not None:
             self._enter_reasoning(seq)
+        if request.prediction_token_ids:
+            seq.draft = Draft(request.prediction_token_ids)
+        if request.score_choices:
+            self._start_scoring(seq)
         return seq
 
     def _abort(self, request_id: str) -> None:
@@ -317,7 +338,9 @@ class Engine:
         for seq in self._running:
             if seq.finished:
                 continue
-            if len(seq.pending) == 1:
+            if seq.scoring and not seq.pending:
+                continue  # its choices are scored instead (see _plan_scoring)
+            if len(seq.pending) == 1 and not seq.scoring:
                 decode_rows.append(seq)
             elif budget > 0 or not extend_plan:
                 take = min(len(seq.pending), max(budget, 1))
@@ -325,29 +348,36 @@ class Engine:
                 budget -= take
         return decode_rows, extend_plan
 
-    def _forward(self, decode_rows, extend_plan) -> torch.Tensor | None:
+    def _forward(self, decode_rows, extend_plan, scoring=()) -> torch.Tensor | None:
         """One model pass over every scheduled row; logits [R, V] for the rows that get a token
-        this step (decode rows, then extensions whose pending tokens are all fed)."""
+        this step (decode rows, then extensions whose pending tokens are all fed). Rows that
+        verify a draft keep their per-position logits in ``seq.verify_logits``; choice-scoring
+        rows are scored on the spot."""
         rows = [(seq.slot, seq.pending[:1], seq.cached_len) for seq in decode_rows]
-        rows += [(seq.slot, seq.pending[:take], seq.cached_len) for seq, take in extend_plan]
+        rows += [(seq.slot, seq.pending[:take] + seq.verify, seq.cached_len) for seq, take in extend_plan]
+        rows += self._scoring_rows(scoring)
         if not rows:
             return None
+        counts = [1] * len(decode_rows) + [1 + len(seq.verify) for seq, _ in extend_plan]
+        counts += [len(new) for _, new, _ in rows[len(counts) :]]
         started = time.perf_counter()
-        batch = StepBatch.build(rows, len(self._running), self.runner.device)
+        batch = StepBatch.build(rows, len(self._running), self.runner.device, counts if max(counts) > 1 else None)
         logits = self.runner.forward(batch)
         self.stats.forward_s += time.perf_counter() - started
+        if batch.logit_counts is not None:
+            logits = self._split_logits(logits, counts, extend_plan, scoring, len(decode_rows))
         for seq in decode_rows:
             seq.cached_len += 1
             seq.pending.clear()
         self.stats.decode_tokens += len(decode_rows)
         complete = list(range(len(decode_rows)))
         for i, (seq, take) in enumerate(extend_plan):
-            seq.cached_len += take
+            seq.cached_len += take + len(seq.verify)
             del seq.pending[:take]
             self.stats.extend_tokens += take
-            if not seq.pending:
+            if not seq.pending and not seq.scoring:
                 complete.append(len(decode_rows) + i)
-        if len(complete) == len(rows):
+        if len(complete) == len(decode_rows) + len(extend_plan) == logits.shape[0]:
             return logits
         return logits[torch.tensor(complete, dtype=torch.long, device=logits.device)] if complete else None
 
@@ -361,6 +391,192 @@ class Engine:
         self.stats.sample_s += time.perf_counter() - started
         for seq, token, logprob in zip(sampled, result.token_ids, result.logprobs):
             self._accept_sampled(seq, token, logprob)
+
+    # ------------------------------------------------------------------ predicted outputs
+
+    def _plan_drafts(self, decode_rows, extend_plan):
+        """Give rows that follow a prediction their next draft tokens (``seq.verify``), fed after
+        their pending tokens; a decoding row with a draft becomes a one-token extension.
+        Draft tokens share the step's prefill budget."""
+        budget = self.prefill_budget - sum(take for _, take in extend_plan)
+        for seq, take in [(seq, 1) for seq in decode_rows] + extend_plan:
+            if seq.draft is None or take != len(seq.pending) or seq.scoring or budget <= 0:
+                continue
+            seq.verify = seq.draft.proposal(self._draft_room(seq, budget))
+            budget -= len(seq.verify)
+        if not any(seq.verify for seq in decode_rows):
+            return decode_rows, extend_plan
+        drafting = [(seq, 1) for seq in decode_rows if seq.verify]
+        return [seq for seq in decode_rows if not seq.verify], extend_plan + drafting
+
+    def _draft_room(self, seq: Sequence, budget: int) -> int:
+        """How many draft tokens ``seq`` may verify now: the per-step cap, the budget, the
+        tokens it may still emit (one is the token sampled after the draft) and the cache."""
+        fed_end = seq.cached_len + len(seq.pending)
+        emitted = len(seq.request.prompt_token_ids) + len(seq.output_ids)
+        return min(
+            self.max_draft_tokens,
+            budget,
+            seq.request.max_tokens - len(seq.output_ids) - 1,
+            self.runner.max_len - fed_end,
+            self.max_model_len - emitted - 1,
+        )
+
+    def _verify_drafts(self, drafting: list[tuple[Sequence, int]]) -> None:
+        """Sample the positions after each fed draft token in rounds (one batched sampler pass per
+        position, over the rows still agreeing), then roll the cache back past the first
+        disagreement. ``drafting``: (sequence, its output length before this step's sampling).
+
+        Each position is sampled exactly as without a draft (same processing, same RNG stream),
+        and a draft token counts only if the sampled token equals it, so the output is the one
+        the row would produce without a prediction."""
+        if not drafting:
+            return
+        used = {id(seq): 0 for seq, _ in drafting}
+        active, position = drafting, 0
+        while active:
+            agreeing = []
+            for seq, mark in active:
+                if not _sampled_draft_token(seq, mark, position):
+                    continue
+                used[id(seq)] = position + 1
+                if seq.finished:
+                    continue
+                seq.pending.pop(0)  # the draft token's keys/values are already cached
+                if not seq.pending:  # nothing forced after it: sample the next position
+                    agreeing.append((seq, mark))
+            if agreeing:
+                self._sample_draft_position([seq for seq, _ in agreeing], position)
+            active, position = agreeing, position + 1
+        for seq, _ in drafting:
+            kept = used[id(seq)]
+            seq.cached_len -= len(seq.verify) - kept
+            seq.draft.settle(len(seq.verify), kept)
+            self.stats.draft_tokens += len(seq.verify)
+            self.stats.accepted_draft_tokens += kept
+            seq.verify, seq.verify_logits = [], None
+
+    def _sample_draft_position(self, seqs: list[Sequence], position: int) -> None:
+        """One sampler pass over the logits after draft token ``position`` of each row."""
+        logits = torch.stack([seq.verify_logits[position] for seq in seqs])
+        masked = [i for i, seq in enumerate(seqs) if _needs_host_mask(seq)]
+        fill = self._start_mask_fill([seqs[i] for i in masked])
+        bitmask, indices = self._finish_mask_fill(fill, masked, seqs)
+        self._sample(logits, seqs, bitmask, indices)
+
+    def _split_logits(self, logits, counts, extend_plan, scoring, n_decode) -> torch.Tensor:
+        """Per-position logits [sum(counts), V] → one row per decode/extension row (its first
+        position); the rest go to ``seq.verify_logits`` and to choice scoring."""
+        starts = [0]
+        for count in counts[:-1]:
+            starts.append(starts[-1] + count)
+        for i, (seq, _) in enumerate(extend_plan):
+            if seq.verify:
+                start = starts[n_decode + i]
+                seq.verify_logits = logits[start + 1 : start + 1 + len(seq.verify)]
+        row = n_decode + len(extend_plan)
+        for seq, choices in scoring:
+            for choice, _slot in choices:
+                self._score_choice(seq, choice, logits[starts[row] : starts[row] + counts[row]])
+                row += 1
+        first = starts[: n_decode + len(extend_plan)]
+        return logits[torch.tensor(first, dtype=torch.long, device=logits.device)]
+
+    # ------------------------------------------------------------------ choice scoring
+
+    def _start_scoring(self, seq: Sequence) -> None:
+        """Hold back the prompt's last token: each choice is fed after it from a copy of the
+        prompt's cache, so its logits score the choice's first token."""
+        if not seq.request.prompt_token_ids:
+            raise ValueError("scoring choices needs a non-empty prompt")
+        seq.scoring = True
+        seq.pending = seq.pending[:-1]
+        seq.choice_scores = [None] * len(seq.request.score_choices)
+        seq.choice_token_logprobs = [None] * len(seq.request.score_choices)
+
+    def _plan_scoring(self) -> list[tuple[Sequence, list[tuple[int, int]]]]:
+        """(sequence, [(choice, slot)]) for sequences whose prompt is cached: the first unscored
+        choice runs in the sequence's own slot, the others in free slots holding a copy of the
+        prompt's cache; choices that find no free slot wait for the next step."""
+        free = list(range(len(self._running), self.runner.cache.max_slots))
+        plan = []
+        for seq in self._running:
+            if not seq.scoring or seq.pending or seq.finished:
+                continue
+            todo = [i for i, score in enumerate(seq.choice_scores) if score is None]
+            longest = max(len(seq.request.score_choices[i]) for i in todo)
+            if seq.cached_len + 1 + longest > self.runner.max_len:
+                self._fail(seq, "a choice does not fit in the context window")
+                continue
+            slots = [seq.slot] + free[: len(todo) - 1]
+            free = free[len(slots) - 1 :]
+            for slot in slots[1:]:
+                self.runner.move_slot(seq.slot, slot, seq.cached_len)
+            plan.append((seq, list(zip(todo, slots))))
+        return plan
+
+    def _scoring_rows(self, scoring) -> list[tuple[int, list[int], int]]:
+        rows = []
+        for seq, choices in scoring:
+            last_prompt_token = seq.request.prompt_token_ids[-1]
+            for choice, slot in choices:
+                rows.append((slot, [last_prompt_token, *seq.request.score_choices[choice]], seq.cached_len))
+        return rows
+
+    def _score_choice(self, seq: Sequence, choice: int, logits: torch.Tensor) -> None:
+        """Sum of the choice's token logprobs (raw model distribution), from the logits at the
+        prompt's last token and after each of the choice's tokens but the last."""
+        tokens = seq.request.score_choices[choice]
+        logprobs = logits[: len(tokens), : self.sampler.vocab_size].float().log_softmax(dim=-1)
+        ids = torch.tensor(tokens, dtype=torch.long, device=logprobs.device)
+        chosen = logprobs.gather(1, ids.view(-1, 1)).view(-1)
+        seq.choice_scores[choice] = float(chosen.sum())
+        self.stats.scored_choices += 1
+        top_n = seq.request.params.top_logprobs
+        top = [[]] * len(tokens)
+        if top_n:
+            values, indices = logprobs.topk(min(top_n, logprobs.shape[1]), dim=-1)
+            top = [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
+        seq.choice_token_logprobs[choice] = [
+            TokenLogprobs(token, value, alternatives)
+            for token, value, alternatives in zip(tokens, chosen.tolist(), top)
+        ]
+
+    def _finish_scoring(self, seqs: list[Sequence]) -> None:
+        """Sequences with every choice scored: normalise, pick one, emit its tokens."""
+        for seq in seqs:
+            if seq.finished or any(score is None for score in seq.choice_scores):
+                continue
+            seq.scoring = False
+            scores = torch.tensor(seq.choice_scores, dtype=torch.float64)
+            seq.choice_logprobs = scores.log_softmax(dim=0).tolist()
+            try:
+                self._emit_choice(seq, self._pick_choice(seq, scores))
+            except SequenceFailed as exc:
+                self._fail(seq, str(exc), replace_finish=True)
+
+    @staticmethod
+    def _pick_choice(seq: Sequence, scores: torch.Tensor) -> int:
+        """Greedy: the most probable choice; sampling: a draw from the choices' distribution at the
+        row's temperature, with one uniform from the row's seeded RNG."""
+        params = seq.request.params
+        if params.greedy:
+            return int(scores.argmax())
+        probs = (scores / params.temperature).softmax(dim=0)
+        cumulative = probs.cumsum(dim=0)
+        return min(int((cumulative < seq.row.rng.random()).sum()), len(probs) - 1)
+
+    def _emit_choice(self, seq: Sequence, choice: int) -> None:
+        """Append the choice's tokens (through the constraint matcher) and finish."""
+        matcher = seq.matcher
+        want_logprobs = seq.request.params.logprobs
+        for entry in seq.choice_token_logprobs[choice]:
+            if matcher is not None and not _guarded("constraint matcher", matcher.accept_token, entry.token_id):
+                raise SequenceFailed(f"constraint rejected choice token {entry.token_id}")
+            if self._append(seq, entry.token_id, entry if want_logprobs else None):
+                return
+        seq.step_text.append(self._feed_stops(seq, _guarded("detokenizer", seq.detokenizer.flush))[0])
+        seq.finish("stop")
 
     # ------------------------------------------------------------------ constraints
 
@@ -499,6 +715,8 @@ class Engine:
     def _append(self, seq: Sequence, token: int, logprob: TokenLogprobs | None) -> bool:
         """Add one token to the output; returns True when it finished the sequence."""
         request = seq.request
+        if seq.draft is not None:
+            seq.draft.observe(token)
         seq.output_ids.append(token)
         seq.row.append_token(token)
         seq.step_tokens.append(token)
@@ -595,6 +813,14 @@ class Engine:
             last.slot = slot
         seq.slot = -1
         seq.row.release()
+
+
+def _sampled_draft_token(seq: Sequence, mark: int, position: int) -> bool:
+    """This step's output token ``position`` (counted from output length ``mark``) exists and is
+    the draft token fed at that position."""
+    out = seq.output_ids
+    index = mark + position
+    return position < len(seq.verify) and len(out) > index and out[index] == seq.verify[position]
 
 
 def _needs_host_mask(seq: Sequence) -> bool:

@@ -61,8 +61,9 @@ def load_hf_model(directory: Path, dtype: torch.dtype, device: torch.device) -> 
 class StepBatch:
     """One engine step flattened: every row's new tokens back to back.
 
-    tokens / positions / token_slots: [N] per token. last_index: [R] index of each row's last
-    token (where logits are taken). Single-token rows are attended together (decode_index: their
+    tokens / positions / token_slots: [N] per token. last_index: the token indices where logits
+    are taken: each row's last token, or its last ``logit_counts[i]`` tokens for rows that ask
+    for per-position logits (draft verification, choice scoring). Single-token rows are attended together (decode_index: their
     token indices, decode_slots: their slots, slot_positions: [n_slots] each slot's decode
     position, 0 for slots not decoding); multi-token rows are listed in ``extends`` as
     (slot, first token index, end token index, start position).
@@ -79,6 +80,7 @@ class StepBatch:
     slot_positions: torch.Tensor | None
     dense_decode: bool
     extends: list[tuple[int, int, int, int]]
+    logit_counts: list[int] | None = None  # None: one logits row per batch row
 
     @property
     def all_single(self) -> bool:
@@ -86,8 +88,17 @@ class StepBatch:
         return not self.extends
 
     @staticmethod
-    def build(rows: list[tuple[int, list[int], int]], n_slots: int, device: torch.device) -> "StepBatch":
-        """``rows``: (slot, new tokens, tokens already cached) per row, in output order."""
+    def build(
+        rows: list[tuple[int, list[int], int]],
+        n_slots: int,
+        device: torch.device,
+        logit_counts: list[int] | None = None,
+    ) -> "StepBatch":
+        """``rows``: (slot, new tokens, tokens already cached) per row, in output order.
+
+        ``logit_counts`` (optional, per row, 1 <= count <= the row's new tokens): how many of the
+        row's last positions get logits; the forward then returns ``sum(logit_counts)`` rows,
+        row by row, positions in order."""
         tokens: list[int] = []
         positions: list[int] = []
         token_slots: list[int] = []
@@ -96,12 +107,13 @@ class StepBatch:
         decode_slots: list[int] = []
         slot_positions = [0] * n_slots
         extends: list[tuple[int, int, int, int]] = []
-        for slot, new, start in rows:
+        for row, (slot, new, start) in enumerate(rows):
             first = len(tokens)
             tokens.extend(new)
             positions.extend(range(start, start + len(new)))
             token_slots.extend([slot] * len(new))
-            last_index.append(len(tokens) - 1)
+            count = 1 if logit_counts is None else logit_counts[row]
+            last_index.extend(range(len(tokens) - count, len(tokens)))
             if len(new) == 1:
                 decode_index.append(first)
                 decode_slots.append(slot)
@@ -122,6 +134,7 @@ class StepBatch:
             slot_positions=as_long(slot_positions) if has_decode else None,
             dense_decode=decode_slots == list(range(n_slots)) and decode_index == list(range(n_slots)),
             extends=extends,
+            logit_counts=logit_counts,
         )
 
 
@@ -170,7 +183,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
         """Run every row's new tokens through the model in one pass; returns logits [R, V] at
-        each row's last token. The weights are read once per step however many rows extend."""
+        each row's last token (or [sum(logit_counts), V], see :meth:`StepBatch.build`). The
+        weights are read once per step however many rows extend."""
         hidden = self._inner.embed_tokens(batch.tokens.view(1, -1))  # [1, N, D]
         cos, sin = self._inner.rotary_emb(hidden, batch.positions.view(1, -1))
         decode_bias = self._decode_bias(batch) if batch.decode_index is not None else None

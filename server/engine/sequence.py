@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sampler import SamplingParams, SamplingRow, TokenLogprobs
+from server.engine.drafts import Draft
 from server.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 
 
@@ -54,6 +55,8 @@ class GenerationRequest:
     matcher: Any = None  # constraints.Matcher (per sequence, never shared)
     token_dfa: Any = None  # constraints.TokenDFA for a device-resident mask, when enabled
     reasoning: ReasoningPhase | None = None  # the constraint applies after this segment
+    prediction_token_ids: list[int] | None = None  # predicted output (a draft to verify)
+    score_choices: list[list[int]] | None = None  # choices' token ids: score all, emit one
 
 
 @dataclass
@@ -69,6 +72,9 @@ class SequenceDelta:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
+    accepted_prediction_tokens: int = 0  # running totals (predicted outputs)
+    rejected_prediction_tokens: int = 0
+    choice_logprobs: list[float] | None = None  # per choice, normalised (choice scoring)
 
 
 def error_delta(request: GenerationRequest, message: str) -> SequenceDelta:
@@ -100,6 +106,13 @@ class Sequence:
     error: str | None = None
     aborted: bool = False
     closed: bool = False  # the final delta (with finish_reason) went to the sink
+    draft: Draft | None = None  # predicted output being followed
+    verify: list[int] = field(default_factory=list)  # draft tokens fed this step
+    verify_logits: Any = None  # [len(verify), V] logits after each of them
+    scoring: bool = False  # choices still to be scored before any token is emitted
+    choice_scores: list[float | None] = field(default_factory=list)  # raw sums, per choice
+    choice_token_logprobs: list[Any] = field(default_factory=list)  # per choice: its TokenLogprobs
+    choice_logprobs: list[float] | None = None  # normalised, once every choice is scored
     # Collected during a step, flushed to the sink once per step.
     step_text: list[str] = field(default_factory=list)
     step_tokens: list[int] = field(default_factory=list)
@@ -132,6 +145,9 @@ class Sequence:
             prompt_tokens=len(self.request.prompt_token_ids),
             completion_tokens=len(self.output_ids),
             error=self.error,
+            accepted_prediction_tokens=self.draft.accepted if self.draft else 0,
+            rejected_prediction_tokens=self.draft.rejected if self.draft else 0,
+            choice_logprobs=self.choice_logprobs,
         )
         self.step_text, self.step_tokens, self.step_logprobs = [], [], []
         return delta
