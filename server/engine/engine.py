@@ -91,6 +91,7 @@ class Engine:
         self._mask_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trellis-mask")
         self._words = (runner.vocab_size + 31) // 32
         self._valid_bits = _valid_bits(runner.vocab_size, self._words)
+        self._step_hidden: torch.Tensor | None = None  # [R, D] for the rows sampled this step
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -295,6 +296,8 @@ class Engine:
 
     def _admit(self) -> None:
         admitted = []
+        if len(self._running) < self.max_batch_size and len(self._waiting) > 1:
+            self._waiting.sort(key=_tier_rank)  # stable: arrival order within a tier
         while self._waiting and len(self._running) < self.max_batch_size:
             seq = self._waiting.pop(0)
             seq.slot = len(self._running)
@@ -326,7 +329,8 @@ class Engine:
         if not rows:
             return None
         started = time.perf_counter()
-        batch = StepBatch.build(rows, len(self._running), self.runner.device)
+        adapters = [seq.request.adapter for seq in decode_rows] + [seq.request.adapter for seq, _ in extend_plan]
+        batch = StepBatch.build(rows, len(self._running), self.runner.device, adapters)
         logits = self.runner.forward(batch)
         self.stats.forward_s += time.perf_counter() - started
         for seq in decode_rows:
@@ -340,9 +344,23 @@ class Engine:
             self.stats.extend_tokens += take
             if not seq.pending:
                 complete.append(len(decode_rows) + i)
+        self._step_hidden = None
         if len(complete) == len(rows):
+            self._keep_hidden(decode_rows, extend_plan, None)
             return logits
-        return logits[torch.tensor(complete, dtype=torch.long, device=logits.device)] if complete else None
+        if not complete:
+            return None
+        keep = torch.tensor(complete, dtype=torch.long, device=logits.device)
+        self._keep_hidden(decode_rows, extend_plan, keep)
+        return logits[keep]
+
+    def _keep_hidden(self, decode_rows, extend_plan, keep: torch.Tensor | None) -> None:
+        """The sampled rows' last-layer hidden states of this forward, when a sequence asks for them."""
+        if any(s.request.return_hidden_states for s in decode_rows) or any(
+            s.request.return_hidden_states for s, _ in extend_plan
+        ):
+            hidden = self.runner.last_hidden
+            self._step_hidden = hidden if keep is None else hidden[keep]
 
     def _sample(self, logits: torch.Tensor, sampled: list[Sequence], bitmask, indices) -> None:
         started = time.perf_counter()
@@ -352,7 +370,10 @@ class Engine:
             self._fail_batch(sampled, f"sampler failed: {_describe(exc)}")
             return
         self.stats.sample_s += time.perf_counter() - started
-        for seq, token, logprob in zip(sampled, result.token_ids, result.logprobs):
+        hidden = self._step_hidden
+        for i, (seq, token, logprob) in enumerate(zip(sampled, result.token_ids, result.logprobs)):
+            if hidden is not None and seq.request.return_hidden_states and not seq.finished:
+                seq.step_hidden.append(hidden[i].float().tolist())
             self._accept_sampled(seq, token, logprob)
 
     # ------------------------------------------------------------------ constraints
@@ -416,7 +437,8 @@ class Engine:
         if self._append(seq, token, logprob):
             return
         seq.pending = [token]
-        if matcher is not None and self.jump_forward:
+        # Forced tokens come from no forward, so they would have no hidden state of their own.
+        if matcher is not None and self.jump_forward and not seq.request.return_hidden_states:
             self._jump_forward(seq)
 
     def _jump_forward(self, seq: Sequence) -> None:
@@ -530,6 +552,14 @@ class Engine:
             last.slot = slot
         seq.slot = -1
         seq.row.release()
+
+
+_TIER_RANK = {"priority": 0, "default": 1, "auto": 1, "flex": 2}
+
+
+def _tier_rank(seq: Sequence) -> int:
+    """Admission order: priority before default/auto, flex only when neither waits."""
+    return _TIER_RANK.get(seq.request.service_tier, 1)
 
 
 def _needs_host_mask(seq: Sequence) -> bool:

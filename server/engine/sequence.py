@@ -27,6 +27,9 @@ class GenerationRequest:
     skip_special_tokens: bool = True
     matcher: Any = None  # constraints.Matcher (per sequence, never shared)
     token_dfa: Any = None  # constraints.TokenDFA for a device-resident mask, when enabled
+    adapter: int = 0  # LoRA adapter id (0 = the base model)
+    return_hidden_states: bool = False  # report each output token's last-layer hidden state
+    service_tier: str = "default"  # priority | default | flex: order of admission to the batch
 
 
 @dataclass
@@ -41,6 +44,7 @@ class SequenceDelta:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
+    hidden_states: list[list[float]] | None = None  # per token of this delta, when asked for
 
 
 def error_delta(request: GenerationRequest, message: str) -> SequenceDelta:
@@ -72,6 +76,7 @@ class Sequence:
     step_text: list[str] = field(default_factory=list)
     step_tokens: list[int] = field(default_factory=list)
     step_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    step_hidden: list[list[float]] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -99,6 +104,7 @@ class Sequence:
             prompt_tokens=len(self.request.prompt_token_ids),
             completion_tokens=len(self.output_ids),
             error=self.error,
+            hidden_states=self.step_hidden if self.request.return_hidden_states else None,
         )
-        self.step_text, self.step_tokens, self.step_logprobs = [], [], []
+        self.step_text, self.step_tokens, self.step_logprobs, self.step_hidden = [], [], [], []
         return delta
