@@ -11,7 +11,7 @@ import msgspec
 from server import tools as tool_calls
 from server.errors import APIError, bad_request
 from server.generation import ChoiceResult, GenerationStream, SequenceSpec, collect, new_request_id, with_seed
-from server.dialect import split_model
+from server.engine_options import adapter_in_model, apply_engine_options, response_tier
 from server.render import RenderJob
 from server.protocol import (
     AssistantMessage,
@@ -56,6 +56,7 @@ async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
     if req.conversation is not None:
         req = await _with_conversation(state, req)
     req = reject_unimplemented(req)
+    req = apply_engine_options(state, req)
     check_limits(req)
     plan = tool_calls.plan_tools(req)
     want_logprobs, top = logprob_settings(req.logprobs, req.top_logprobs, chat=True)
@@ -123,10 +124,9 @@ async def persist_chat(state: ServerState, job: ChatJob, result: ChatCompletion)
 
 
 def check_model(state: ServerState, model: str | None) -> None:
-    """404 unless ``model`` names the served model (``name`` or ``name@provider``)."""
-    model, _ = split_model(model, state.provider_aliases)
-    if model is not None and model != state.model_name:
-        raise APIError(f"The model `{model}` does not exist.", status=404, param="model", code="model_not_found")
+    """404 unless ``model`` names the served model (``name`` or ``name@provider``) or one of its
+    LoRA adapters (``adapter`` or ``name:adapter``)."""
+    adapter_in_model(state, model)
 
 
 async def render_prompt(state: ServerState, req: ChatCompletionRequest, plan) -> list[int]:
@@ -177,6 +177,7 @@ def _completion(state: ServerState, job: ChatJob, choices: list[ChoiceResult]) -
         system_fingerprint=state.system_fingerprint,
         choices=[_chat_choice(state, job, i, c) for i, c in enumerate(choices)],
         usage=_usage(job, sum(c.completion_tokens for c in choices)),
+        service_tier=response_tier(job.req),
     )
 
 
@@ -192,7 +193,8 @@ def _chat_choice(state: ServerState, job: ChatJob, index: int, choice: ChoiceRes
     if job.req.logprobs:
         logprobs = ChoiceLogprobs(content=state.token_texts.chat_entries(choice.logprobs))
     return ChatChoice(
-        index=index, message=message, logprobs=logprobs, finish_reason=finish, stop_reason=choice.stop_reason
+        index=index, message=message, logprobs=logprobs, finish_reason=finish, stop_reason=choice.stop_reason,
+        hidden_states=choice.hidden_states if job.req.return_hidden_states else msgspec.UNSET,
     )
 
 
@@ -252,15 +254,23 @@ def _delta_chunks(state, job, index, delta, streamer, usage):
             finish = tool_calls.finish_reason(job.tool_plan, streamer.has_calls, finish)
     if not pieces and (logprobs or finish):
         pieces = [{}]
+    if delta.hidden_states and not pieces:
+        pieces = [{}]
     for i, piece in enumerate(pieces):
         last = i == len(pieces) - 1
-        yield _chunk(state, job, index, piece, logprobs if i == 0 else None, finish if last else None,
-                     stop_reason=delta.stop_reason if last and finish else None, usage=usage)
+        chunk = _chunk(state, job, index, piece, logprobs if i == 0 else None, finish if last else None,
+                       stop_reason=delta.stop_reason if last and finish else None, usage=usage)
+        if i == 0 and delta.hidden_states:
+            chunk["choices"][0]["hidden_states"] = delta.hidden_states
+        yield chunk
 
 
 def _base_chunk(state: ServerState, job: ChatJob) -> dict:
-    return {"id": job.request_id, "object": "chat.completion.chunk", "created": job.created, "model": state.model_name,
-            "system_fingerprint": state.system_fingerprint}
+    chunk = {"id": job.request_id, "object": "chat.completion.chunk", "created": job.created,
+             "model": state.model_name, "system_fingerprint": state.system_fingerprint}
+    if job.req.service_tier is not None:
+        chunk["service_tier"] = response_tier(job.req)
+    return chunk
 
 
 def _chunk(state, job, index, delta, logprobs, finish, *, stop_reason=None, usage=None) -> dict:

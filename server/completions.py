@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from server.chat import check_model
+from server.engine_options import apply_engine_options, response_tier
 from server.errors import bad_request
 from server.generation import GenerationStream, SequenceSpec, collect, new_request_id, with_seed
 from server.protocol import Completion, CompletionChoice, CompletionRequest, Usage
@@ -70,6 +71,7 @@ async def prepare_completion(state: ServerState, body: bytes) -> CompletionJob:
     req, wire = decode_request(body, CompletionRequest)
     check_model(state, req.model)
     req = reject_unimplemented(req)
+    req = apply_engine_options(state, req)
     want_logprobs, top = logprob_settings(req.logprobs, None, chat=False)
     params = sampling_params(
         req, vocab_size=state.vocab_size, eos_token_ids=state.eos_token_ids, logprobs=want_logprobs, top_logprobs=top
@@ -100,10 +102,12 @@ async def run_completion(state: ServerState, job: CompletionJob) -> Completion:
     for i, result in enumerate(results):
         echo = job.echo_texts[i // job.req.n]
         lp = state.token_texts.completion_logprobs(result.logprobs, len(echo)) if job.req.logprobs is not None else None
+        hidden = result.hidden_states if job.req.return_hidden_states else msgspec.UNSET
         choices.append(CompletionChoice(index=i, text=echo + "".join(result.text), logprobs=lp,
-                                        finish_reason=result.finish_reason, stop_reason=result.stop_reason))
+                                        finish_reason=result.finish_reason, stop_reason=result.stop_reason,
+                                        hidden_states=hidden))
     return Completion(id=job.request_id, created=job.created, model=state.model_name, choices=choices,
-                      system_fingerprint=state.system_fingerprint,
+                      system_fingerprint=state.system_fingerprint, service_tier=response_tier(job.req),
                       usage=_usage(job, sum(r.completion_tokens for r in results)))
 
 
@@ -126,7 +130,10 @@ async def stream_completion(state: ServerState, job: CompletionJob, stream: Gene
             if job.req.logprobs is not None and delta.logprobs:
                 lp = msgspec.to_builtins(state.token_texts.completion_logprobs(delta.logprobs, offsets[index]))
             offsets[index] += len(delta.text)
-            yield sse_event(_chunk(state, job, index, delta.text, lp, delta.finish_reason, delta.stop_reason))
+            chunk = _chunk(state, job, index, delta.text, lp, delta.finish_reason, delta.stop_reason)
+            if delta.hidden_states:
+                chunk["choices"][0]["hidden_states"] = delta.hidden_states
+            yield sse_event(chunk)
         if include_usage:
             chunk = {**_chunk_head(state, job), "choices": [], "usage": msgspec.to_builtins(_usage(job, sum(tokens)))}
             yield sse_event(chunk)
@@ -143,5 +150,8 @@ def _chunk(state, job, index, text, logprobs, finish, stop_reason=None) -> dict:
 
 
 def _chunk_head(state: ServerState, job: CompletionJob) -> dict:
-    return {"id": job.request_id, "object": "text_completion", "created": job.created, "model": state.model_name,
+    head = {"id": job.request_id, "object": "text_completion", "created": job.created, "model": state.model_name,
             "system_fingerprint": state.system_fingerprint}
+    if job.req.service_tier is not None:
+        head["service_tier"] = response_tier(job.req)
+    return head

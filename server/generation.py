@@ -130,10 +130,11 @@ class GenerationStream:
 
 
 def start_generation(
-    engine: Engine, request_id: str, specs: list[SequenceSpec], req, eos_token_ids, on_close=None
+    engine: Engine, request_id: str, specs: list[SequenceSpec], req, eos_token_ids, on_close=None, adapter: int = 0
 ) -> GenerationStream:
-    """Submit one API request's sequences with the request-wide stop/EOS settings of ``req``;
-    ``on_close`` gets the request's :class:`GenerationTiming` when the stream closes."""
+    """Submit one API request's sequences with the request-wide stop/EOS settings of ``req``
+    on LoRA ``adapter`` (0 = base model); ``on_close`` gets the request's :class:`GenerationTiming`
+    when the stream closes."""
     stream = GenerationStream(engine, request_id, on_close)
     stream.submit(
         specs,
@@ -143,6 +144,9 @@ def start_generation(
         ignore_eos=req.ignore_eos,
         include_stop_str_in_output=req.include_stop_str_in_output,
         skip_special_tokens=req.skip_special_tokens,
+        adapter=adapter,
+        return_hidden_states=bool(getattr(req, "return_hidden_states", False)),
+        service_tier=getattr(req, "service_tier", None) or "default",
     )
     return stream
 
@@ -156,11 +160,13 @@ class ChoiceResult:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     completion_tokens: int = 0
+    hidden_states: list[list[float]] = field(default_factory=list)
 
     def add(self, delta: SequenceDelta) -> None:
         """Fold one engine delta of this choice in."""
         self.text.append(delta.text)
         self.logprobs.extend(delta.logprobs or ())
+        self.hidden_states.extend(delta.hidden_states or ())
         self.completion_tokens = delta.completion_tokens
         if delta.finish_reason:
             self.finish_reason, self.stop_reason = delta.finish_reason, delta.stop_reason

@@ -89,6 +89,10 @@ class _SamplingFields(_Request, kw_only=True):
     use_beam_search: bool = False
     length_penalty: float | None = None
     truncate_prompt_tokens: int | None = None
+    # Engine-steering extensions (SGLang / vLLM): LoRA adapter, hidden states, MoE routing.
+    lora_path: str | None = None
+    return_hidden_states: bool = False
+    return_routed_experts: bool = False
     # Structured outputs (OpenAI, vLLM legacy + current, SGLang).
     response_format: Json | None = None
     guided_json: Any = None
@@ -200,6 +204,7 @@ class ChatChoice(_Response, kw_only=True):
     logprobs: ChoiceLogprobs | None
     finish_reason: str | None
     stop_reason: int | str | None = None
+    hidden_states: list[list[float]] | msgspec.UnsetType = msgspec.UNSET  # per output token, when asked
 
 
 class ChatCompletion(_Response, kw_only=True):
@@ -210,6 +215,7 @@ class ChatCompletion(_Response, kw_only=True):
     choices: list[ChatChoice]
     usage: Usage
     system_fingerprint: str | None = None
+    service_tier: str | msgspec.UnsetType = msgspec.UNSET  # echoed when the request set one
 
 
 class CompletionChoice(_Response, kw_only=True):
@@ -218,6 +224,7 @@ class CompletionChoice(_Response, kw_only=True):
     logprobs: CompletionLogprobs | None
     finish_reason: str | None
     stop_reason: int | str | None = None
+    hidden_states: list[list[float]] | msgspec.UnsetType = msgspec.UNSET  # per output token, when asked
 
 
 class Completion(_Response, kw_only=True):
@@ -228,6 +235,7 @@ class Completion(_Response, kw_only=True):
     choices: list[CompletionChoice]
     usage: Usage
     system_fingerprint: str | None = None
+    service_tier: str | msgspec.UnsetType = msgspec.UNSET  # echoed when the request set one
 
 
 class ModelCard(_Response, kw_only=True):
@@ -236,6 +244,7 @@ class ModelCard(_Response, kw_only=True):
     created: int
     owned_by: str = "trellis"
     root: str | None = None
+    parent: str | None = None  # a LoRA adapter's base model
     max_model_len: int | None = None
 
 
