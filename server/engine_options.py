@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import msgspec
 
+from server.context import request_log
 from server.dialect import split_model
 from server.errors import APIError, bad_request
 
@@ -65,7 +66,10 @@ def apply_engine_options(state, req):
         if from_model is not None and from_model != from_path:
             raise bad_request(f"'model' selects the adapter {from_model!r} but 'lora_path' names {from_path!r}",
                               param="lora_path")
-    return msgspec.structs.replace(req, lora_path=from_model or from_path)
+    adapter = from_model or from_path
+    if adapter is not None:
+        request_log()["lora_adapter"] = adapter
+    return msgspec.structs.replace(req, lora_path=adapter)
 
 
 def adapter_id(state, req) -> int:

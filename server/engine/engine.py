@@ -270,6 +270,9 @@ class Engine:
         self._waiting.append(seq)
 
     def _new_sequence(self, request: GenerationRequest) -> Sequence:
+        lora = self.runner.lora
+        if request.adapter and (lora is None or not 0 < request.adapter <= len(lora.adapters)):
+            raise ValueError(f"LoRA adapter id {request.adapter} is not loaded")
         row = self.sampler.new_row(request.params, request.prompt_token_ids)
         if request.token_dfa is not None:
             row.attach_dfa(request.token_dfa)

@@ -153,3 +153,23 @@ def test_embedding_weights_and_missing_files_are_refused(tiny_model_dir, adapter
     save_file(tensors, str(directory / "adapter_model.safetensors"))
     with pytest.raises(LoraError, match="embed_tokens"):
         load_adapter("emb", directory, hf)
+
+
+def test_unknown_adapter_id_fails_only_its_own_sequence(tiny_model_dir, adapters):
+    engine = engine_for(tiny_model_dir, [("a", adapters["a"])])
+    engine.tokenizer = _Tokenizer()
+    finishes = {}
+
+    def sink_for(name):
+        def sink(delta):
+            if delta.finish_reason:
+                finishes[name] = (delta.finish_reason, delta.error)
+        return sink
+
+    for name, adapter in [("bad", 5), ("good", 1)]:
+        engine.submit(GenerationRequest(request_id=name, prompt_token_ids=PROMPTS[0], params=SamplingParams(temperature=0.0),
+                                        max_tokens=3, ignore_eos=True, sink=sink_for(name), adapter=adapter))
+    while len(finishes) < 2:
+        engine.step()
+    assert finishes["bad"][0] == "error" and "adapter" in finishes["bad"][1]
+    assert finishes["good"] == ("length", None)
