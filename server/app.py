@@ -255,7 +255,10 @@ async def list_models(state: State) -> ModelList:
     card = ModelCard(
         id=server.model_name, created=server.created, root=server.model_name, max_model_len=server.settings.max_model_len
     )
-    return ModelList(data=[card])
+    adapters = server.lora.adapters if server.lora is not None else []
+    cards = [ModelCard(id=a.name, created=server.created, root=str(a.path), parent=server.model_name,
+                       max_model_len=server.settings.max_model_len) for a in adapters]
+    return ModelList(data=[card, *cards])
 
 
 @get("/health", summary="Liveness: 200 while the engine thread lives")

@@ -12,8 +12,8 @@ from server import reasoning as reasoning_mod
 from server import tools as tool_calls
 from server.errors import APIError, bad_request
 from server.generation import ChoiceResult, GenerationStream, SequenceSpec, collect, new_request_id, with_seed
-from server.dialect import split_model
 from server.render import RenderJob, template_source, with_documents_and_verbosity
+from server.engine_options import adapter_in_model, apply_engine_options, response_tier
 from server.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -69,6 +69,7 @@ async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
     if req.conversation is not None:
         req = await _with_conversation(state, req)
     req = reject_unimplemented(req, custom_logit_processor_enabled=state.settings.enable_custom_logit_processor)
+    req = apply_engine_options(state, req)
     check_limits(req)
     switches = reasoning_mod.read_switches(req)
     reasoning_format = reasoning_mod.detect_reasoning(state.tokenizer, req.chat_template)
@@ -155,10 +156,9 @@ async def persist_chat(state: ServerState, job: ChatJob, result: ChatCompletion)
 
 
 def check_model(state: ServerState, model: str | None) -> None:
-    """404 unless ``model`` names the served model (``name`` or ``name@provider``)."""
-    model, _ = split_model(model, state.provider_aliases)
-    if model is not None and model != state.model_name:
-        raise APIError(f"The model `{model}` does not exist.", status=404, param="model", code="model_not_found")
+    """404 unless ``model`` names the served model (``name`` or ``name@provider``) or one of its
+    LoRA adapters (``adapter`` or ``name:adapter``)."""
+    adapter_in_model(state, model)
 
 
 async def render_prompt(state: ServerState, req: ChatCompletionRequest, plan, reasoning_format=None,
@@ -215,6 +215,7 @@ def _completion(state: ServerState, job: ChatJob, choices: list[ChoiceResult]) -
         system_fingerprint=state.system_fingerprint,
         choices=[_chat_choice(state, job, i, c) for i, c in enumerate(choices)],
         usage=_usage(job, choices),
+        service_tier=response_tier(job.req),
     )
 
 
@@ -236,6 +237,7 @@ def _chat_choice(state: ServerState, job: ChatJob, index: int, choice: ChoiceRes
         index=index, message=message, logprobs=logprobs, finish_reason=finish, stop_reason=choice.stop_reason,
         matched_stop=choice.matched_stop,
         choice_logprobs=choice_logprobs(job.scored_choices, choice.choice_logprobs),
+        hidden_states=choice.hidden_states if job.req.return_hidden_states else msgspec.UNSET,
     )
 
 
@@ -331,6 +333,8 @@ def _delta_chunks(state, job, index, delta, streamer, usage, splitter=None):
         pieces.insert(0, {"reasoning_content": thought})
     if not pieces and (logprobs or finish):
         pieces = [{}]
+    if delta.hidden_states and not pieces:
+        pieces = [{}]
     scored = choice_logprobs(job.scored_choices, delta.choice_logprobs) if finish else None
     for i, piece in enumerate(pieces):
         last = i == len(pieces) - 1
@@ -339,12 +343,17 @@ def _delta_chunks(state, job, index, delta, streamer, usage, splitter=None):
                        matched_stop=delta.matched_stop if last and finish else None, usage=usage)
         if last and scored is not None:
             chunk["choices"][0]["choice_logprobs"] = msgspec.to_builtins(scored)
+        if i == 0 and delta.hidden_states:
+            chunk["choices"][0]["hidden_states"] = delta.hidden_states
         yield chunk
 
 
 def _base_chunk(state: ServerState, job: ChatJob) -> dict:
-    return {"id": job.request_id, "object": "chat.completion.chunk", "created": job.created, "model": state.model_name,
-            "system_fingerprint": state.system_fingerprint}
+    chunk = {"id": job.request_id, "object": "chat.completion.chunk", "created": job.created,
+             "model": state.model_name, "system_fingerprint": state.system_fingerprint}
+    if job.req.service_tier is not None:
+        chunk["service_tier"] = response_tier(job.req)
+    return chunk
 
 
 def _chunk(state, job, index, delta, logprobs, finish, *, stop_reason=None, matched_stop=None, usage=None) -> dict:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from server.chat import check_model, choice_logprobs
+from server.engine_options import apply_engine_options, response_tier
 from server.errors import bad_request
 from server.generation import GenerationStream, SequenceSpec, collect, new_request_id, with_seed
 from server.protocol import Completion, CompletionChoice, CompletionRequest, Usage
@@ -78,6 +79,7 @@ async def prepare_completion(state: ServerState, body: bytes) -> CompletionJob:
     req, wire = decode_request(body, CompletionRequest)
     check_model(state, req.model)
     req = reject_unimplemented(req, custom_logit_processor_enabled=state.settings.enable_custom_logit_processor)
+    req = apply_engine_options(state, req)
     want_logprobs, top = logprob_settings(req.logprobs, None, chat=False)
     params = sampling_params(
         req, vocab_size=state.vocab_size, eos_token_ids=state.eos_token_ids, logprobs=want_logprobs,
@@ -121,12 +123,14 @@ async def run_completion(state: ServerState, job: CompletionJob) -> Completion:
     for i, result in enumerate(results):
         echo = job.echo_texts[i // job.req.n]
         lp = state.token_texts.completion_logprobs(result.logprobs, len(echo)) if job.req.logprobs is not None else None
+        hidden = result.hidden_states if job.req.return_hidden_states else msgspec.UNSET
         choices.append(CompletionChoice(index=i, text=echo + "".join(result.text), logprobs=lp,
                                         finish_reason=result.finish_reason, stop_reason=result.stop_reason,
                                         matched_stop=result.matched_stop,
-                                        choice_logprobs=choice_logprobs(job.scored_choices, result.choice_logprobs)))
+                                        choice_logprobs=choice_logprobs(job.scored_choices, result.choice_logprobs),
+                                        hidden_states=hidden))
     return Completion(id=job.request_id, created=job.created, model=state.model_name, choices=choices,
-                      system_fingerprint=state.system_fingerprint,
+                      system_fingerprint=state.system_fingerprint, service_tier=response_tier(job.req),
                       usage=_usage(job, sum(r.completion_tokens for r in results)))
 
 
@@ -154,6 +158,8 @@ async def stream_completion(state: ServerState, job: CompletionJob, stream: Gene
             scored = choice_logprobs(job.scored_choices, delta.choice_logprobs) if delta.finish_reason else None
             if scored is not None:
                 chunk["choices"][0]["choice_logprobs"] = msgspec.to_builtins(scored)
+            if delta.hidden_states:
+                chunk["choices"][0]["hidden_states"] = delta.hidden_states
             yield sse_event(chunk)
         if include_usage:
             chunk = {**_chunk_head(state, job), "choices": [], "usage": msgspec.to_builtins(_usage(job, sum(tokens)))}
@@ -172,5 +178,8 @@ def _chunk(state, job, index, text, logprobs, finish, stop_reason=None, matched_
 
 
 def _chunk_head(state: ServerState, job: CompletionJob) -> dict:
-    return {"id": job.request_id, "object": "text_completion", "created": job.created, "model": state.model_name,
+    head = {"id": job.request_id, "object": "text_completion", "created": job.created, "model": state.model_name,
             "system_fingerprint": state.system_fingerprint}
+    if job.req.service_tier is not None:
+        head["service_tier"] = response_tier(job.req)
+    return head

@@ -50,6 +50,7 @@ class Settings:
     provider_aliases: str = ""
     log_bodies: bool = False
     log_level: str = "info"
+    lora_modules: str = ""  # name=path entries, comma-separated (the flag may be repeated)
 
 
 _HELP = {
@@ -92,7 +93,9 @@ _HELP = {
     "log_bodies": "log request and response bodies in the request log line (a request's log_query_body / log_response_body override it)",
     "database_url": "stored completions and conversations: a SQLite file, or postgresql://user:pass@host:port/db (default: store.sqlite3 in the cache directory)",
     "log_level": "debug, info, warning or error",
+    "lora_modules": "LoRA adapters (peft directories) as name=path; repeatable, or comma-separated in the env",
 }
+_LISTS = {"lora_modules"}  # flags that take several values and may be repeated
 _CHOICES = {
     "dtype": ["auto", "float32", "bfloat16", "float16"],
     "device": ["auto", "cpu", "cuda"],
@@ -124,6 +127,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default = getattr(defaults, field.name)
         if env in os.environ:
             default = convert(os.environ[env])
+        if field.name in _LISTS:
+            parser.add_argument("--" + field.name.replace("_", "-"), nargs="+", action="extend",
+                                default=[default] if default else [], metavar="NAME=PATH",
+                                help=f"{_HELP[field.name]} [env {env}]")
+            continue
         parser.add_argument(
             "--" + field.name.replace("_", "-"),
             type=convert,
@@ -145,7 +153,11 @@ def _shown(name: str, value) -> str:
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    settings = Settings(**{f.name: getattr(args, f.name) for f in fields(Settings)})
+    values = {f.name: getattr(args, f.name) for f in fields(Settings)}
+    for name in _LISTS:
+        if isinstance(values[name], list):
+            values[name] = ",".join(values[name])
+    settings = Settings(**values)
     extra_keys = getattr(args, "api_key", None) or []
     if extra_keys:  # --api-key may be repeated; it adds to --api-keys
         settings.api_keys = ",".join(filter(None, [settings.api_keys, *extra_keys]))

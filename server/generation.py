@@ -136,10 +136,11 @@ class GenerationStream:
 
 
 def start_generation(
-    engine: Engine, request_id: str, specs: list[SequenceSpec], req, eos_token_ids, on_close=None
+    engine: Engine, request_id: str, specs: list[SequenceSpec], req, eos_token_ids, on_close=None, adapter: int = 0
 ) -> GenerationStream:
-    """Submit one API request's sequences with the request-wide stop/EOS settings of ``req``;
-    ``on_close`` gets the request's :class:`GenerationTiming` when the stream closes."""
+    """Submit one API request's sequences with the request-wide stop/EOS settings of ``req``
+    on LoRA ``adapter`` (0 = base model); ``on_close`` gets the request's :class:`GenerationTiming`
+    when the stream closes."""
     stream = GenerationStream(engine, request_id, on_close)
     stream.submit(
         specs,
@@ -151,6 +152,9 @@ def start_generation(
         skip_special_tokens=req.skip_special_tokens,
         spaces_between_special_tokens=bool(req.spaces_between_special_tokens),
         stop_regex=stop_regexes(req.stop_regex),
+        adapter=adapter,
+        return_hidden_states=bool(getattr(req, "return_hidden_states", False)),
+        service_tier=getattr(req, "service_tier", None) or "default",
     )
     return stream
 
@@ -168,11 +172,13 @@ class ChoiceResult:
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
     choice_logprobs: list[float] | None = None
+    hidden_states: list[list[float]] = field(default_factory=list)
 
     def add(self, delta: SequenceDelta) -> None:
         """Fold one engine delta of this choice in."""
         self.text.append(delta.text)
         self.logprobs.extend(delta.logprobs or ())
+        self.hidden_states.extend(delta.hidden_states or ())
         self.completion_tokens = delta.completion_tokens
         self.accepted_prediction_tokens = delta.accepted_prediction_tokens
         self.rejected_prediction_tokens = delta.rejected_prediction_tokens

@@ -131,3 +131,16 @@ def load_tokenizer(directory: Path):
         return AutoTokenizer.from_pretrained(directory)
     except Exception as exc:
         raise ModelLoadError(f"cannot load tokenizer from {directory}: {exc}") from exc
+
+
+def load_lora_adapters(modules: str, model):
+    """``--lora-modules`` (``name=path`` entries) loaded against ``model``; None when there are none.
+
+    Raises :class:`server.engine.lora.LoraError` (one line) for a bad entry or an adapter that uses
+    what the engine does not implement."""
+    from server.engine.lora import LoraBank, load_adapter, parse_lora_modules
+
+    entries = parse_lora_modules(modules)
+    if not entries:
+        return None
+    return LoraBank([load_adapter(name, path, model) for name, path in entries])

@@ -102,6 +102,10 @@ class _SamplingFields(_Request, kw_only=True):
     custom_logit_processor: str | None = None
     max_dynamic_patch: int | None = None
     min_dynamic_patch: int | None = None
+    # Engine-steering extensions (SGLang / vLLM): LoRA adapter, hidden states, MoE routing.
+    lora_path: str | None = None
+    return_hidden_states: bool = False
+    return_routed_experts: bool = False
     # Structured outputs (OpenAI, vLLM legacy + current, SGLang).
     response_format: Json | None = None
     guided_json: Any = None
@@ -246,6 +250,7 @@ class ChatChoice(_Response, kw_only=True):
     stop_reason: int | str | None = None
     matched_stop: int | str | None = None
     choice_logprobs: list[ChoiceLogprob] | None = None
+    hidden_states: list[list[float]] | msgspec.UnsetType = msgspec.UNSET  # per output token, when asked
 
 
 class ChatCompletion(_Response, kw_only=True):
@@ -256,6 +261,7 @@ class ChatCompletion(_Response, kw_only=True):
     choices: list[ChatChoice]
     usage: Usage
     system_fingerprint: str | None = None
+    service_tier: str | msgspec.UnsetType = msgspec.UNSET  # echoed when the request set one
 
 
 class CompletionChoice(_Response, kw_only=True):
@@ -266,6 +272,7 @@ class CompletionChoice(_Response, kw_only=True):
     stop_reason: int | str | None = None
     matched_stop: int | str | None = None
     choice_logprobs: list[ChoiceLogprob] | None = None
+    hidden_states: list[list[float]] | msgspec.UnsetType = msgspec.UNSET  # per output token, when asked
 
 
 class Completion(_Response, kw_only=True):
@@ -276,6 +283,7 @@ class Completion(_Response, kw_only=True):
     choices: list[CompletionChoice]
     usage: Usage
     system_fingerprint: str | None = None
+    service_tier: str | msgspec.UnsetType = msgspec.UNSET  # echoed when the request set one
 
 
 class ModelCard(_Response, kw_only=True):
@@ -284,6 +292,7 @@ class ModelCard(_Response, kw_only=True):
     created: int
     owned_by: str = "trellis"
     root: str | None = None
+    parent: str | None = None  # a LoRA adapter's base model
     max_model_len: int | None = None
 
 

@@ -15,7 +15,7 @@ from server.engine.model import ModelRunner, load_hf_model, resolve_dtype
 from server.generation import GenerationStream, GenerationTiming, TokenTexts, start_generation
 from server.metrics import Metrics
 from server.render import PromptRenderer
-from server.model_loader import ModelSource, load_tokenizer, resolve_model
+from server.model_loader import ModelSource, load_lora_adapters, load_tokenizer, resolve_model
 
 log = logging.getLogger("trellis")
 
@@ -40,6 +40,7 @@ class ServerState:
     metrics: Metrics = field(default_factory=Metrics)
     draining: bool = False
     store: object | None = None  # server.store.Store, opened by the app's lifespan
+    lora: object | None = None  # server.engine.lora.LoraBank of the --lora-modules adapters
 
     @property
     def provider_aliases(self) -> frozenset[str]:
@@ -61,7 +62,10 @@ class ServerState:
 
     def start_generation(self, request_id: str, specs, req) -> GenerationStream:
         """Submit a request's sequences (EngineOverloaded when the waiting queue is full)."""
-        return start_generation(self.engine, request_id, specs, req, self.eos_token_ids, self._observe)
+        from server.engine_options import adapter_id
+
+        return start_generation(self.engine, request_id, specs, req, self.eos_token_ids, self._observe,
+                                adapter=adapter_id(self, req))
 
     def _observe(self, timing: GenerationTiming) -> None:
         self.metrics.generation_tokens.inc(timing.tokens)
@@ -135,7 +139,8 @@ def build_state(settings: Settings, source: ModelSource | None = None) -> Server
     dtype = resolve_dtype(settings.dtype, device)
     tokenizer = load_tokenizer(source.directory)
     hf_model = load_hf_model(source.directory, dtype, device)
-    runner = ModelRunner(hf_model, max_slots=settings.max_batch_size, max_len=settings.max_model_len)
+    lora = load_lora_adapters(settings.lora_modules, hf_model)
+    runner = ModelRunner(hf_model, max_slots=settings.max_batch_size, max_len=settings.max_model_len, lora=lora)
     engine = Engine(
         runner,
         tokenizer,
@@ -164,6 +169,7 @@ def build_state(settings: Settings, source: ModelSource | None = None) -> Server
         eos_token_ids=eos,
         token_texts=TokenTexts(tokenizer),
         vocab_size=runner.vocab_size,
+        lora=lora,
         device_dfa=settings.device_dfa == "on" or (settings.device_dfa == "auto" and device.type == "cuda"),
     )
 

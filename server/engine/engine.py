@@ -103,6 +103,7 @@ class Engine:
         self._mask_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trellis-mask")
         self._words = (runner.vocab_size + 31) // 32
         self._valid_bits = _valid_bits(runner.vocab_size, self._words)
+        self._step_hidden: torch.Tensor | None = None  # [R, D] for the rows sampled this step
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -286,6 +287,9 @@ class Engine:
         self._waiting.append(seq)
 
     def _new_sequence(self, request: GenerationRequest) -> Sequence:
+        lora = self.runner.lora
+        if request.adapter and (lora is None or not 0 < request.adapter <= len(lora.adapters)):
+            raise ValueError(f"LoRA adapter id {request.adapter} is not loaded")
         row = self.sampler.new_row(request.params, request.prompt_token_ids)
         if request.token_dfa is not None and request.reasoning is None:
             row.attach_dfa(request.token_dfa)
@@ -323,6 +327,8 @@ class Engine:
 
     def _admit(self) -> None:
         admitted = []
+        if len(self._running) < self.max_batch_size and len(self._waiting) > 1:
+            self._waiting.sort(key=_tier_rank)  # stable: arrival order within a tier
         while self._waiting and len(self._running) < self.max_batch_size:
             seq = self._waiting.pop(0)
             seq.slot = len(self._running)
@@ -361,11 +367,15 @@ class Engine:
         counts = [1] * len(decode_rows) + [1 + len(seq.verify) for seq, _ in extend_plan]
         counts += [len(new) for _, new, _ in rows[len(counts) :]]
         started = time.perf_counter()
-        batch = StepBatch.build(rows, len(self._running), self.runner.device, counts if max(counts) > 1 else None)
+        adapters = [seq.request.adapter for seq in decode_rows] + [seq.request.adapter for seq, _ in extend_plan]
+        adapters += [seq.request.adapter for seq, choices in scoring for _ in choices]
+        batch = StepBatch.build(rows, len(self._running), self.runner.device,
+                                logit_counts=counts if max(counts) > 1 else None, row_adapters=adapters)
         logits = self.runner.forward(batch)
         self.stats.forward_s += time.perf_counter() - started
+        first_rows = None  # with per-position logits: each row's first position
         if batch.logit_counts is not None:
-            logits = self._split_logits(logits, counts, extend_plan, scoring, len(decode_rows))
+            logits, first_rows = self._split_logits(logits, counts, extend_plan, scoring, len(decode_rows))
         for seq in decode_rows:
             seq.cached_len += 1
             seq.pending.clear()
@@ -377,9 +387,24 @@ class Engine:
             self.stats.extend_tokens += take
             if not seq.pending and not seq.scoring:
                 complete.append(len(decode_rows) + i)
+        self._step_hidden = None
         if len(complete) == len(decode_rows) + len(extend_plan) == logits.shape[0]:
+            self._keep_hidden(decode_rows, extend_plan, first_rows, None)
             return logits
-        return logits[torch.tensor(complete, dtype=torch.long, device=logits.device)] if complete else None
+        if not complete:
+            return None
+        keep = torch.tensor(complete, dtype=torch.long, device=logits.device)
+        self._keep_hidden(decode_rows, extend_plan, first_rows, keep)
+        return logits[keep]
+
+    def _keep_hidden(self, decode_rows, extend_plan, first_rows, keep: torch.Tensor | None) -> None:
+        """The sampled rows' last-layer hidden states of this forward, when a sequence asks for them."""
+        if any(s.request.return_hidden_states for s in decode_rows) or any(
+            s.request.return_hidden_states for s, _ in extend_plan
+        ):
+            hidden = self.runner.last_hidden
+            hidden = hidden if first_rows is None else hidden[first_rows]
+            self._step_hidden = hidden if keep is None else hidden[keep]
 
     def _sample(self, logits: torch.Tensor, sampled: list[Sequence], bitmask, indices) -> None:
         started = time.perf_counter()
@@ -389,7 +414,10 @@ class Engine:
             self._fail_batch(sampled, f"sampler failed: {_describe(exc)}")
             return
         self.stats.sample_s += time.perf_counter() - started
-        for seq, token, logprob in zip(sampled, result.token_ids, result.logprobs):
+        hidden = self._step_hidden
+        for i, (seq, token, logprob) in enumerate(zip(sampled, result.token_ids, result.logprobs)):
+            if hidden is not None and seq.request.return_hidden_states and not seq.finished:
+                seq.step_hidden.append(hidden[i].float().tolist())
             self._accept_sampled(seq, token, logprob)
 
     # ------------------------------------------------------------------ predicted outputs
@@ -462,9 +490,13 @@ class Engine:
         masked = [i for i, seq in enumerate(seqs) if _needs_host_mask(seq)]
         fill = self._start_mask_fill([seqs[i] for i in masked])
         bitmask, indices = self._finish_mask_fill(fill, masked, seqs)
-        self._sample(logits, seqs, bitmask, indices)
+        hidden, self._step_hidden = self._step_hidden, None  # no forward of its own: no hidden states
+        try:
+            self._sample(logits, seqs, bitmask, indices)
+        finally:
+            self._step_hidden = hidden
 
-    def _split_logits(self, logits, counts, extend_plan, scoring, n_decode) -> torch.Tensor:
+    def _split_logits(self, logits, counts, extend_plan, scoring, n_decode) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-position logits [sum(counts), V] → one row per decode/extension row (its first
         position); the rest go to ``seq.verify_logits`` and to choice scoring."""
         starts = [0]
@@ -479,8 +511,8 @@ class Engine:
             for choice, _slot in choices:
                 self._score_choice(seq, choice, logits[starts[row] : starts[row] + counts[row]])
                 row += 1
-        first = starts[: n_decode + len(extend_plan)]
-        return logits[torch.tensor(first, dtype=torch.long, device=logits.device)]
+        first = torch.tensor(starts[: n_decode + len(extend_plan)], dtype=torch.long, device=logits.device)
+        return logits[first], first
 
     # ------------------------------------------------------------------ choice scoring
 
@@ -642,7 +674,8 @@ class Engine:
         if self._append(seq, token, logprob):
             return
         seq.pending = [token]
-        if matcher is not None and self.jump_forward:
+        # Forced tokens come from no forward, so they would have no hidden state of their own.
+        if matcher is not None and self.jump_forward and not seq.request.return_hidden_states:
             self._jump_forward(seq)
 
     def _jump_forward(self, seq: Sequence) -> None:
@@ -821,6 +854,12 @@ def _sampled_draft_token(seq: Sequence, mark: int, position: int) -> bool:
     out = seq.output_ids
     index = mark + position
     return position < len(seq.verify) and len(out) > index and out[index] == seq.verify[position]
+_TIER_RANK = {"priority": 0, "default": 1, "auto": 1, "flex": 2}
+
+
+def _tier_rank(seq: Sequence) -> int:
+    """Admission order: priority before default/auto, flex only when neither waits."""
+    return _TIER_RANK.get(seq.request.service_tier, 1)
 
 
 def _needs_host_mask(seq: Sequence) -> bool:

@@ -20,6 +20,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from server.engine.lora import LoraBank, LoraGroups, add_lora
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
@@ -81,6 +83,7 @@ class StepBatch:
     dense_decode: bool
     extends: list[tuple[int, int, int, int]]
     logit_counts: list[int] | None = None  # None: one logits row per batch row
+    lora: LoraGroups | None = None  # tokens grouped by LoRA adapter; None = all on the base model
 
     @property
     def all_single(self) -> bool:
@@ -93,12 +96,14 @@ class StepBatch:
         n_slots: int,
         device: torch.device,
         logit_counts: list[int] | None = None,
+        row_adapters: list[int] | None = None,
     ) -> "StepBatch":
         """``rows``: (slot, new tokens, tokens already cached) per row, in output order.
 
         ``logit_counts`` (optional, per row, 1 <= count <= the row's new tokens): how many of the
         row's last positions get logits; the forward then returns ``sum(logit_counts)`` rows,
-        row by row, positions in order."""
+        row by row, positions in order. ``row_adapters``: each row's LoRA adapter id (0 = base
+        model), None = all base."""
         tokens: list[int] = []
         positions: list[int] = []
         token_slots: list[int] = []
@@ -135,7 +140,15 @@ class StepBatch:
             dense_decode=decode_slots == list(range(n_slots)) and decode_index == list(range(n_slots)),
             extends=extends,
             logit_counts=logit_counts,
+            lora=_lora_groups(rows, row_adapters, device),
         )
+
+
+def _lora_groups(rows, row_adapters: list[int] | None, device: torch.device) -> LoraGroups | None:
+    if not row_adapters or not any(row_adapters):
+        return None
+    per_token = [adapter for (_, new, _), adapter in zip(rows, row_adapters, strict=True) for _ in new]
+    return LoraGroups.build(per_token, device)
 
 
 class KVCache:
@@ -157,8 +170,10 @@ class KVCache:
 class ModelRunner:
     """Runs decode steps and extensions of a Llama-family model over a :class:`KVCache`."""
 
-    def __init__(self, hf_model: nn.Module, max_slots: int, max_len: int) -> None:
+    def __init__(self, hf_model: nn.Module, max_slots: int, max_len: int, lora: LoraBank | None = None) -> None:
         self.hf = hf_model
+        self.lora = lora
+        self.last_hidden: torch.Tensor | None = None  # [R, D] final-norm hidden states of the last forward
         config = hf_model.config
         self.device = next(hf_model.parameters()).device
         self.dtype = next(hf_model.parameters()).dtype
@@ -213,7 +228,7 @@ class ModelRunner:
 
     def _layer(self, layer, index, hidden, cos, sin, batch: StepBatch, decode_bias):
         residual = hidden
-        q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(hidden), cos, sin)  # [1, h, N, d]
+        q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(hidden), cos, sin, index, batch.lora)  # [1, h, N, d]
         k_cache, v_cache = self.cache.k[index], self.cache.v[index]
         k_cache[batch.token_slots, :, batch.positions] = k[0].transpose(0, 1)  # [N, kv, d]
         v_cache[batch.token_slots, :, batch.positions] = v[0].transpose(0, 1)
@@ -226,8 +241,24 @@ class ModelRunner:
         for slot, first, last, start in batch.extends:
             out[first:last] = self._extend_attention(q[first:last], slot, start, k_cache, v_cache)
         out = out.reshape(1, -1, self.shape.num_heads * self.shape.head_dim)
-        hidden = residual + layer.self_attn.o_proj(out)
-        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        hidden = residual + self._proj(layer.self_attn.o_proj, out, index, "o_proj", batch.lora)
+        normed = layer.post_attention_layernorm(hidden)
+        if batch.lora is None:
+            return hidden + layer.mlp(normed)
+        return hidden + self._lora_mlp(layer.mlp, normed, index, batch.lora)
+
+    def _proj(self, linear: nn.Linear, x: torch.Tensor, index: int, module: str, lora: LoraGroups | None) -> torch.Tensor:
+        """``linear(x)`` plus each row group's LoRA delta for ``module`` of layer ``index``; x [1, N, in]."""
+        out = linear(x)
+        if lora is not None:
+            add_lora(out[0], x[0], self.lora, lora, index, module)
+        return out
+
+    def _lora_mlp(self, mlp, x: torch.Tensor, index: int, lora: LoraGroups) -> torch.Tensor:
+        """The gated MLP (``down(act(gate(x)) * up(x))``) with LoRA deltas on its projections."""
+        gate = self._proj(mlp.gate_proj, x, index, "gate_proj", lora)
+        up = self._proj(mlp.up_proj, x, index, "up_proj", lora)
+        return self._proj(mlp.down_proj, mlp.act_fn(gate) * up, index, "down_proj", lora)
 
     def _decode_attention(self, q, batch: StepBatch, bias, k_cache, v_cache) -> torch.Tensor:
         """Single-token rows, attended together over slots ``0..n_slots-1``; returns [Rd, h, d]."""
@@ -261,13 +292,13 @@ class ModelRunner:
             out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=True)
         return out[0].transpose(0, 1)
 
-    def _qkv(self, attn, x, cos, sin):
+    def _qkv(self, attn, x, cos, sin, index: int, lora: LoraGroups | None):
         """Project, (qk-norm for Qwen3), apply rotary embeddings. Returns q, k, v as [b, h, T, d]."""
         b, t, _ = x.shape
         d = self.shape.head_dim
-        q = attn.q_proj(x).view(b, t, self.shape.num_heads, d)
-        k = attn.k_proj(x).view(b, t, self.shape.num_kv_heads, d)
-        v = attn.v_proj(x).view(b, t, self.shape.num_kv_heads, d)
+        q = self._proj(attn.q_proj, x, index, "q_proj", lora).view(b, t, self.shape.num_heads, d)
+        k = self._proj(attn.k_proj, x, index, "k_proj", lora).view(b, t, self.shape.num_kv_heads, d)
+        v = self._proj(attn.v_proj, x, index, "v_proj", lora).view(b, t, self.shape.num_kv_heads, d)
         if hasattr(attn, "q_norm"):
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -277,8 +308,9 @@ class ModelRunner:
         return q, k, v
 
     def _logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
-        """[R, D] → [R, V] float32."""
-        return self.hf.lm_head(self._inner.norm(last_hidden)).float()
+        """[R, D] → [R, V] float32; keeps the final-norm hidden states in :attr:`last_hidden`."""
+        self.last_hidden = self._inner.norm(last_hidden)
+        return self.hf.lm_head(self.last_hidden).float()
 
     def move_slot(self, src: int, dst: int, length: int) -> None:
         self.cache.move_slot(src, dst, length)

@@ -57,6 +57,9 @@ class GenerationRequest:
     reasoning: ReasoningPhase | None = None  # the constraint applies after this segment
     prediction_token_ids: list[int] | None = None  # predicted output (a draft to verify)
     score_choices: list[list[int]] | None = None  # choices' token ids: score all, emit one
+    adapter: int = 0  # LoRA adapter id (0 = the base model)
+    return_hidden_states: bool = False  # report each output token's last-layer hidden state
+    service_tier: str = "default"  # priority | default | flex: order of admission to the batch
 
 
 @dataclass
@@ -75,6 +78,7 @@ class SequenceDelta:
     accepted_prediction_tokens: int = 0  # running totals (predicted outputs)
     rejected_prediction_tokens: int = 0
     choice_logprobs: list[float] | None = None  # per choice, normalised (choice scoring)
+    hidden_states: list[list[float]] | None = None  # per token of this delta, when asked for
 
 
 def error_delta(request: GenerationRequest, message: str) -> SequenceDelta:
@@ -117,6 +121,7 @@ class Sequence:
     step_text: list[str] = field(default_factory=list)
     step_tokens: list[int] = field(default_factory=list)
     step_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    step_hidden: list[list[float]] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -148,8 +153,9 @@ class Sequence:
             accepted_prediction_tokens=self.draft.accepted if self.draft else 0,
             rejected_prediction_tokens=self.draft.rejected if self.draft else 0,
             choice_logprobs=self.choice_logprobs,
+            hidden_states=self.step_hidden if self.request.return_hidden_states else None,
         )
-        self.step_text, self.step_tokens, self.step_logprobs = [], [], []
+        self.step_text, self.step_tokens, self.step_logprobs, self.step_hidden = [], [], [], []
         return delta
 
     def _matched_stop(self) -> int | str | None:
