@@ -24,7 +24,7 @@ from server.requests import (
 )
 from server.sse import done_event, sse_event, stream_error_event
 from server.state import ServerState, sequence_constraint
-from server.structured import compile_constraint, constraint_spec_async
+from server.structured import apply_close_on_length, compile_constraint, constraint_spec_async
 
 
 @dataclass
@@ -84,6 +84,7 @@ async def prepare_completion(state: ServerState, body: bytes) -> CompletionJob:
                                         state.settings.max_model_len, "max_tokens")
         for j in range(req.n):
             specs.append(SequenceSpec(prompt, with_seed(params, j), max_tokens, *sequence_constraint(state, compiled)))
+    await apply_close_on_length(state, wire, compiled, specs)
     echo = [state.tokenizer.decode(p) if req.echo else "" for p in prompts]
     return CompletionJob(req, new_request_id("cmpl"), prompts, specs, echo)
 

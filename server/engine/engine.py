@@ -46,6 +46,7 @@ class EngineStats:
     decode_tokens: int = 0
     extend_tokens: int = 0
     forced_tokens: int = 0
+    closing_steered: int = 0  # tokens close_on_length chose instead of the sampled one
     mask_fill_s: float = 0.0
     forward_s: float = 0.0
     sample_s: float = 0.0
@@ -408,8 +409,13 @@ class Engine:
 
     def _take_sampled(self, seq: Sequence, token: int, logprob: TokenLogprobs | None) -> None:
         matcher = seq.request.matcher
-        if matcher is not None and not _guarded("constraint matcher", matcher.accept_token, token):
-            self._fail(seq, f"constraint rejected sampled token {token}")
+        sampled = token
+        if getattr(matcher, "close_on_length", False):
+            token, logprob = self._accept_closing(seq, token, logprob)
+        elif matcher is not None and not _guarded("constraint matcher", matcher.accept_token, token):
+            token = -1
+        if token < 0:
+            self._fail(seq, f"constraint rejected sampled token {sampled}")
             return
         if matcher is not None and getattr(matcher, "error", None):  # a parser limit: not a real stop
             raise SequenceFailed(f"constraint matcher failed: {matcher.error}")
@@ -425,13 +431,49 @@ class Engine:
         room = seq.request.max_tokens - len(seq.output_ids)
         forced = _guarded("constraint matcher", matcher.forced_tokens)[: max(room - 1, 0)]
         for token in forced:
-            if not _guarded("constraint matcher", matcher.accept_token, token):
+            if getattr(matcher, "close_on_length", False):
+                taken, forced_logprob = self._accept_closing(seq, token, _forced_logprob(seq, token))
+            else:
+                taken = token if _guarded("constraint matcher", matcher.accept_token, token) else -1
+                forced_logprob = _forced_logprob(seq, token)
+            if taken < 0:
                 break
             self.stats.forced_tokens += 1
-            forced_logprob = TokenLogprobs(token, 0.0, [(token, 0.0)] * bool(seq.request.params.top_logprobs))
-            if self._append(seq, token, forced_logprob):
+            if self._append(seq, taken, forced_logprob):
                 return
-            seq.pending.append(token)
+            seq.pending.append(taken)
+            if taken != token:  # steered off the forced text: the rest no longer follows
+                return
+
+    def _accept_closing(self, seq: Sequence, token: int, logprob: TokenLogprobs | None) -> tuple[int, TokenLogprobs | None]:
+        """Accept ``token`` when the output can still close within the budget after it, else
+        the next token of the completion planned before it (close_on_length); returns the token
+        taken (-1: rejected) and its logprob. ``seq.closing`` keeps a completion from the
+        current state that fits the budget left."""
+        matcher = seq.request.matcher
+        room = self._room(seq)
+        plan = seq.closing if seq.closing is not None else _guarded("constraint matcher", matcher.shortest_completion, room)
+        if plan is not None and plan[:1] == [token]:
+            seq.closing = plan[1:] if _guarded("constraint matcher", matcher.accept_token, token) else None
+            return (token if seq.closing is not None else -1), logprob
+        if not _guarded("constraint matcher", matcher.accept_token, token):
+            return -1, logprob
+        after = [] if matcher.is_terminated() else _guarded("constraint matcher", matcher.shortest_completion, room - 1)
+        if after is not None or plan is None:
+            seq.closing = after
+            return token, logprob
+        matcher.rollback(1)  # no way to close after it within the budget: steer into the plan
+        self.stats.closing_steered += 1
+        planned = plan[0] if plan else matcher.ctx.stop_token_ids[0]
+        if not _guarded("constraint matcher", matcher.accept_token, planned):
+            return -1, logprob
+        seq.closing = plan[1:]
+        return planned, _forced_logprob(seq, planned)
+
+    def _room(self, seq: Sequence) -> int:
+        """Tokens the sequence may still add before its budget or the context ends it."""
+        used = len(seq.output_ids)
+        return min(seq.request.max_tokens - used, self.max_model_len - len(seq.request.prompt_token_ids) - used)
 
     def _append(self, seq: Sequence, token: int, logprob: TokenLogprobs | None) -> bool:
         """Add one token to the output; returns True when it finished the sequence."""
@@ -530,6 +572,11 @@ class Engine:
             last.slot = slot
         seq.slot = -1
         seq.row.release()
+
+
+def _forced_logprob(seq: Sequence, token: int) -> TokenLogprobs:
+    """The logprob reported for a token the engine chose instead of the sampler."""
+    return TokenLogprobs(token, 0.0, [(token, 0.0)] * bool(seq.request.params.top_logprobs))
 
 
 def _needs_host_mask(seq: Sequence) -> bool:
