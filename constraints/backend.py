@@ -37,6 +37,7 @@ class Matcher(ABC):
     """Per-sequence automaton state; never shared between sequences."""
 
     ctx: TokenizerContext
+    close_on_length: bool = False  # set per sequence: the engine closes the output within budget
 
     @abstractmethod
     def accept_token(self, token_id: int) -> bool:
@@ -61,6 +62,17 @@ class Matcher(ABC):
     def forced_text(self) -> str:
         """Text every continuation starts with (backend hook; '' when none)."""
         return ""
+
+    def shortest_completion(self, limit: int) -> list[int] | None:
+        """Tokens that complete the output from the current state (the final stop token not
+        included), at most ``limit`` of them, or None when none is found within ``limit``.
+
+        The state is left unchanged. The default walks the automaton greedily towards closing
+        (see ``constraints.closing``): a valid completion, not always the shortest one.
+        """
+        from .closing import greedy_completion
+
+        return greedy_completion(self, limit)
 
     def forced_tokens(self) -> list[int]:
         """Tokens the automaton forces next, tokenized canonically; [] when nothing is forced.

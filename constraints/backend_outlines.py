@@ -6,9 +6,11 @@ minutes inside outlines-core); the DFA tables come back as numpy arrays.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from .backend import Backend, CompiledConstraint, Matcher, TokenizerContext
+from .closing import dfa_distances
 from .errors import ConstraintTooLargeError, EmptyLanguageError, InvalidConstraintError
 from .spec import ConstraintSpec
 from .tokendfa import DFAMatcher, DFATables, TokenDFA, build_allowed, to_token_dfa
@@ -150,9 +152,19 @@ class OutlinesCompiled(CompiledConstraint):
         self._allowed = build_allowed(tables, words, ctx.stop_token_ids)
         self._dfa: TokenDFA | None = None
         self._bytes = tables.nbytes(words)
+        self._distances: tuple[Any, Any] | None = None
+        self._lock = threading.Lock()
 
     def new_matcher(self) -> Matcher:
-        return DFAMatcher(self._ctx, self._tables, self._allowed, token_bytes(self._ctx))
+        return DFAMatcher(self._ctx, self._tables, self._allowed, token_bytes(self._ctx), self.distances)
+
+    def distances(self) -> tuple[Any, Any]:
+        """Per-state distance to a final state and the next token of a shortest path (built
+        on first use: only close_on_length asks)."""
+        with self._lock:
+            if self._distances is None:
+                self._distances = dfa_distances(self._tables)
+            return self._distances
 
     def token_dfa(self) -> TokenDFA:
         if self._dfa is None:

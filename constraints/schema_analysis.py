@@ -296,7 +296,8 @@ class _Rewriter:
         if not isinstance(node, dict):
             return node
         self._children(node)
-        for step in (self._drop_annotations, self._not, self._one_of, self._dependencies, self._if_then_else):
+        steps = (self._drop_annotations, self._not, self._one_of, self._dependencies, self._if_then_else, self._coverage)
+        for step in steps:
             node = step(node)
             if not isinstance(node, dict):
                 return node
@@ -346,6 +347,11 @@ class _Rewriter:
         if "if" in node and "then" not in node and "else" not in node:
             node.pop("if")
         return node
+
+    def _coverage(self, node: dict) -> Any:
+        from .schema_coverage import rewrite_coverage
+
+        return rewrite_coverage(node, self.root, negate)
 
     def _not(self, node: dict) -> Any:
         if "not" not in node:

@@ -407,3 +407,24 @@ def spec_from_request(fields: Mapping[str, Any]) -> ConstraintSpec | None:
         return ConstraintSpec(kind, source, _options(fields, kind, strict), param=param)
     except ConstraintError as exc:
         raise exc.for_param(param) from None
+
+
+def close_on_length_option(fields: Mapping[str, Any]) -> tuple[bool | None, str]:
+    """(value, param) of the request's ``close_on_length``: ``structured_outputs.close_on_length``,
+    else ``response_format.json_schema.close_on_length``; value None when the request is silent."""
+    so = fields.get("structured_outputs")
+    found: list[tuple[Any, str]] = []
+    if isinstance(so, Mapping) and so.get("close_on_length") is not None:
+        found.append((so["close_on_length"], "structured_outputs.close_on_length"))
+    rf = fields.get("response_format")
+    js = rf.get("json_schema") if isinstance(rf, Mapping) else None
+    if isinstance(js, Mapping) and js.get("close_on_length") is not None:
+        found.append((js["close_on_length"], "response_format.json_schema.close_on_length"))
+    if not found:
+        return None, "structured_outputs.close_on_length"
+    for value, param in found:
+        if not isinstance(value, bool):
+            raise InvalidConstraintError("close_on_length must be a boolean", param=param)
+    if len({v for v, _ in found}) > 1:
+        raise InvalidConstraintError("close_on_length is given twice with different values", param=found[1][1])
+    return found[0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from .backend import Matcher, TokenizerContext
 
@@ -87,7 +87,12 @@ class DFAMatcher(Matcher):
     """CPU matcher walking a token DFA; rows of ``allowed`` are copied into the bitmask."""
 
     def __init__(
-        self, ctx: TokenizerContext, tables: DFATables, allowed: "torch.Tensor", token_bytes: Sequence[bytes]
+        self,
+        ctx: TokenizerContext,
+        tables: DFATables,
+        allowed: "torch.Tensor",
+        token_bytes: Sequence[bytes],
+        distances: "Callable[[], tuple[np.ndarray, np.ndarray]] | None" = None,
     ) -> None:
         self.ctx = ctx
         self._bytes = token_bytes
@@ -100,6 +105,7 @@ class DFAMatcher(Matcher):
         self._stops = frozenset(ctx.stop_token_ids)
         self._states = [tables.initial_state]
         self._done = False
+        self._distances = distances
 
     def _step(self, state: int, token_id: int) -> int:
         lo, hi = self._offsets[state], self._offsets[state + 1]
@@ -149,6 +155,23 @@ class DFAMatcher(Matcher):
     def state(self) -> int:
         """Current DFA state (for cross-checks with the TokenDFA)."""
         return self._states[-1]
+
+    def shortest_completion(self, limit: int) -> list[int] | None:
+        """The exact shortest completion, from the DFA's per-state distances to a final state."""
+        if self._distances is None:
+            return super().shortest_completion(limit)
+        if self._done:
+            return []
+        dist, best = self._distances()
+        state = self._states[-1]
+        if dist[state] < 0 or dist[state] > limit:
+            return None
+        out: list[int] = []
+        while dist[state] > 0:
+            token = int(best[state])
+            out.append(token)
+            state = self._step(state, token)
+        return out
 
     def forced_text(self) -> str:
         """Longest text every continuation starts with: the common prefix of the allowed

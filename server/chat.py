@@ -43,7 +43,7 @@ from server.requests import (
 )
 from server.sse import done_event, sse_event, stream_error_event
 from server.state import ServerState, sequence_constraint
-from server.structured import compile_constraint, constraint_spec_async
+from server.structured import apply_close_on_length, compile_constraint, constraint_spec_async
 
 
 @dataclass
@@ -105,6 +105,7 @@ async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
                      prediction_token_ids=prediction_ids, score_choices=scored)
         for i in range(req.n)
     ]
+    await apply_close_on_length(state, wire, compiled, specs)
     echo = _echo_prefix(req)
     return ChatJob(req, new_request_id("chatcmpl"), prompt_ids, specs, plan, echo, reasoning=reasoning,
                    truncated=truncated, wire=wire, scored_choices=list(spec.source) if scored else None)

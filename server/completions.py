@@ -31,7 +31,7 @@ from server.requests import (
 )
 from server.sse import done_event, sse_event, stream_error_event
 from server.state import ServerState, sequence_constraint
-from server.structured import compile_constraint, constraint_spec_async
+from server.structured import apply_close_on_length, compile_constraint, constraint_spec_async
 
 
 @dataclass
@@ -106,6 +106,7 @@ async def prepare_completion(state: ServerState, body: bytes) -> CompletionJob:
         for j in range(req.n):
             specs.append(SequenceSpec(prompt, with_seed(params, j), max_tokens, *sequence_constraint(state, compiled),
                                       score_choices=scored))
+    await apply_close_on_length(state, wire, compiled, specs)
     echo = [state.tokenizer.decode(p) if req.echo else "" for p in prompts]
     return CompletionJob(req, new_request_id("cmpl"), prompts, specs, echo, truncated,
                          scored_choices=list(spec.source) if scored else None)

@@ -22,6 +22,7 @@ class Settings:
     cpu_threads: int = 0
     prefill_budget: int = 1024
     jump_forward: bool = True
+    close_on_length: bool = False
     device_dfa: str = "auto"
     compile_timeout: float = 5.0
     compile_memory_mb: int = 4096
@@ -65,6 +66,7 @@ _HELP = {
     "cpu_threads": "torch CPU threads for the forward (0 = torch's default: one per core)",
     "prefill_budget": "most prompt tokens processed per engine step (chunked prefill)",
     "jump_forward": "append tokens a constraint forces without sampling them (on|off)",
+    "close_on_length": "constrained outputs close (parse and validate) before max_tokens ends, unless a request sets structured_outputs.close_on_length false (on|off)",
     "device_dfa": "regex/choice constraints as a device-resident DFA masked by a kernel: auto (on with CUDA), on, off",
     "compile_timeout": "seconds a constraint (schema, regex, grammar) may take to compile",
     "compile_memory_mb": "memory a constraint compile may add to its worker process, in MiB (0 = no cap)",

@@ -55,3 +55,32 @@ async def compile_constraint(state: ServerState, spec) -> Any:
         elapsed = time.monotonic() - started
         state.metrics.compile_seconds.labels(kind=spec.kind).observe(elapsed)
         request_log().update(constraint=spec.kind, compile_s=round(elapsed, 4))
+
+
+async def apply_close_on_length(state: ServerState, wire: dict[str, Any], compiled, specs) -> None:
+    """Mark the sequences' matchers for closing before their budget ends (``close_on_length``,
+    the request's or the server's default); a budget below the shortest complete output is a
+    400 naming the token limit, the option without a constraint a 400 naming it."""
+    from constraints.spec import close_on_length_option
+
+    from server.errors import bad_request
+
+    asked, param = close_on_length_option(wire)
+    if asked is False or (asked is None and (compiled is None or not state.settings.close_on_length)):
+        return
+    if compiled is None:
+        raise bad_request("close_on_length needs a structured-output constraint", param=param)
+    from constraints.closing import MAX_COMPLETION_TOKENS
+
+    budget = max(MAX_COMPLETION_TOKENS, *(spec.max_tokens for spec in specs))
+    plan = await asyncio.to_thread(compiled.new_matcher().shortest_completion, budget)
+    shortest = min((spec.max_tokens for spec in specs), default=0)
+    if plan is None or len(plan) > shortest:
+        need = f"more than {budget} tokens" if plan is None else f"{len(plan)} tokens"
+        limit = "max_completion_tokens" if wire.get("max_completion_tokens") is not None else "max_tokens"
+        raise bad_request(
+            f"close_on_length: the shortest complete output found needs {need}, above {limit}={shortest}",
+            param=limit,
+        )
+    for spec in specs:
+        spec.matcher.close_on_length = True

@@ -56,6 +56,7 @@ class EngineStats:
     draft_tokens: int = 0  # predicted-output tokens fed for verification
     accepted_draft_tokens: int = 0  # of those, kept in the output
     scored_choices: int = 0  # choices scored as a whole sequence (choice logprobs)
+    closing_steered: int = 0  # tokens close_on_length chose instead of the sampled one
     mask_fill_s: float = 0.0
     forward_s: float = 0.0
     sample_s: float = 0.0
@@ -666,8 +667,13 @@ class Engine:
             self._take_reasoning(seq, token, logprob)
             return
         matcher = seq.matcher
-        if matcher is not None and not _guarded("constraint matcher", matcher.accept_token, token):
-            self._fail(seq, f"constraint rejected sampled token {token}")
+        sampled = token
+        if getattr(matcher, "close_on_length", False):
+            token, logprob = self._accept_closing(seq, token, logprob)
+        elif matcher is not None and not _guarded("constraint matcher", matcher.accept_token, token):
+            token = -1
+        if token < 0:
+            self._fail(seq, f"constraint rejected sampled token {sampled}")
             return
         if matcher is not None and getattr(matcher, "error", None):  # a parser limit: not a real stop
             raise SequenceFailed(f"constraint matcher failed: {matcher.error}")
@@ -684,12 +690,49 @@ class Engine:
         room = seq.request.max_tokens - len(seq.output_ids)
         forced = _guarded("constraint matcher", matcher.forced_tokens)[: max(room - 1, 0)]
         for token in forced:
-            if not _guarded("constraint matcher", matcher.accept_token, token):
+            if getattr(matcher, "close_on_length", False):
+                taken, forced_logprob = self._accept_closing(seq, token, _forced_logprob(seq, token))
+            else:
+                taken = token if _guarded("constraint matcher", matcher.accept_token, token) else -1
+                forced_logprob = _forced_logprob(seq, token)
+            if taken < 0:
                 break
             self.stats.forced_tokens += 1
-            if self._append(seq, token, _forced_logprob(seq, token)):
+            if self._append(seq, taken, forced_logprob):
                 return
-            seq.pending.append(token)
+            seq.pending.append(taken)
+            if taken != token:  # steered off the forced text: the rest no longer follows
+                return
+
+    def _accept_closing(self, seq: Sequence, token: int, logprob: TokenLogprobs | None) -> tuple[int, TokenLogprobs | None]:
+        """Accept ``token`` when the output can still close within the budget after it, else
+        the next token of the completion planned before it (close_on_length); returns the token
+        taken (-1: rejected) and its logprob. ``seq.closing`` keeps a completion from the
+        current state that fits the budget left."""
+        matcher = seq.matcher
+        room = self._room(seq)
+        plan = seq.closing if seq.closing is not None else _guarded("constraint matcher", matcher.shortest_completion, room)
+        if plan is not None and plan[:1] == [token]:
+            seq.closing = plan[1:] if _guarded("constraint matcher", matcher.accept_token, token) else None
+            return (token if seq.closing is not None else -1), logprob
+        if not _guarded("constraint matcher", matcher.accept_token, token):
+            return -1, logprob
+        after = [] if matcher.is_terminated() else _guarded("constraint matcher", matcher.shortest_completion, room - 1)
+        if after is not None or plan is None:
+            seq.closing = after
+            return token, logprob
+        matcher.rollback(1)  # no way to close after it within the budget: steer into the plan
+        self.stats.closing_steered += 1
+        planned = plan[0] if plan else matcher.ctx.stop_token_ids[0]
+        if not _guarded("constraint matcher", matcher.accept_token, planned):
+            return -1, logprob
+        seq.closing = plan[1:]
+        return planned, _forced_logprob(seq, planned)
+
+    def _room(self, seq: Sequence) -> int:
+        """Tokens the sequence may still add before its budget or the context ends it."""
+        used = len(seq.output_ids)
+        return min(seq.request.max_tokens - used, self.max_model_len - len(seq.request.prompt_token_ids) - used)
 
     # ------------------------------------------------------------------ reasoning
 
@@ -854,6 +897,8 @@ def _sampled_draft_token(seq: Sequence, mark: int, position: int) -> bool:
     out = seq.output_ids
     index = mark + position
     return position < len(seq.verify) and len(out) > index and out[index] == seq.verify[position]
+
+
 _TIER_RANK = {"priority": 0, "default": 1, "auto": 1, "flex": 2}
 
 

@@ -104,6 +104,7 @@ class Sequence:
     cached_len: int = 0  # tokens whose keys/values are in the KV cache
     pending: list[int] = field(default_factory=list)  # tokens to feed the model next
     output_ids: list[int] = field(default_factory=list)
+    closing: list[int] | None = None  # close_on_length: a completion that fits the budget left
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     eos_hit: int | None = None  # the EOS token that ended the sequence

@@ -1,0 +1,176 @@
+"""Completions that close an output within a token budget (``close_on_length``).
+
+Two ways of finding a completion from a matcher's current state:
+
+* a token DFA (regex / choice) knows each state's exact distance to a final state: a
+  backwards breadth-first search over its transitions, done once per compiled constraint;
+* any other matcher (llguidance, xgrammar) is walked greedily: at each step the allowed token
+  that ranks first in a fixed per-tokenizer order (stop tokens, then tokens made only of closing
+  brackets and quotes, then other punctuation, then the longest letters/digits, then the rest)
+  is accepted, until a stop token is allowed; the walk is rolled back afterwards. The result is
+  a valid completion, not always the shortest one: an upper bound on it.
+
+Either way the completion excludes the final stop token: when the budget ends right after it,
+the output is complete (finish_reason "length").
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .backend import Matcher, TokenizerContext
+    from .tokendfa import DFATables
+
+MAX_COMPLETION_TOKENS = 1024  # the greedy walk gives up after this many tokens
+_CLOSERS = frozenset(b'"}])')
+_CLOSER_ORDER = b'}])"'  # a quote last: at a key position it would open one
+_OPENERS = frozenset(b"{[(")
+_SIGNS = frozenset(b"-+")
+
+
+def _rank(raw: bytes) -> tuple[int, int]:
+    """(tier, tie-break) of a token's bytes; lower ranks first."""
+    if not raw or not raw.isascii():
+        return 4, len(raw) or 1 << 20
+    if len(raw) == 1 and raw[0] in _CLOSERS:
+        return 1, _CLOSER_ORDER.index(raw[0])
+    if all(b in _CLOSERS for b in raw) and b'""' not in raw:
+        return 1, 10 - len(raw)
+    if raw.isalnum():
+        return 3, -len(raw)
+    punct = all(not chr(b).isalnum() and not chr(b).isspace() for b in raw)
+    if punct and not any(b in _OPENERS for b in raw) and raw[0] not in _SIGNS:
+        return 2, -len(raw)
+    return 4, len(raw)
+
+
+def closing_order(ctx: "TokenizerContext") -> "np.ndarray":
+    """Token ids in the greedy walk's order of preference (built once per tokenizer)."""
+    import numpy as np
+
+    order = ctx.cache.get("closing_order")
+    if order is None:
+        from .backend_outlines import special_ids, token_bytes
+
+        raw = token_bytes(ctx)
+        stops = set(ctx.stop_token_ids)
+        specials = special_ids(ctx.tokenizer) - stops
+        keys = []
+        for t in range(ctx.vocab_size):
+            if t in stops:
+                keys.append((0, 0, t))
+            elif t >= ctx.tokenizer_vocab or t >= len(raw) or t in specials:
+                keys.append((5, 0, t))
+            else:
+                keys.append((*_rank(raw[t]), t))
+        order = np.asarray([k[2] for k in sorted(keys)], dtype=np.int64)
+        ctx.cache["closing_order"] = order
+    return order
+
+
+def greedy_completion(matcher: "Matcher", limit: int) -> list[int] | None:
+    """The greedy walk's completion from ``matcher``'s state (state left unchanged), or None
+    when it needs more than ``limit`` tokens."""
+    import torch
+
+    if matcher.is_terminated():
+        return []
+    ctx = matcher.ctx
+    walk = _Walk(matcher, closing_order(ctx), frozenset(ctx.stop_token_ids))
+    mask = torch.zeros((1, (ctx.vocab_size + 31) // 32), dtype=torch.int32)
+    try:
+        for _ in range(min(limit, MAX_COMPLETION_TOKENS) + 1):
+            token = walk.choose(mask)
+            if token is None:
+                return None  # nothing allowed: a dead end (the matcher hit a limit)
+            if token in walk.stops:
+                return list(walk.taken)
+            if len(walk.taken) >= limit or not matcher.accept_token(token):
+                return None
+            walk.taken.append(token)
+        return None
+    finally:
+        matcher.rollback(len(walk.taken))
+
+
+class _Walk:
+    """One greedy walk: the tokens taken so far and, per mask seen, the tokens chosen there
+    (a token is not chosen twice at the same mask, which breaks loops such as a closing bracket
+    that is string content)."""
+
+    TRIALS = 6  # candidates tried for whether they change the mask
+
+    def __init__(self, matcher: "Matcher", order: "np.ndarray", stops: frozenset[int]) -> None:
+        self.matcher = matcher
+        self.order = order
+        self.stops = stops
+        self.taken: list[int] = []
+        self.chosen: dict[bytes, set[int]] = {}
+
+    def choose(self, mask: "torch.Tensor") -> int | None:
+        """The first-ranked allowed token whose acceptance changes the mask (among the first
+        few candidates), else the first candidate."""
+        mask.zero_()
+        self.matcher.fill_bitmask(mask, 0)
+        key = mask.numpy().tobytes()
+        done = self.chosen.setdefault(key, set())
+        allowed = self._allowed_ranked(mask, len(done) + self.TRIALS)
+        if not allowed:
+            return None
+        # a mask seen before may belong to another state: when every token was chosen there, repeat
+        candidates = [t for t in allowed if t not in done] or allowed
+        if candidates[0] in self.stops:
+            return candidates[0]
+        choice = next((t for t in candidates[: self.TRIALS] if self._changes_mask(t, mask)), candidates[0])
+        done.add(choice)
+        return choice
+
+    def _allowed_ranked(self, mask: "torch.Tensor", count: int) -> list[int]:
+        import numpy as np
+
+        vocab = len(self.order)
+        bits = np.unpackbits(mask.numpy().view(np.uint8), bitorder="little")[:vocab]
+        positions = np.flatnonzero(bits[self.order])[:count]
+        return self.order[positions].tolist()
+
+    def _changes_mask(self, token: int, mask: "torch.Tensor") -> bool:
+        import torch
+
+        if not self.matcher.accept_token(token):
+            return False
+        after = torch.zeros_like(mask)
+        try:
+            self.matcher.fill_bitmask(after, 0)
+        finally:
+            self.matcher.rollback(1)
+        return not torch.equal(after, mask)
+
+
+def dfa_distances(tables: "DFATables") -> tuple["np.ndarray", "np.ndarray"]:
+    """(tokens to a final state, the token of a shortest path) per DFA state; -1 where none."""
+    import numpy as np
+
+    n = tables.num_states
+    offsets = tables.offsets.astype(np.int64)
+    src = np.repeat(np.arange(n), np.diff(offsets))
+    nxt = tables.next.astype(np.int64)
+    unreachable = np.iinfo(np.int64).max // 2
+    dist = np.where(tables.final, 0, unreachable).astype(np.int64)
+    for _ in range(n):  # Bellman-Ford with unit weights: at most n rounds, usually a few
+        cand = np.full(n, unreachable, dtype=np.int64)
+        if len(src):
+            np.minimum.at(cand, src, dist[nxt] + 1)
+        new = np.minimum(dist, cand)
+        if np.array_equal(new, dist):
+            break
+        dist = new
+    best = np.full(n, -1, dtype=np.int64)
+    if len(src):
+        on_path = (dist[nxt] + 1 == dist[src]) & (dist[src] > 0) & (dist[src] < unreachable)
+        edges = np.nonzero(on_path)[0][::-1]  # reversed: the first edge of each state wins
+        best[src[edges]] = tables.tokens[edges]
+    dist[dist >= unreachable] = -1
+    return dist, best

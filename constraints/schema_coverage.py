@@ -1,0 +1,195 @@
+"""Exact rewrites of keywords the backends do not enforce into forms they do.
+
+Each rewrite applies only where the result means exactly the same set of instances and stays
+small; otherwise the node is left as it was (and strict mode refuses the keyword by name).
+
+* ``uniqueItems`` over a finite item domain (``enum`` / ``const`` / boolean items): the arrays of
+  distinct values, enumerated, when there are at most :data:`MAX_ENUMERATED` of them;
+* ``contains`` (with ``minContains`` / ``maxContains``) on arrays of at most
+  :data:`MAX_CONTAINS_ITEMS` items whose ``contains`` schema can be negated: one ``prefixItems``
+  branch per placement of matching and non-matching items;
+* ``minProperties`` / ``maxProperties`` over closed ``properties``: one branch per allowed set of
+  optional properties;
+* ``propertyNames`` as a key enumeration (``enum`` / ``const``) or a ``pattern``: closed
+  ``properties`` / ``patternProperties`` with ``additionalProperties: false``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, Callable
+
+MAX_ENUMERATED = 128  # arrays a uniqueItems rewrite may list
+MAX_CONTAINS_ITEMS = 5  # longest array a contains rewrite spells out position by position
+_NAME_KEYS = frozenset({"type", "title", "description", "$comment", "examples"})
+
+
+def rewrite_coverage(node: dict, root: dict, negate: Callable[[Any, dict], Any]) -> Any:
+    """``node`` with the rewritable keywords above replaced (node | False)."""
+    for step in (_unique_items, _property_names, _property_count):
+        node = step(node)
+        if node is False:
+            return False
+    return _contains(node, root, negate)
+
+
+def _validator(schema: Any) -> Callable[[Any], bool] | None:
+    """is-valid for a self-contained schema (no $ref), else None."""
+    import json
+
+    import jsonschema
+
+    if "$ref" in json.dumps(schema):
+        return None
+    try:
+        validator = jsonschema.validators.validator_for(schema)(schema)
+    except Exception:
+        return None
+    return validator.is_valid
+
+
+def _domain(items: Any) -> list[Any] | None:
+    """The finite set of values ``items`` allows, or None."""
+    if not isinstance(items, dict):
+        return None
+    if "const" in items:
+        values = [items["const"]]
+    elif isinstance(items.get("enum"), list):
+        values = list(items["enum"])
+    elif items.get("type") == "boolean":
+        values = [False, True]
+    elif items.get("type") == "null":
+        values = [None]
+    else:
+        return None
+    valid = _validator(items)
+    if valid is None:
+        return None
+    out: list[Any] = []
+    for v in values:
+        if valid(v) and not any(_same(v, w) for w in out):
+            out.append(v)
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    """JSON equality (1 == 1.0, but True != 1)."""
+    import json
+
+    def canon(x: Any) -> str:
+        return json.dumps(x, sort_keys=True) if not isinstance(x, (int, float)) or isinstance(x, bool) else repr(float(x))
+
+    return canon(a) == canon(b)
+
+
+def _unique_items(node: dict) -> Any:
+    if node.get("uniqueItems") is not True or "prefixItems" in node or "contains" in node:
+        return node
+    domain = _domain(node.get("items"))
+    lo, hi = node.get("minItems", 0), node.get("maxItems")
+    if domain is None or not isinstance(lo, int):
+        return node
+    hi = len(domain) if not isinstance(hi, int) else min(hi, len(domain))
+    count = sum(math.perm(len(domain), k) for k in range(lo, hi + 1))
+    if count > MAX_ENUMERATED:
+        return node
+    if count == 0:
+        return False
+    arrays = [list(p) for k in range(lo, hi + 1) for p in itertools.permutations(domain, k)]
+    node.pop("uniqueItems")
+    return _and(node, {"enum": arrays})
+
+
+def _contains(node: dict, root: dict, negate: Callable[[Any, dict], Any]) -> Any:
+    if "contains" not in node or "prefixItems" in node or isinstance(node.get("items"), list):
+        return node
+    low, high = node.get("minContains", 1), node.get("maxContains")
+    lo, hi = node.get("minItems", 0), node.get("maxItems")
+    if not all(isinstance(v, int) for v in (low, lo, hi)) or hi > MAX_CONTAINS_ITEMS:
+        return node
+    match = node["contains"]
+    miss = negate(match, root)
+    if miss is None:
+        return node
+    high = hi if not isinstance(high, int) else high
+    branches = []
+    for k in range(lo, hi + 1):
+        for hits in range(low, min(high, k) + 1):
+            for where in itertools.combinations(range(k), hits):
+                prefix = [match if i in where else miss for i in range(k)]
+                if not any(p is False for p in prefix):
+                    branches.append({"prefixItems": prefix, "minItems": k, "maxItems": k})
+    for key in ("contains", "minContains", "maxContains"):
+        node.pop(key, None)
+    return _and(node, {"anyOf": branches} if branches else False)
+
+
+def _property_names(node: dict) -> Any:
+    names = node.get("propertyNames")
+    if not isinstance(names, dict) or "patternProperties" in node:
+        return node
+    extra = node.get("additionalProperties", True)
+    props = node.get("properties", {})
+    if not isinstance(props, dict) or extra not in (True, {}) and not isinstance(extra, dict):
+        return node
+    valid = _validator(names)
+    if valid is None:
+        return node
+    keys = _name_values(names)
+    if keys is not None:
+        props = {**props, **{k: extra for k in keys if k not in props}}
+    elif set(names) - _NAME_KEYS == {"pattern"} and extra in (True, {}) and names.get("type", "string") == "string":
+        node["patternProperties"] = {names["pattern"]: {}}
+    else:
+        return node
+    node["properties"] = {k: (v if valid(k) else False) for k, v in props.items()}
+    node["additionalProperties"] = False
+    node.pop("propertyNames")
+    return node
+
+
+def _property_count(node: dict) -> Any:
+    """min/maxProperties over a closed set of properties: one branch per allowed choice of the
+    optional ones (llguidance enforces the counts only when every property is required)."""
+    if "minProperties" not in node and "maxProperties" not in node:
+        return node
+    props, required = node.get("properties", {}), node.get("required", [])
+    if node.get("additionalProperties") is not False or "patternProperties" in node or not isinstance(props, dict):
+        return node
+    if not isinstance(required, list) or set(required) - set(props):
+        return node
+    optional = [k for k in props if k not in required]
+    lo, hi = node.get("minProperties", 0), node.get("maxProperties", len(props))
+    if not isinstance(lo, int) or not isinstance(hi, int):
+        return node
+    counts = range(max(lo - len(required), 0), min(hi - len(required), len(optional)) + 1)
+    if sum(math.comb(len(optional), j) for j in counts) > MAX_ENUMERATED:
+        return node
+    branches = [
+        {"required": [*required, *chosen], "properties": {k: False for k in optional if k not in chosen}}
+        for j in counts for chosen in itertools.combinations(optional, j)
+    ]
+    node.pop("minProperties", None)
+    node.pop("maxProperties", None)
+    return _and(node, {"anyOf": branches} if branches else False)
+
+
+def _name_values(names: dict) -> list[str] | None:
+    """The key names an ``enum`` / ``const`` propertyNames allows (strings only), or None."""
+    if set(names) - _NAME_KEYS - {"enum", "const"}:
+        return None
+    if "const" in names:
+        values = [names["const"]]
+    elif isinstance(names.get("enum"), list):
+        values = names["enum"]
+    else:
+        return None
+    return [v for v in values if isinstance(v, str)]
+
+
+def _and(node: dict, extra: Any) -> Any:
+    if extra is False:
+        return False
+    node["allOf"] = [*node.get("allOf", []), extra]
+    return node

@@ -1,0 +1,87 @@
+"""Keywords the backends skip, rewritten into enforced forms (constraints/schema_coverage.py):
+valid instances are accepted token by token, invalid ones rejected, checked against jsonschema."""
+
+from __future__ import annotations
+
+import jsonschema
+import pytest
+
+from constraints import ConstraintSpec, UnsupportedConstraintError
+
+from .conftest import walk_json
+
+CASES = [
+    (
+        {"type": "array", "items": {"enum": ["a", "b", "c"]}, "uniqueItems": True},
+        [[], ["a"], ["c", "a"], ["b", "c", "a"]],
+        [["a", "a"], ["a", "b", "a"], ["d"]],
+    ),
+    (
+        {"type": "array", "items": {"type": "boolean"}, "uniqueItems": True, "minItems": 1},
+        [[True], [False, True]],
+        [[], [True, True], [False, False]],
+    ),
+    (
+        {"type": "array", "items": {"type": "integer"}, "contains": {"minimum": 3}, "maxItems": 3},
+        [[3], [1, 3], [3, 4, 2]],
+        [[], [1, 2], [1, 2, -4], [3, 3, 3, 3]],
+    ),
+    (
+        {"type": "array", "items": {"type": "integer"}, "contains": {"minimum": 10},
+         "minContains": 2, "maxContains": 2, "maxItems": 4},
+        [[10, 11], [1, 10, 2, 20]],
+        [[10], [10, 11, 12], [1, 2, 3, 10]],
+    ),
+    (
+        {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}},
+        [{}, {"abc": 1}, {"x": [1], "y": None}],
+        [{"Abc": 1}, {"a1": 2}, {"ok": 1, "NO": 2}],
+    ),
+    (
+        {"type": "object", "properties": {"id": {"type": "integer"}, "ID": {"type": "integer"}},
+         "propertyNames": {"pattern": "^[a-z]+$"}},
+        [{"id": 1}, {"id": 1, "name": "x"}],
+        [{"ID": 1}, {"id": "1"}],
+    ),
+    (
+        {"type": "object", "propertyNames": {"enum": ["red", "green"]},
+         "additionalProperties": {"type": "integer"}},
+        [{}, {"red": 1}, {"red": 3, "green": 2}],
+        [{"blue": 1}, {"red": "x"}],
+    ),
+    (
+        {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}},
+         "additionalProperties": False, "minProperties": 2, "maxProperties": 2},
+        [{"a": 1, "b": 2}, {"b": 1, "c": 2}],
+        [{"a": 1}, {"a": 1, "b": 2, "c": 3}],
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "valid", "invalid"), CASES,
+                         ids=["unique-enum", "unique-bool", "contains", "min-max-contains", "names-pattern",
+                              "names-pattern-known", "names-enum", "min-max-properties"])
+def test_rewritten_keyword_is_enforced(compiler, tok, schema, valid, invalid):
+    compiled = compiler.compile(ConstraintSpec("json_schema", schema))
+    for value in valid:
+        jsonschema.validate(value, schema)
+        assert walk_json(compiled, tok, value), value
+    for value in invalid:
+        assert not jsonschema.Draft202012Validator(schema).is_valid(value)
+        assert not walk_json(compiled, tok, value), value
+
+
+@pytest.mark.parametrize(
+    ("schema", "keyword"),
+    [
+        ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "uniqueItems"),
+        ({"type": "array", "items": {"enum": list(range(8))}, "uniqueItems": True}, "uniqueItems"),
+        ({"type": "array", "contains": {"type": "integer"}}, "contains"),  # no maxItems
+        ({"type": "array", "contains": {"const": 3}, "maxItems": 3}, "contains"),  # const: no negation
+        ({"type": "object", "propertyNames": {"pattern": "^a", "maxLength": 3}}, "propertyNames"),
+    ],
+)
+def test_beyond_the_exact_forms_is_still_refused(compiler, schema, keyword):
+    with pytest.raises(UnsupportedConstraintError) as err:
+        compiler.compile(ConstraintSpec("json_schema", schema))
+    assert keyword in str(err.value)

@@ -1,0 +1,100 @@
+"""Mask and accept agree on MaskBench instances: at every step of every instance's tokens, the
+bitmask allows a token iff ``accept_token`` accepts it (the instance's own token, plus a few
+sampled allowed and disallowed tokens).
+
+MaskBench lives beside the repository (``../shared/data/maskbench``, or ``$TRELLIS_MASKBENCH``);
+without it the tests skip. The sample test walks 150 schemas; the full walk (hours) runs
+with ``TRELLIS_MASKBENCH_FULL=1``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from constraints import ConstraintError, ConstraintSpec
+
+from .conftest import VOCAB, allowed, new_mask
+
+DATA = Path(os.environ.get("TRELLIS_MASKBENCH", Path(__file__).resolve().parents[3] / "shared" / "data" / "maskbench"))
+SAMPLE = 150
+EOS = 2
+
+
+def _rows(limit: int | None) -> list[dict]:
+    if not DATA.is_dir() or not any(DATA.glob("*.jsonl.gz")):
+        pytest.skip(f"MaskBench data not found at {DATA} (set TRELLIS_MASKBENCH)")
+    rows = []
+    for path in sorted(DATA.glob("*.jsonl.gz")):
+        with gzip.open(path, "rt") as f:
+            rows.extend(json.loads(line) for line in f if line.strip())
+    if limit and limit < len(rows):
+        step = len(rows) / limit
+        rows = [rows[int(i * step)] for i in range(limit)]
+    return rows
+
+
+def _disagreements(matcher, ids: list[int], rng: random.Random) -> list[str]:
+    """Walk ``ids`` + EOS; every step's mask must agree with accept_token on the instance's token
+    and on a few sampled allowed / disallowed ones. Stops where the instance is rejected."""
+    found = []
+    mask = new_mask()
+    for step, token in enumerate([*ids, EOS]):
+        mask.zero_()
+        matcher.fill_bitmask(mask, 0)
+        ok = allowed(mask, token)
+        bits = np.unpackbits(mask.numpy().view(np.uint8), bitorder="little")
+        allowed_now = np.flatnonzero(bits)
+        for probe in (int(allowed_now[rng.randrange(len(allowed_now))]) for _ in range(min(2, len(allowed_now)))):
+            if probe != token and not matcher.is_terminated():
+                if not matcher.accept_token(probe):
+                    found.append(f"step {step}: mask allows {probe}, accept_token refuses it")
+                else:
+                    matcher.rollback(1)
+        for probe in (rng.randrange(VOCAB) for _ in range(3)):
+            if probe != token and not bits[probe] and matcher.accept_token(probe):
+                found.append(f"step {step}: mask forbids {probe}, accept_token takes it")
+                matcher.rollback(1)
+        accepted = matcher.accept_token(token)
+        if accepted != ok:
+            found.append(f"step {step}: token {token} mask={ok} accept={accepted}")
+        if not accepted:
+            break
+    return found
+
+
+def _walk_rows(compiler, tok, rows: list[dict]) -> tuple[int, list[str]]:
+    rng = random.Random(0)
+    walked, problems = 0, []
+    for row in rows:
+        try:
+            compiled = compiler.compile(ConstraintSpec("json_schema", row["schema"]))
+        except ConstraintError:
+            continue  # refused up front: nothing to disagree about
+        walked += 1
+        for test in row["tests"]:
+            ids = tok.encode(json.dumps(test["data"]), add_special_tokens=False)
+            for problem in _disagreements(compiled.new_matcher(), ids, rng):
+                problems.append(f"{row['file']} ({compiled.backend}, valid={test['valid']}): {problem}")
+    return walked, problems
+
+
+@pytest.mark.xfail(strict=True, reason="known defect: on 2 of 150 sample schemas (Github_hard---o58762, "
+                   "Kubernetes---kb_1020_Normalized) llguidance's try_consume_tokens takes a lone space "
+                   "(token 216) that its mask forbids; root cause not yet found")
+def test_mask_and_accept_agree_on_a_maskbench_sample(compiler, tok):
+    walked, problems = _walk_rows(compiler, tok, _rows(SAMPLE))
+    assert walked > SAMPLE * 0.8
+    assert not problems, "\n".join(problems[:20])
+
+
+@pytest.mark.skipif(not os.environ.get("TRELLIS_MASKBENCH_FULL"), reason="hours: set TRELLIS_MASKBENCH_FULL=1")
+def test_mask_and_accept_agree_on_all_of_maskbench(compiler, tok):
+    walked, problems = _walk_rows(compiler, tok, _rows(None))
+    assert not problems, "\n".join(problems[:20])
