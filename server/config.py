@@ -48,6 +48,14 @@ class Settings:
     provider_aliases: str = ""
     log_bodies: bool = False
     log_level: str = "info"
+    ray: bool = False
+    replicas: int = 1
+    ray_address: str = ""
+    ray_routing: str = "cache"
+    gpus_per_replica: float = 0.0
+    cpus_per_replica: float = 1.0
+    autoscale_min: int = 0
+    autoscale_max: int = 0
 
 
 _HELP = {
@@ -88,12 +96,21 @@ _HELP = {
     "log_bodies": "log request and response bodies in the request log line (a request's log_query_body / log_response_body override it)",
     "database_url": "stored completions and conversations: a SQLite file, or postgresql://user:pass@host:port/db (default: store.sqlite3 in the cache directory)",
     "log_level": "debug, info, warning or error",
+    "ray": "scale out on Ray Serve: --replicas engine replicas behind one entry point (needs the 'ray' extra) (on|off)",
+    "replicas": "with --ray: engine replicas (each one model + engine + compiler)",
+    "ray_address": "with --ray: the Ray cluster to join ('auto' = the local node's; '' = start a local Ray instance)",
+    "ray_routing": "with --ray: cache (prompt-prefix/constraint affinity, else least loaded), round-robin, or pow2 (Ray's default)",
+    "gpus_per_replica": "with --ray: GPUs each replica reserves",
+    "cpus_per_replica": "with --ray: CPUs each replica reserves",
+    "autoscale_min": "with --ray and --autoscale-max: fewest replicas Ray Serve's autoscaler keeps",
+    "autoscale_max": "with --ray: most replicas; > 0 turns on autoscaling on queue depth (a full batch per replica)",
 }
 _CHOICES = {
     "dtype": ["auto", "float32", "bfloat16", "float16"],
     "device": ["auto", "cpu", "cuda"],
     "log_level": ["debug", "info", "warning", "error"],
     "device_dfa": ["auto", "on", "off"],
+    "ray_routing": ["cache", "round-robin", "pow2"],
 }
 
 
@@ -119,8 +136,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default = getattr(defaults, field.name)
         if env in os.environ:
             default = convert(os.environ[env])
+        flag_only = {"nargs": "?", "const": True} if convert is _parse_bool else {}  # `--ray` alone = on
         parser.add_argument(
             "--" + field.name.replace("_", "-"),
+            **flag_only,
             type=convert,
             default=default,
             choices=_CHOICES.get(field.name),
