@@ -105,20 +105,13 @@ class EntryApp:
         await send({"type": "http.response.body", "body": body})
 
     async def _replica_metrics(self) -> dict[str, bytes]:
-        from server.scaleout.router import KNOWN_REPLICAS
-
-        if not KNOWN_REPLICAS.get(self.app_name):  # the router learns the replica set on first use
-            replica, text = await self.metrics_handle.metrics_text.remote()
-            return {replica: text}
-        calls = [self.metrics_handle.metrics_text.remote(target_replica=replica)
-                 for replica in KNOWN_REPLICAS[self.app_name]]
-        done = await asyncio.gather(*(asyncio.wait_for(_awaited(call), _METRICS_TIMEOUT_S) for call in calls),
-                                    return_exceptions=True)
-        return {replica: text for replica, text in (d for d in done if isinstance(d, tuple))}
-
-
-async def _awaited(response):
-    return await response
+        """{replica id: its Prometheus text} from every running replica (those that answer in time)."""
+        try:
+            answers = await self.metrics_handle.broadcast("metrics_text").results_async(
+                timeout_s=_METRICS_TIMEOUT_S, return_exceptions=True)
+        except TimeoutError:
+            return {}
+        return dict(answer for answer in answers if isinstance(answer, tuple))
 
 
 # --------------------------------------------------------------------------- ASGI helpers

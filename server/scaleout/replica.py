@@ -52,8 +52,12 @@ class TrellisReplica:
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.state = await asyncio.to_thread(build_state, settings, source)
         self.app = create_app(settings, self.state)
-        self._lifespan = self.app.lifespan()
-        await self._lifespan.__aenter__()
+        self._stop = asyncio.Event()
+        started = asyncio.Event()
+        self._lifespan = asyncio.create_task(self._run_lifespan(started))
+        await asyncio.wait({self._lifespan, asyncio.ensure_future(started.wait())}, return_when=asyncio.FIRST_COMPLETED)
+        if self._lifespan.done():  # start-up failed: raise its error (Ray retries the replica)
+            self._lifespan.result()
         log.info("replica %s serving %s", self.replica_id, self.state.model_name)
 
     async def handle(self, head: dict[str, Any], body: bytes, routing_key: str | None = None,
@@ -98,8 +102,8 @@ class TrellisReplica:
                 except (TimeoutError, asyncio.CancelledError):
                     task.cancel()
 
-    async def metrics_text(self, target_replica: str | None = None) -> tuple[str, bytes]:
-        """(this replica's id, its Prometheus text); ``target_replica`` pins the call (router)."""
+    async def metrics_text(self) -> tuple[str, bytes]:
+        """(this replica's id, its Prometheus text), for the entry point's ``/metrics``."""
         return self.replica_id, self.state.metrics.render()
 
     def check_health(self) -> None:
@@ -107,11 +111,19 @@ class TrellisReplica:
         if not self.state.engine.alive:
             raise RuntimeError(f"the engine stopped: {self.state.engine.error}")
 
+    async def _run_lifespan(self, started: asyncio.Event) -> None:
+        """The app's lifespan (store opened, OpenAPI documented) in one task, entered and left there."""
+        async with self.app.lifespan():
+            started.set()
+            await self._stop.wait()
+
     async def __del__(self) -> None:
+        """Ray's graceful shutdown: leave the lifespan, then stop the engine and worker processes."""
+        self._stop.set()
         try:
-            await self._lifespan.__aexit__(None, None, None)
+            await self._lifespan
         finally:
-            self.state.close()
+            await asyncio.to_thread(self.state.close)
 
 
 def _coalesced(message: dict, queue: asyncio.Queue) -> dict:

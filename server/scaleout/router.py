@@ -7,8 +7,6 @@ replicas come and go, and only the keys of a dead replica move. When that replic
 the least loaded one (more than ``imbalance_threshold`` requests), or full, the request goes to the
 least loaded replica instead. Requests without a key go to the least loaded replica.
 
-A ``target_replica`` keyword pins a call to one replica (the entry point's per-replica ``/metrics``).
-
 Ray Serve ranks: ``choose_replicas`` returns lists of replicas, most preferred first; Ray probes the
 replicas of a rank for their queue length and takes the shortest queue among those that accept.
 """
@@ -23,8 +21,6 @@ from ray.serve.request_router import PendingRequest, RequestRouter, RunningRepli
 
 DEFAULT_IMBALANCE_THRESHOLD = 8
 
-KNOWN_REPLICAS: dict[str, list[str]] = {}
-"""Replica ids by app name, as this process's routers last saw them (the entry's ``/metrics``)."""
 
 
 def _kwarg(pending_request: Optional[PendingRequest], name: str) -> Optional[str]:
@@ -34,23 +30,11 @@ def _kwarg(pending_request: Optional[PendingRequest], name: str) -> Optional[str
     return value if isinstance(value, str) and value else None
 
 
-def _pinned(candidates: list[RunningReplica], target: str) -> list[list[RunningReplica]]:
-    return [[r for r in candidates if r.replica_id.unique_id == target]]
-
-
 def _candidates(candidates: list[RunningReplica], pending_request: Optional[PendingRequest]) -> list[RunningReplica]:
     """Without the ``exclude_replica`` one (a retry after it answered 503), unless it is the only one."""
     excluded = _kwarg(pending_request, "exclude_replica")
     kept = [r for r in candidates if r.replica_id.unique_id != excluded]
     return kept or candidates
-
-
-class _RecordsReplicas:
-    """Keeps ``KNOWN_REPLICAS`` current (Ray calls ``update_replicas`` when the replica set changes)."""
-
-    def update_replicas(self, replicas: list[RunningReplica]) -> None:
-        KNOWN_REPLICAS[self.app_name] = sorted(r.replica_id.unique_id for r in replicas)
-        return super().update_replicas(replicas)
 
 
 def rendezvous_order(key: str, replica_ids: list[str]) -> list[str]:
@@ -61,7 +45,7 @@ def rendezvous_order(key: str, replica_ids: list[str]) -> list[str]:
     return sorted(replica_ids, key=score, reverse=True)
 
 
-class CacheAwareRouter(_RecordsReplicas, RequestRouter):
+class CacheAwareRouter(RequestRouter):
     """Affinity by prompt prefix and constraint, falling back to the least loaded replica."""
 
     def initialize_state(self, imbalance_threshold: int = DEFAULT_IMBALANCE_THRESHOLD, **kwargs) -> None:
@@ -72,9 +56,6 @@ class CacheAwareRouter(_RecordsReplicas, RequestRouter):
         candidate_replicas: list[RunningReplica],
         pending_request: Optional[PendingRequest] = None,
     ) -> list[list[RunningReplica]]:
-        target = _kwarg(pending_request, "target_replica")
-        if target is not None:
-            return _pinned(candidate_replicas, target)
         candidate_replicas = _candidates(candidate_replicas, pending_request)
         key = _kwarg(pending_request, "routing_key")
         if key is None or len(candidate_replicas) < 2:
@@ -96,7 +77,7 @@ class CacheAwareRouter(_RecordsReplicas, RequestRouter):
         return preferred_len - min(known) > getattr(self, "imbalance_threshold", DEFAULT_IMBALANCE_THRESHOLD)
 
 
-class RoundRobinRouter(_RecordsReplicas, RequestRouter):
+class RoundRobinRouter(RequestRouter):
     """Each request to the next replica in turn (the baseline ``scaleout`` benchmark compares against)."""
 
     def initialize_state(self, **kwargs) -> None:
@@ -107,9 +88,6 @@ class RoundRobinRouter(_RecordsReplicas, RequestRouter):
         candidate_replicas: list[RunningReplica],
         pending_request: Optional[PendingRequest] = None,
     ) -> list[list[RunningReplica]]:
-        target = _kwarg(pending_request, "target_replica")
-        if target is not None:
-            return _pinned(candidate_replicas, target)
         candidate_replicas = _candidates(candidate_replicas, pending_request)
         if not candidate_replicas:
             return []
