@@ -36,7 +36,7 @@ def cluster(tiny_model_dir, tmp_path_factory):
         model=str(tiny_model_dir), served_model_name="tiny", max_batch_size=4, max_model_len=2048,
         compile_workers=1, port=free_port(), database_url=str(cache / "store.sqlite3"),
         constraint_cache_dir=str(cache / "constraints"), log_requests=False,
-        ray=True, replicas=2, cpus_per_replica=1.0, request_timeout=120,
+        ray=True, replicas=2, cpus_per_replica=1.0, request_timeout=120, drain_timeout=5,
     )
     url = deploy(settings, ModelSource(tiny_model_dir, name="tiny"))
     try:
@@ -61,10 +61,30 @@ def _wait_running(serve, app_name: str, replicas: int, timeout: float = 120.0) -
     raise AssertionError(f"the app did not reach {replicas} running replicas: {serve.status()}")
 
 
-def _chat(url: str, content: str, *, max_tokens: int = 4, stream: bool = False, **extra) -> httpx.Response:
-    body = {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+def _chat_body(content: str, *, max_tokens: int = 4, stream: bool = False, **extra) -> dict:
+    return {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
             "temperature": 0, "stream": stream, **extra}
-    return httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+
+
+def _chat(url: str, content: str, **options) -> httpx.Response:
+    return httpx.post(url + "/v1/chat/completions", json=_chat_body(content, **options), timeout=120)
+
+
+def _prompts_preferring(replica: str, replicas: list[str], count: int, stem: str, **options) -> list[str]:
+    """Prompts whose affinity key the cache-aware router sends to ``replica`` first."""
+    import msgspec
+
+    from server.scaleout.keys import affinity_key
+    from server.scaleout.router import rendezvous_order
+
+    chosen = []
+    for i in range(1000):
+        body = msgspec.json.encode(_chat_body(f"{stem} {i}", **options))
+        if rendezvous_order(affinity_key("POST", "/v1/chat/completions", body), replicas)[0] == replica:
+            chosen.append(f"{stem} {i}")
+            if len(chosen) == count:
+                return chosen
+    raise AssertionError("no prompts found")
 
 
 def test_requests_are_served_by_both_replicas(cluster):
@@ -122,20 +142,31 @@ def test_single_server_behaviour_through_the_entry_point(cluster):
     assert "trellis_scaleout_replicas 2.0" in metrics.text
 
 
-def _stream_outcome(url: str, i: int) -> tuple[str, str]:
-    """(replica, how the stream ended: 'done' or 'error')."""
-    body = {"model": "tiny", "messages": [{"role": "user", "content": f"stream {i}"}], "max_tokens": 200,
-            "ignore_eos": True, "stream": True}
-    saw_error = False
+def _stream_outcome(url: str, content: str, started: threading.Event) -> tuple[str, str]:
+    """(replica, how the stream ended: 'done' or 'error'); sets ``started`` at its first event."""
+    lines = []
+    body = _chat_body(content, **_LONG_STREAM)
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120) as response:
         assert response.status_code == 200
         replica = response.headers[REPLICA]
-        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                lines.append(line)
+                started.set()
     assert lines[-1] == "data: [DONE]"  # a stream always ends, also when its replica died
-    for line in lines[:-1]:
-        if "error" in json.loads(line[len("data: "):]):
-            saw_error = True
+    saw_error = any("error" in json.loads(line[len("data: "):]) for line in lines[:-1])
     return replica, "error" if saw_error else "done"
+
+
+_LONG_STREAM = {"max_tokens": 400, "ignore_eos": True, "stream": True}
+_LONG_PLAIN = {"max_tokens": 200, "ignore_eos": True}
+
+
+def _retried(url: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("trellis_scaleout_retried_requests "):
+            return float(line.split()[1])
+    raise AssertionError("no trellis_scaleout_retried_requests in /metrics")
 
 
 def test_a_killed_replica_loses_no_unstarted_request_and_is_replaced(cluster):
@@ -144,24 +175,34 @@ def test_a_killed_replica_loses_no_unstarted_request_and_is_replaced(cluster):
 
     from server.scaleout.launch import APP_NAME, REPLICA_DEPLOYMENT
 
-    before = {_chat(cluster, f"warm {i}").headers[REPLICA] for i in range(12)}
-    assert len(before) == 2
-    victim = sorted(before)[0]
+    replicas = sorted({_chat(cluster, f"warm {i}").headers[REPLICA] for i in range(12)})
+    assert len(replicas) == 2
+    victim, survivor = replicas
     actor = ray.get_actor(f"SERVE_REPLICA::{APP_NAME}#{REPLICA_DEPLOYMENT}#{victim}", namespace="serve")
+    retried_before = _retried(cluster)
+    # Half of each kind prefers the replica that will die, so the kill always hits requests in flight.
+    stream_prompts = (_prompts_preferring(victim, replicas, 2, "stream", **_LONG_STREAM)
+                      + _prompts_preferring(survivor, replicas, 2, "stream", **_LONG_STREAM))
+    plain_prompts = (_prompts_preferring(victim, replicas, 4, "plain", **_LONG_PLAIN)
+                     + _prompts_preferring(survivor, replicas, 4, "plain", **_LONG_PLAIN))
 
     with ThreadPoolExecutor(max_workers=12) as pool:
-        streams = [pool.submit(_stream_outcome, cluster, i) for i in range(4)]
-        plain = [pool.submit(_chat, cluster, f"plain {i}", max_tokens=48, ignore_eos=True) for i in range(8)]
-        time.sleep(1.0)  # requests are in flight on both replicas
-        threading.Thread(target=ray.kill, args=(actor,), kwargs={"no_restart": True}).start()
+        started = [threading.Event() for _ in stream_prompts]
+        streams = [pool.submit(_stream_outcome, cluster, prompt, event) for prompt, event in zip(stream_prompts, started)]
+        plain = [pool.submit(_chat, cluster, prompt, **_LONG_PLAIN) for prompt in plain_prompts]
+        for event in started:
+            assert event.wait(timeout=60)  # every stream is under way: kill one replica mid-run
+        ray.kill(actor, no_restart=True)
         results = [future.result(timeout=180) for future in plain]
         outcomes = [future.result(timeout=180) for future in streams]
 
     for response in results:  # not streaming: nothing had started, so each was retried if needed
         assert response.status_code == 200, response.text
-        assert response.json()["usage"]["completion_tokens"] == 48
-    for replica, ending in outcomes:
-        assert ending == "done" or replica == victim
+        assert response.json()["usage"]["completion_tokens"] == 200
+    assert _retried(cluster) > retried_before  # some of them were in flight on the killed replica
+    assert victim in {replica for replica, _ in outcomes}
+    for replica, ending in outcomes:  # started streams on the dead replica end with an error event
+        assert ending == ("error" if replica == victim else "done"), outcomes
 
     _wait_running(serve, APP_NAME, replicas=2)
     after = set()
