@@ -106,8 +106,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8765)
     args = parser.parse_args()
 
-    from server.scaleout.launch import deploy, shutdown
+    from server.scaleout.launch import deploy, shutdown, start_ray
 
+    start_ray(Settings(ray_address=args.ray_address, replicas=max(args.replicas), cpus_per_replica=args.cpus_per_replica))
     rows = [(n, routing) for n in args.replicas for routing in args.routings if n > 1 or routing == args.routings[0]]
     results = []
     try:

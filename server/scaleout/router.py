@@ -22,7 +22,6 @@ from ray.serve.request_router import PendingRequest, RequestRouter, RunningRepli
 DEFAULT_IMBALANCE_THRESHOLD = 8
 
 
-
 def _kwarg(pending_request: Optional[PendingRequest], name: str) -> Optional[str]:
     if pending_request is None:
         return None
