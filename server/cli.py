@@ -37,6 +37,10 @@ def serve(settings: Settings) -> int:
     from server.state import build_state
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.ray:
+        from server.scaleout.launch import run
+
+        return run(settings)
     try:
         state = build_state(settings)
     except (ModelLoadError, UnsupportedModelError, RuntimeError, OSError) as exc:

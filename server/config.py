@@ -52,6 +52,14 @@ class Settings:
     log_bodies: bool = False
     log_level: str = "info"
     lora_modules: str = ""  # name=path entries, comma-separated (the flag may be repeated)
+    ray: bool = False
+    replicas: int = 1
+    ray_address: str = ""
+    ray_routing: str = "cache"
+    gpus_per_replica: float = 0.0
+    cpus_per_replica: float = 1.0
+    autoscale_min: int = 0
+    autoscale_max: int = 0
 
 
 _HELP = {
@@ -96,6 +104,14 @@ _HELP = {
     "database_url": "stored completions and conversations: a SQLite file, or postgresql://user:pass@host:port/db (default: store.sqlite3 in the cache directory)",
     "log_level": "debug, info, warning or error",
     "lora_modules": "LoRA adapters (peft directories) as name=path; repeatable, or comma-separated in the env",
+    "ray": "scale out on Ray Serve: --replicas engine replicas behind one entry point (needs the 'ray' extra) (on|off)",
+    "replicas": "with --ray: engine replicas (each one model + engine + compiler)",
+    "ray_address": "with --ray: the Ray cluster to join ('auto' = the local node's; '' = start a local Ray instance)",
+    "ray_routing": "with --ray: cache (prompt-prefix/constraint affinity, else least loaded), round-robin, or pow2 (Ray's default)",
+    "gpus_per_replica": "with --ray: GPUs each replica reserves",
+    "cpus_per_replica": "with --ray: CPUs each replica reserves",
+    "autoscale_min": "with --ray and --autoscale-max: fewest replicas Ray Serve's autoscaler keeps",
+    "autoscale_max": "with --ray: most replicas; > 0 turns on autoscaling on queue depth (a full batch per replica)",
 }
 _LISTS = {"lora_modules"}  # flags that take several values and may be repeated
 _CHOICES = {
@@ -104,6 +120,7 @@ _CHOICES = {
     "log_level": ["debug", "info", "warning", "error"],
     "device_dfa": ["auto", "on", "off"],
     "max_tokens_overflow": ["error", "clamp"],
+    "ray_routing": ["cache", "round-robin", "pow2"],
 }
 
 
@@ -134,8 +151,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                                 default=[default] if default else [], metavar="NAME=PATH",
                                 help=f"{_HELP[field.name]} [env {env}]")
             continue
+        flag_only = {"nargs": "?", "const": True} if convert is _parse_bool else {}  # `--ray` alone = on
         parser.add_argument(
             "--" + field.name.replace("_", "-"),
+            **flag_only,
             type=convert,
             default=default,
             choices=_CHOICES.get(field.name),
