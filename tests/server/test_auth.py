@@ -166,8 +166,8 @@ def test_jwt_hs256_valid(hs256):
 @pytest.mark.parametrize(
     ("claims", "key", "message"),
     [
-        ({"exp": int(time.time()) - 60}, SECRET, "expired"),
-        ({"nbf": int(time.time()) + 600}, SECRET, "not valid yet"),
+        (lambda: {"exp": int(time.time()) - 60}, SECRET, "expired"),  # times taken when the test runs,
+        (lambda: {"nbf": int(time.time()) + 600}, SECRET, "not valid yet"),  # not at collection
         ({"aud": "someone-else"}, SECRET, "audience"),
         ({"iss": "https://evil.test"}, SECRET, "issuer"),
         ({}, "another-secret-0123456789-0123456789", "signature"),
@@ -178,6 +178,7 @@ def test_jwt_hs256_valid(hs256):
     ids=["expired", "not-yet", "wrong-aud", "wrong-iss", "wrong-signature", "no-sub", "nul-sub", "no-exp"],
 )
 def test_jwt_hs256_rejected(hs256, claims, key, message):
+    claims = claims() if callable(claims) else claims
     token = _token({"iss": "https://issuer.test", "aud": "trellis", **claims}, key=key)
     body = _assert_401(hs256.get("/whoami", headers=_bearer(token)), "invalid_token")
     assert message in body["error"]["message"]
