@@ -345,6 +345,8 @@ class Envelope:
                     extra.append((b"x-trellis-ignored", dropped_header_value(fields["ignored_params"])))
                 if fields.get("truncated_prompt_tokens"):
                     extra.append((b"x-trellis-truncated-prompt-tokens", str(fields["truncated_prompt_tokens"]).encode()))
+                if fields.get("clamped_max_tokens"):  # requested->used, one per distinct clamp
+                    extra.append((b"x-trellis-clamped-max-tokens", ",".join(fields["clamped_max_tokens"]).encode()))
                 message["headers"] = [*message.get("headers", []), *extra]
             elif message["type"] == "http.response.body" and fields.get("log_response_body"):
                 _capture_body(fields, message.get("body", b""))

@@ -6,8 +6,8 @@
   (in ``lora_path``) naming it.
 - ``service_tier``: ``auto``/``default``/``flex``/``priority`` decide the order of admission to the
   batch (priority first, flex only when nothing else waits); anything else is a 400.
-- ``return_routed_experts``: the loaded architectures are dense, so there are no routed experts to
-  report: a 400 naming the field.
+- ``return_routed_experts`` is refused (or dropped on ``/v0`` / with ``drop_params``) with the other
+  fields the loaded model cannot honour, in :func:`server.requests.reject_unimplemented`.
 """
 
 from __future__ import annotations
@@ -50,11 +50,6 @@ def apply_engine_options(state, req):
     if req.service_tier is not None and req.service_tier not in SERVICE_TIERS:
         raise bad_request(
             f"'service_tier' must be one of {', '.join(SERVICE_TIERS)}, got {req.service_tier!r}", param="service_tier"
-        )
-    if req.return_routed_experts:
-        raise bad_request(
-            "'return_routed_experts' needs a mixture-of-experts model; the loaded model is dense and routes no experts",
-            param="return_routed_experts", code="unsupported_parameter",
         )
     from_model = adapter_in_model(state, req.model)
     from_path = req.lora_path

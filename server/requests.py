@@ -157,6 +157,8 @@ _REFUSALS = {
     "max_dynamic_patch": "'max_dynamic_patch' sets image tiling, but the loaded model is text-only",
     "min_dynamic_patch": "'min_dynamic_patch' sets image tiling, but the loaded model is text-only",
     "deep_research": "'deep_research' needs a reasoning model; the loaded model has no reasoning mode",
+    "return_routed_experts": "'return_routed_experts' needs a mixture-of-experts model; the loaded model is dense "
+    "and routes no experts",
 }
 def reject_unimplemented(req: T, *, custom_logit_processor_enabled: bool = False) -> T:
     """Refuse behaviour-changing fields this server does not implement (or, with ``drop_params``,
@@ -167,6 +169,7 @@ def reject_unimplemented(req: T, *, custom_logit_processor_enabled: bool = False
         "custom_logit_processor": req.custom_logit_processor is not None and not custom_logit_processor_enabled,
         "max_dynamic_patch": req.max_dynamic_patch is not None,
         "min_dynamic_patch": req.min_dynamic_patch is not None,
+        "return_routed_experts": bool(req.return_routed_experts),
     }
     if isinstance(req, ChatCompletionRequest):
         unsupported.update(
@@ -415,6 +418,14 @@ def clamps_max_tokens(max_tokens_overflow: str) -> bool:
     return on_router_dialect() or max_tokens_overflow == "clamp"
 
 
+def note_clamped(requested: int, used: int) -> None:
+    """A clamped ``max_tokens``, as ``requested->used``, for the response header and the log."""
+    fields = request_log()
+    entry = f"{requested}->{used}"
+    if entry not in fields.setdefault("clamped_max_tokens", []):
+        fields["clamped_max_tokens"].append(entry)
+
+
 def note_truncated(removed: int) -> None:
     """Prompt tokens ``truncate_prompt_tokens`` removed, for the response header and the log."""
     if removed:
@@ -453,6 +464,7 @@ def resolve_max_tokens(
     if requested < 1:
         raise bad_request(f"'{param}' must be at least 1, got {requested}", param=param)
     if requested > room and clamp:
+        note_clamped(requested, room)
         return room
     if requested > room:
         raise APIError(

@@ -353,12 +353,18 @@ def test_max_tokens_overflow_error_on_v1_clamp_on_v0_and_with_the_flag(server):
     body = dict(prompt=long_prompt, max_tokens=500, temperature=0, ignore_eos=True)
     error = post(server, "/v1/completions", **body)
     assert error.status_code == 400 and error.json()["error"]["code"] == "context_length_exceeded"
-    clamped = ok(post(server, "/v0/completions", **body))
+    response = post(server, "/v0/completions", **body)
+    clamped = ok(response)
     assert clamped["usage"]["completion_tokens"] == room and clamped["choices"][0]["finish_reason"] == "length"
+    assert response.headers["x-trellis-clamped-max-tokens"] == f"500->{room}"  # never silently
     settings = server.state.settings
     settings.max_tokens_overflow = "clamp"
     try:
-        assert ok(post(server, "/v1/completions", **body))["usage"]["completion_tokens"] == room
+        response = post(server, "/v1/completions", **body)
+        assert ok(response)["usage"]["completion_tokens"] == room
+        assert response.headers["x-trellis-clamped-max-tokens"] == f"500->{room}"
+        fitting = post(server, "/v1/completions", **{**body, "max_tokens": 2})
+        assert ok(fitting) and "x-trellis-clamped-max-tokens" not in fitting.headers
     finally:
         settings.max_tokens_overflow = "error"
 
