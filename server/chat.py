@@ -13,7 +13,7 @@ from server import tools as tool_calls
 from server.errors import APIError, bad_request
 from server.generation import ChoiceResult, GenerationStream, SequenceSpec, collect, new_request_id, with_seed
 from server.render import RenderJob, template_source, with_documents_and_verbosity
-from server.engine_options import adapter_in_model, apply_engine_options, response_tier
+from server.engine_options import adapter_in_model, apply_engine_options, response_model, response_tier
 from server.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -212,7 +212,7 @@ def _completion(state: ServerState, job: ChatJob, choices: list[ChoiceResult]) -
     return ChatCompletion(
         id=job.request_id,
         created=job.created,
-        model=state.model_name,
+        model=response_model(state, job.req),
         system_fingerprint=state.system_fingerprint,
         choices=[_chat_choice(state, job, i, c) for i, c in enumerate(choices)],
         usage=_usage(job, choices),
@@ -351,7 +351,7 @@ def _delta_chunks(state, job, index, delta, streamer, usage, splitter=None):
 
 def _base_chunk(state: ServerState, job: ChatJob) -> dict:
     chunk = {"id": job.request_id, "object": "chat.completion.chunk", "created": job.created,
-             "model": state.model_name, "system_fingerprint": state.system_fingerprint}
+             "model": response_model(state, job.req), "system_fingerprint": state.system_fingerprint}
     if job.req.service_tier is not None:
         chunk["service_tier"] = response_tier(job.req)
     return chunk

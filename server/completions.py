@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from server.chat import check_model, choice_logprobs
-from server.engine_options import apply_engine_options, response_tier
+from server.engine_options import apply_engine_options, response_model, response_tier
 from server.errors import bad_request
 from server.generation import GenerationStream, SequenceSpec, collect, new_request_id, with_seed
 from server.protocol import Completion, CompletionChoice, CompletionRequest, Usage
@@ -130,7 +130,7 @@ async def run_completion(state: ServerState, job: CompletionJob) -> Completion:
                                         matched_stop=result.matched_stop,
                                         choice_logprobs=choice_logprobs(job.scored_choices, result.choice_logprobs),
                                         hidden_states=hidden))
-    return Completion(id=job.request_id, created=job.created, model=state.model_name, choices=choices,
+    return Completion(id=job.request_id, created=job.created, model=response_model(state, job.req), choices=choices,
                       system_fingerprint=state.system_fingerprint, service_tier=response_tier(job.req),
                       usage=_usage(job, sum(r.completion_tokens for r in results)))
 
@@ -179,7 +179,7 @@ def _chunk(state, job, index, text, logprobs, finish, stop_reason=None, matched_
 
 
 def _chunk_head(state: ServerState, job: CompletionJob) -> dict:
-    head = {"id": job.request_id, "object": "text_completion", "created": job.created, "model": state.model_name,
+    head = {"id": job.request_id, "object": "text_completion", "created": job.created, "model": response_model(state, job.req),
             "system_fingerprint": state.system_fingerprint}
     if job.req.service_tier is not None:
         head["service_tier"] = response_tier(job.req)
