@@ -32,6 +32,7 @@ from server.requests import (
     note_truncated,
     stop_regexes,
     truncate_prompt,
+    check_scoring_without_processor,
     choice_token_ids,
     decode_request,
     logprob_settings,
@@ -100,6 +101,7 @@ async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
     scored = None  # a reasoning model thinks first: its choice does not follow the prompt directly
     if phase is None:
         scored = choice_token_ids(spec, want_logprobs, state.tokenizer, [len(prompt_ids)], settings.max_model_len)
+        check_scoring_without_processor(scored, params)
     specs = [
         SequenceSpec(prompt_ids, with_seed(params, i), max_tokens, *sequence_constraint(state, compiled), phase,
                      prediction_token_ids=prediction_ids, score_choices=scored)

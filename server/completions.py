@@ -21,6 +21,7 @@ from server.requests import (
     note_truncated,
     stop_regexes,
     truncate_prompt,
+    check_scoring_without_processor,
     choice_token_ids,
     decode_request,
     logprob_settings,
@@ -98,6 +99,7 @@ async def prepare_completion(state: ServerState, body: bytes) -> CompletionJob:
     spec = await constraint_spec_async(state, wire, None)
     compiled = await compile_constraint(state, spec)
     scored = choice_token_ids(spec, want_logprobs, state.tokenizer, [len(p) for p in prompts], settings.max_model_len)
+    check_scoring_without_processor(scored, params)
     clamp = clamps_max_tokens(settings.max_tokens_overflow)
     specs = []
     for prompt in prompts:

@@ -238,6 +238,15 @@ def choice_token_ids(spec: Any, want_logprobs: bool, tokenizer, prompt_lens: lis
     return choices
 
 
+def check_scoring_without_processor(scored, params: SamplingParams) -> None:
+    """Scored choices are ranked on the raw model probabilities, which a ``custom_logit_processor``
+    would not touch: refuse the pair rather than ignore the processor."""
+    if scored is not None and params.custom_processor is not None:
+        raise bad_request("'custom_logit_processor' cannot steer choices scored with logprobs (guided_choice with "
+                          "logprobs ranks the raw model probabilities); drop one of them",
+                          param="custom_logit_processor")
+
+
 def _check_range(value: float | None, name: str, low: float, high: float) -> None:
     if value is not None and not (low <= value <= high):
         raise bad_request(f"'{name}' must be between {low} and {high}, got {value}", param=name)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import openai
 import pytest
 
@@ -138,6 +139,10 @@ def test_bad_payloads_are_400s_naming_the_field(server, processors):
     with pytest.raises(openai.BadRequestError) as info:
         complete(client, custom_params={"token_id": 1})
     assert info.value.body["param"] == "custom_params"
+    with pytest.raises(openai.BadRequestError) as info:  # scoring ranks raw probabilities: not steerable
+        complete(client, custom_logit_processor=processors["force"], custom_params={"token_id": 1},
+                 guided_choice=["yes", "no"], logprobs=1)
+    assert info.value.body["param"] == "custom_logit_processor"
 
 
 def test_refused_without_the_flag(tiny_server, processors):
@@ -145,3 +150,8 @@ def test_refused_without_the_flag(tiny_server, processors):
         complete(tiny_server.client(), custom_logit_processor=processors["force"], custom_params={"token_id": 1})
     assert info.value.body["param"] == "custom_logit_processor"
     assert "--enable-custom-logit-processor" in info.value.body["message"]
+    dropped = httpx.post(tiny_server.base_url + "/v0/completions", timeout=60,
+                         json={"model": "tiny", "prompt": "Hi", "max_tokens": 2, "custom_params": {"token_id": 1},
+                               "custom_logit_processor": processors["force"]})
+    assert dropped.status_code == 200, dropped.text
+    assert set(dropped.headers["x-trellis-dropped-params"].split(",")) == {"custom_logit_processor", "custom_params"}
