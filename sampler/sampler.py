@@ -63,12 +63,13 @@ class _Plan:
 class Sampler:
     """Turns a batch of logits into one token per row.
 
-    Processing order per row: a client logit processor (``params.custom_processor``), bitmask, DFA mask, logit_bias, min_tokens and bad-word bans,
-    repetition/presence/frequency penalties, temperature (0 = greedy argmax), top-k,
-    top-p, min-p, then sampling. Greedy rows skip temperature/top-k/top-p/min-p.
-    Sampling uses one uniform per row from the row's own seeded RNG and inverse-CDF
-    sampling, so a seed gives the same tokens whatever the batch composition/position.
-    The only host syncs are reading the sampled ids (and logprobs) at the end.
+    Processing order per row: a client logit processor (``params.custom_processor``), bitmask,
+    DFA mask, logit_bias, min_tokens and bad-word bans, repetition/presence/frequency penalties,
+    temperature (0 = greedy argmax), top-k, top-p, min-p, then sampling. Greedy rows skip
+    temperature/top-k/top-p/min-p. Sampling uses one uniform per row from the row's own seeded RNG
+    and inverse-CDF sampling, so a seed gives the same tokens whatever the batch composition/position.
+    The only host syncs are reading the sampled ids (and logprobs) at the end (and, for rows with a
+    client logit processor, checking its output).
     """
 
     def __init__(self, vocab_size: int, device: torch.device | str) -> None:

@@ -181,8 +181,8 @@ def _chunk(state, job, index, text, logprobs, finish, stop_reason=None, matched_
 
 
 def _chunk_head(state: ServerState, job: CompletionJob) -> dict:
-    head = {"id": job.request_id, "object": "text_completion", "created": job.created, "model": response_model(state, job.req),
-            "system_fingerprint": state.system_fingerprint}
+    head = {"id": job.request_id, "object": "text_completion", "created": job.created,
+            "model": response_model(state, job.req), "system_fingerprint": state.system_fingerprint}
     if job.req.service_tier is not None:
         head["service_tier"] = response_tier(job.req)
     return head

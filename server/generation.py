@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 
 from sampler import SamplingParams, TokenLogprobs
+from sampler.custom import ERROR_PREFIX
 from server.engine.engine import Engine
 from server.engine.sequence import GenerationRequest, SequenceDelta
 from server.protocol import CompletionLogprobs, TokenLogprob, TopLogprob
@@ -190,7 +191,6 @@ class ChoiceResult:
 
 def _generation_error(message: str):
     """A failed generation: the client's own logit processor failing is a 400 naming it, else a 500."""
-    from sampler.custom import ERROR_PREFIX
     from server.errors import APIError
 
     if message.startswith(ERROR_PREFIX):

@@ -160,6 +160,8 @@ _REFUSALS = {
     "return_routed_experts": "'return_routed_experts' needs a mixture-of-experts model; the loaded model is dense "
     "and routes no experts",
 }
+
+
 def reject_unimplemented(req: T, *, custom_logit_processor_enabled: bool = False) -> T:
     """Refuse behaviour-changing fields this server does not implement (or, with ``drop_params``,
     drop them and say so); returns the request without dropped fields."""

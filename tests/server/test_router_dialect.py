@@ -98,7 +98,8 @@ def test_clamped_max_tokens_is_in_the_request_log(tiny_server, caplog):
     room = tiny_server.settings.max_model_len - len(tiny_server.state.tokenizer(prompt).input_ids)
     assert 0 < room < 100
     with caplog.at_level(logging.INFO, logger="trellis.access"):
-        response = httpx.post(tiny_server.base_url + "/v0/completions", timeout=120, headers={"x-request-id": "clamp-1"},
+        response = httpx.post(tiny_server.base_url + "/v0/completions", timeout=120,
+                              headers={"x-request-id": "clamp-1"},
                               json={"model": MODEL, "prompt": prompt, "max_tokens": 100, "temperature": 0})
         assert response.status_code == 200, response.text
         assert response.headers["x-trellis-clamped-max-tokens"] == f"100->{room}"
