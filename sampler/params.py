@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 MAX_TOP_LOGPROBS = 20
 LOGPROB_FLOOR = -9999.0  # reported instead of -inf (OpenAI's convention for impossible tokens)
@@ -23,6 +24,8 @@ class SamplingParams:
     a one-token sequence is a banned token. ``top_p_decay`` / ``top_p_min`` / ``top_p_reset_ids``:
     TensorRT-LLM's decaying top-p: after each token the row's top-p becomes
     ``max(top_p * top_p_decay, top_p_min)``, or ``top_p`` again when the token is a reset id.
+    ``custom_processor`` / ``custom_params``: a client logit processor (SGLang's contract, see
+    :mod:`sampler.custom`) run on the raw logits before every other step, and its per-request params.
     """
 
     temperature: float = 1.0
@@ -42,6 +45,8 @@ class SamplingParams:
     top_p_decay: float = 1.0
     top_p_min: float = 1e-6
     top_p_reset_ids: frozenset[int] = frozenset()
+    custom_processor: Callable[..., Any] | None = None
+    custom_params: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:
@@ -109,7 +114,11 @@ class TokenLogprobs:
 
 @dataclass
 class SampleResult:
-    """One sampled token per row (batch order), and logprobs where the row asked for them."""
+    """One sampled token per row (batch order), and logprobs where the row asked for them.
+
+    ``failures``: rows whose own processing failed (a client logit processor); the engine ends
+    those sequences with the message, and their ``token_ids`` entry means nothing."""
 
     token_ids: list[int]
     logprobs: list[TokenLogprobs | None]
+    failures: dict[int, str] = field(default_factory=dict)  # row → why it failed (its token is void)

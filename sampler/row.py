@@ -46,6 +46,8 @@ class SamplingRow:
         self.top_p = params.top_p  # this step's top-p (decays when params.decays_top_p)
         longest = max((len(w) for w in params.bad_words), default=1)
         self._bad_context = list(prompt_token_ids[max(0, len(prompt_token_ids) - (longest - 1)):]) if longest > 1 else []
+        # Only a client logit processor reads the whole prompt (as ``__req__.origin_input_ids``).
+        self.prompt_token_ids = list(prompt_token_ids) if params.custom_processor is not None else None
         self.slot: int | None = None
         self.pending_counts: list[int] = []
         if pool is not None and params.has_penalties:

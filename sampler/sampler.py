@@ -11,6 +11,7 @@ import torch
 
 from kernels import apply_penalties_inplace, apply_token_bitmask_inplace, dfa_apply_mask_inplace
 from sampler import ops
+from sampler.custom import RequestView, apply_group
 from sampler.dfa import DeviceDFA, DFATables, flush_dfas, normalize_device
 from sampler.params import LOGPROB_FLOOR, SampleResult, SamplingParams, TokenLogprobs
 from sampler.pool import PenaltyPool, to_device
@@ -39,6 +40,7 @@ class _Plan:
     bad_words_pos: list[int] = field(default_factory=list)
     top_p_pos: list[int] = field(default_factory=list)  # rows of top_k_p, in order
     top_p_decays: bool = False  # some top-p row decays: its p is re-read every step
+    custom_groups: list[tuple[list[int], torch.Tensor]] = field(default_factory=list)  # rows per processor
     logprob_pos: list[int] = field(default_factory=list)
     logprob_idx: Idx = None
     top_max: int = 0
@@ -61,12 +63,13 @@ class _Plan:
 class Sampler:
     """Turns a batch of logits into one token per row.
 
-    Processing order per row: bitmask, DFA mask, logit_bias, min_tokens and bad-word bans,
-    repetition/presence/frequency penalties, temperature (0 = greedy argmax), top-k,
-    top-p, min-p, then sampling. Greedy rows skip temperature/top-k/top-p/min-p.
-    Sampling uses one uniform per row from the row's own seeded RNG and inverse-CDF
-    sampling, so a seed gives the same tokens whatever the batch composition/position.
-    The only host syncs are reading the sampled ids (and logprobs) at the end.
+    Processing order per row: a client logit processor (``params.custom_processor``), bitmask,
+    DFA mask, logit_bias, min_tokens and bad-word bans, repetition/presence/frequency penalties,
+    temperature (0 = greedy argmax), top-k, top-p, min-p, then sampling. Greedy rows skip
+    temperature/top-k/top-p/min-p. Sampling uses one uniform per row from the row's own seeded RNG
+    and inverse-CDF sampling, so a seed gives the same tokens whatever the batch composition/position.
+    The only host syncs are reading the sampled ids (and logprobs) at the end (and, for rows with a
+    client logit processor, checking its output).
     """
 
     def __init__(self, vocab_size: int, device: torch.device | str) -> None:
@@ -123,11 +126,12 @@ class Sampler:
         plan = self._plan_for(rows)
         self._flush(rows, plan)
         x = logits[:, : self.vocab_size]  # [B, V]
+        failures = self._apply_custom(x, rows, plan)
         bans = self._dynamic_bans(rows, plan)
         if plan.all_greedy and not plan.needs_processing and bans is None and bitmask is None:
-            return self._finish(x.argmax(dim=-1), x, rows, plan)  # fast path: plain greedy
+            return self._finish(x.argmax(dim=-1), x, rows, plan, failures)  # fast path: plain greedy
         x = self._process(x, rows, plan, bans, bitmask, bitmask_indices)
-        return self._finish(self._draw(x, rows, plan), x, rows, plan)
+        return self._finish(self._draw(x, rows, plan), x, rows, plan, failures)
 
     def process_logits(
         self,
@@ -141,6 +145,9 @@ class Sampler:
         plan = self._plan_for(rows)
         self._flush(rows, plan)
         x = logits[:, : self.vocab_size].float().clone()
+        failures = self._apply_custom(x, rows, plan)
+        if failures:
+            raise ValueError(next(iter(failures.values())))
         bans = self._dynamic_bans(rows, plan)
         return self._process(x, rows, plan, bans, bitmask, bitmask_indices)
 
@@ -166,6 +173,16 @@ class Sampler:
         return x
 
     # ----------------------------------------------------------------- steps
+    def _apply_custom(self, x: torch.Tensor, rows: Sequence[SamplingRow], plan: _Plan) -> dict[int, str]:
+        """Client logit processors, one call per processor over its rows; {row: error} of the
+        rows a processor failed (they are left harmless to sample from)."""
+        failures: dict[int, str] = {}
+        for positions, idx in plan.custom_groups:
+            processor = rows[positions[0]].params.custom_processor
+            params = [_processor_params(rows[i]) for i in positions]
+            failures.update(apply_group(processor, x, positions, idx, params))
+        return failures
+
     def _apply_masks(
         self, x: torch.Tensor, plan: _Plan, rows: Sequence[SamplingRow], bitmask: torch.Tensor | None, indices: torch.Tensor | None
     ) -> None:
@@ -244,11 +261,13 @@ class Sampler:
         ids.index_copy_(0, plan.random_idx, drawn)
         return ids
 
-    def _finish(self, ids: torch.Tensor, x: torch.Tensor, rows: Sequence[SamplingRow], plan: _Plan) -> SampleResult:
+    def _finish(
+        self, ids: torch.Tensor, x: torch.Tensor, rows: Sequence[SamplingRow], plan: _Plan, failures: dict[int, str]
+    ) -> SampleResult:
         """Read ids (the host sync) and logprobs back."""
         logprobs: list[TokenLogprobs | None] = [None] * len(rows)
         if not plan.logprob_pos:
-            return SampleResult(ids.tolist(), logprobs)
+            return SampleResult(ids.tolist(), logprobs, failures)
         lp = ops.take(x.float(), plan.logprob_idx).log_softmax(dim=-1)  # [L, V]
         chosen_ids = ops.take(ids.unsqueeze(1), plan.logprob_idx)  # [L, 1]
         chosen = lp.gather(1, chosen_ids).squeeze(1).clamp(min=LOGPROB_FLOOR)  # [L]
@@ -262,7 +281,7 @@ class Sampler:
             n = rows[i].params.top_logprobs
             top = list(zip(top_i[j][:n], top_v[j][:n])) if n and top_i is not None else []
             logprobs[i] = TokenLogprobs(token_ids[i], chosen_list[j], top)
-        return SampleResult(token_ids, logprobs)
+        return SampleResult(token_ids, logprobs, failures)
 
     # ----------------------------------------------------------------- bookkeeping
     def _flush(self, rows: Sequence[SamplingRow], plan: _Plan) -> None:
@@ -286,6 +305,13 @@ class Sampler:
         if self._plan is None or not self._plan.matches(rows):
             self._plan = _build_plan(rows, self.vocab_size, self.device)
         return self._plan
+
+
+def _processor_params(row: SamplingRow) -> dict[str, Any]:
+    """A row's entry of ``custom_param_list``: its ``custom_params`` plus SGLang's ``__req__``."""
+    params = dict(row.params.custom_params or {})
+    params["__req__"] = RequestView(row.prompt_token_ids or [], row.output_token_ids)
+    return params
 
 
 def _index(positions: list[int], n_rows: int, device: torch.device) -> Idx:
@@ -338,6 +364,11 @@ def _build_plan(rows: Sequence[SamplingRow], vocab: int, device: torch.device) -
         if r.dfa is not None:
             groups.setdefault(id(r.dfa.tables), []).append(i)
     plan.dfa_groups = [(pos, i64(pos)) for pos in groups.values()]
+    by_processor: dict[int, list[int]] = {}
+    for i, p in enumerate(params):
+        if p.custom_processor is not None:
+            by_processor.setdefault(id(p.custom_processor), []).append(i)
+    plan.custom_groups = [(pos, i64(pos)) for pos in by_processor.values()]
     plan.min_tokens_pos = [i for i, p in enumerate(params) if p.min_tokens > 0 and p.banned_until_min_tokens]
     plan.bad_words_pos = [i for i, p in enumerate(params) if p.bad_words]
     plan.logprob_pos = [i for i, p in enumerate(params) if p.logprobs]

@@ -242,11 +242,12 @@ async def router_completions(request: Request, state: State) -> Response | Strea
     return await _generate(request, state, prepare_completion, run_completion, stream_completion)
 
 
-@get("/v0/endpoints", summary="The model@provider endpoints this server answers")
+@get("/v0/endpoints", summary="The model@provider endpoints this server answers (LoRA adapters included)")
 async def router_endpoints(state: State) -> list[str]:
     server = _loaded(state)
     providers = [PROVIDER, *sorted(server.provider_aliases)]
-    return [f"{server.model_name}@{provider}" for provider in providers]
+    adapters = [a.name for a in server.lora.adapters] if server.lora is not None else []
+    return [f"{model}@{provider}" for model in (server.model_name, *adapters) for provider in providers]
 
 
 @get("/v1/models", summary="List the served model")
@@ -345,6 +346,8 @@ class Envelope:
                     extra.append((b"x-trellis-ignored", dropped_header_value(fields["ignored_params"])))
                 if fields.get("truncated_prompt_tokens"):
                     extra.append((b"x-trellis-truncated-prompt-tokens", str(fields["truncated_prompt_tokens"]).encode()))
+                if fields.get("clamped_max_tokens"):  # requested->used, one per distinct clamp
+                    extra.append((b"x-trellis-clamped-max-tokens", ",".join(fields["clamped_max_tokens"]).encode()))
                 message["headers"] = [*message.get("headers", []), *extra]
             elif message["type"] == "http.response.body" and fields.get("log_response_body"):
                 _capture_body(fields, message.get("body", b""))

@@ -13,7 +13,7 @@ from server import tools as tool_calls
 from server.errors import APIError, bad_request
 from server.generation import ChoiceResult, GenerationStream, SequenceSpec, collect, new_request_id, with_seed
 from server.render import RenderJob, template_source, with_documents_and_verbosity
-from server.engine_options import adapter_in_model, apply_engine_options, response_tier
+from server.engine_options import adapter_in_model, apply_engine_options, response_model, response_tier
 from server.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -32,6 +32,7 @@ from server.requests import (
     note_truncated,
     stop_regexes,
     truncate_prompt,
+    check_scoring_without_processor,
     choice_token_ids,
     decode_request,
     logprob_settings,
@@ -100,6 +101,7 @@ async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
     scored = None  # a reasoning model thinks first: its choice does not follow the prompt directly
     if phase is None:
         scored = choice_token_ids(spec, want_logprobs, state.tokenizer, [len(prompt_ids)], settings.max_model_len)
+        check_scoring_without_processor(scored, params)
     specs = [
         SequenceSpec(prompt_ids, with_seed(params, i), max_tokens, *sequence_constraint(state, compiled), phase,
                      prediction_token_ids=prediction_ids, score_choices=scored)
@@ -212,7 +214,7 @@ def _completion(state: ServerState, job: ChatJob, choices: list[ChoiceResult]) -
     return ChatCompletion(
         id=job.request_id,
         created=job.created,
-        model=state.model_name,
+        model=response_model(state, job.req),
         system_fingerprint=state.system_fingerprint,
         choices=[_chat_choice(state, job, i, c) for i, c in enumerate(choices)],
         usage=_usage(job, choices),
@@ -351,7 +353,7 @@ def _delta_chunks(state, job, index, delta, streamer, usage, splitter=None):
 
 def _base_chunk(state: ServerState, job: ChatJob) -> dict:
     chunk = {"id": job.request_id, "object": "chat.completion.chunk", "created": job.created,
-             "model": state.model_name, "system_fingerprint": state.system_fingerprint}
+             "model": response_model(state, job.req), "system_fingerprint": state.system_fingerprint}
     if job.req.service_tier is not None:
         chunk["service_tier"] = response_tier(job.req)
     return chunk

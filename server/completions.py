@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from server.chat import check_model, choice_logprobs
-from server.engine_options import apply_engine_options, response_tier
+from server.engine_options import apply_engine_options, response_model, response_tier
 from server.errors import bad_request
 from server.generation import GenerationStream, SequenceSpec, collect, new_request_id, with_seed
 from server.protocol import Completion, CompletionChoice, CompletionRequest, Usage
@@ -21,6 +21,7 @@ from server.requests import (
     note_truncated,
     stop_regexes,
     truncate_prompt,
+    check_scoring_without_processor,
     choice_token_ids,
     decode_request,
     logprob_settings,
@@ -98,6 +99,7 @@ async def prepare_completion(state: ServerState, body: bytes) -> CompletionJob:
     spec = await constraint_spec_async(state, wire, None)
     compiled = await compile_constraint(state, spec)
     scored = choice_token_ids(spec, want_logprobs, state.tokenizer, [len(p) for p in prompts], settings.max_model_len)
+    check_scoring_without_processor(scored, params)
     clamp = clamps_max_tokens(settings.max_tokens_overflow)
     specs = []
     for prompt in prompts:
@@ -130,7 +132,7 @@ async def run_completion(state: ServerState, job: CompletionJob) -> Completion:
                                         matched_stop=result.matched_stop,
                                         choice_logprobs=choice_logprobs(job.scored_choices, result.choice_logprobs),
                                         hidden_states=hidden))
-    return Completion(id=job.request_id, created=job.created, model=state.model_name, choices=choices,
+    return Completion(id=job.request_id, created=job.created, model=response_model(state, job.req), choices=choices,
                       system_fingerprint=state.system_fingerprint, service_tier=response_tier(job.req),
                       usage=_usage(job, sum(r.completion_tokens for r in results)))
 
@@ -179,8 +181,8 @@ def _chunk(state, job, index, text, logprobs, finish, stop_reason=None, matched_
 
 
 def _chunk_head(state: ServerState, job: CompletionJob) -> dict:
-    head = {"id": job.request_id, "object": "text_completion", "created": job.created, "model": state.model_name,
-            "system_fingerprint": state.system_fingerprint}
+    head = {"id": job.request_id, "object": "text_completion", "created": job.created,
+            "model": response_model(state, job.req), "system_fingerprint": state.system_fingerprint}
     if job.req.service_tier is not None:
         head["service_tier"] = response_tier(job.req)
     return head

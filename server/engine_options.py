@@ -3,11 +3,11 @@
 - LoRA (SGLang's and vLLM's contracts): ``model`` may be the served model, an adapter's name (vLLM,
   listed in ``/v1/models`` with its ``parent``) or ``base:adapter`` (SGLang); ``lora_path`` names a
   configured adapter (SGLang). An adapter that is not configured is a 404 (in ``model``) or a 400
-  (in ``lora_path``) naming it.
+  (in ``lora_path``) naming it. Responses name the adapter in ``model`` (:func:`response_model`).
 - ``service_tier``: ``auto``/``default``/``flex``/``priority`` decide the order of admission to the
   batch (priority first, flex only when nothing else waits); anything else is a 400.
-- ``return_routed_experts``: the loaded architectures are dense, so there are no routed experts to
-  report: a 400 naming the field.
+- ``return_routed_experts`` is refused (or dropped on ``/v0`` / with ``drop_params``) with the other
+  fields the loaded model cannot honour, in :func:`server.requests.reject_unimplemented`.
 """
 
 from __future__ import annotations
@@ -51,11 +51,6 @@ def apply_engine_options(state, req):
         raise bad_request(
             f"'service_tier' must be one of {', '.join(SERVICE_TIERS)}, got {req.service_tier!r}", param="service_tier"
         )
-    if req.return_routed_experts:
-        raise bad_request(
-            "'return_routed_experts' needs a mixture-of-experts model; the loaded model is dense and routes no experts",
-            param="return_routed_experts", code="unsupported_parameter",
-        )
     from_model = adapter_in_model(state, req.model)
     from_path = req.lora_path
     if from_path is not None:
@@ -70,6 +65,18 @@ def apply_engine_options(state, req):
     if adapter is not None:
         request_log()["lora_adapter"] = adapter
     return msgspec.structs.replace(req, lora_path=adapter)
+
+
+def response_model(state, req) -> str:
+    """The ``model`` a response reports: the served name, or when an adapter ran, the adapter as the
+    request named it (vLLM's ``adapter``, SGLang's ``base:adapter``, both echoed as sent like those
+    servers do; ``@provider`` left off) or ``base:adapter`` when ``lora_path`` chose it."""
+    adapter = getattr(req, "lora_path", None)
+    if not adapter:
+        return state.model_name
+    named, _ = split_model(req.model, state.provider_aliases)
+    sglang_style = f"{state.model_name}:{adapter}"
+    return named if named in (adapter, sglang_style) else sglang_style
 
 
 def adapter_id(state, req) -> int:

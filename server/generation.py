@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 
 from sampler import SamplingParams, TokenLogprobs
+from sampler.custom import ERROR_PREFIX
 from server.engine.engine import Engine
 from server.engine.sequence import GenerationRequest, SequenceDelta
 from server.protocol import CompletionLogprobs, TokenLogprob, TopLogprob
@@ -188,15 +189,23 @@ class ChoiceResult:
             self.matched_stop = delta.matched_stop
 
 
-async def collect(stream: GenerationStream, n_choices: int) -> list[ChoiceResult]:
-    """Drain ``stream`` into per-choice results; a failed generation becomes a 500 APIError."""
+def _generation_error(message: str):
+    """A failed generation: the client's own logit processor failing is a 400 naming it, else a 500."""
     from server.errors import APIError
 
+    if message.startswith(ERROR_PREFIX):
+        return APIError(message, status=400, param="custom_logit_processor", code="custom_logit_processor_failed")
+    return APIError(message, status=500, code="generation_error")
+
+
+async def collect(stream: GenerationStream, n_choices: int) -> list[ChoiceResult]:
+    """Drain ``stream`` into per-choice results; a failed generation becomes an APIError (500, or
+    400 when the request's own ``custom_logit_processor`` failed)."""
     results = [ChoiceResult() for _ in range(n_choices)]
     try:
         async for index, delta in stream:
             if delta.finish_reason == "error":
-                raise APIError(delta.error or "generation failed", status=500, code="generation_error")
+                raise _generation_error(delta.error or "generation failed")
             results[index].add(delta)
     finally:
         stream.close()

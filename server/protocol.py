@@ -100,6 +100,7 @@ class _SamplingFields(_Request, kw_only=True):
     no_stop_trim: bool = False
     return_cached_tokens_details: bool = False
     custom_logit_processor: str | None = None
+    custom_params: dict[str, Any] | None = None  # SGLang: handed to the custom_logit_processor
     max_dynamic_patch: int | None = None
     min_dynamic_patch: int | None = None
     # Engine-steering extensions (SGLang / vLLM): LoRA adapter, hidden states, MoE routing.

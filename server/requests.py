@@ -14,6 +14,7 @@ import msgspec
 import regex
 
 from sampler import SamplingParams
+from sampler.custom import CustomProcessorError, load_custom_processor
 from server.context import request_log
 from server.dialect import convert_dropping_unknown, drops_params, normalise_tags, on_router_dialect
 from server.errors import APIError, bad_request, not_implemented
@@ -156,11 +157,9 @@ _REFUSALS = {
     "max_dynamic_patch": "'max_dynamic_patch' sets image tiling, but the loaded model is text-only",
     "min_dynamic_patch": "'min_dynamic_patch' sets image tiling, but the loaded model is text-only",
     "deep_research": "'deep_research' needs a reasoning model; the loaded model has no reasoning mode",
+    "return_routed_experts": "'return_routed_experts' needs a mixture-of-experts model; the loaded model is dense "
+    "and routes no experts",
 }
-_CUSTOM_PROCESSOR_ENABLED = (
-    "'custom_logit_processor' is enabled on this server (--enable-custom-logit-processor), but running "
-    "serialized processors is not supported yet; remove it from the request"
-)
 
 
 def reject_unimplemented(req: T, *, custom_logit_processor_enabled: bool = False) -> T:
@@ -169,9 +168,10 @@ def reject_unimplemented(req: T, *, custom_logit_processor_enabled: bool = False
     unsupported = {
         "use_beam_search": bool(req.use_beam_search),
         "length_penalty": req.length_penalty is not None,
-        "custom_logit_processor": req.custom_logit_processor is not None,
+        "custom_logit_processor": req.custom_logit_processor is not None and not custom_logit_processor_enabled,
         "max_dynamic_patch": req.max_dynamic_patch is not None,
         "min_dynamic_patch": req.min_dynamic_patch is not None,
+        "return_routed_experts": bool(req.return_routed_experts),
     }
     if isinstance(req, ChatCompletionRequest):
         unsupported.update(
@@ -185,6 +185,8 @@ def reject_unimplemented(req: T, *, custom_logit_processor_enabled: bool = False
     present = [name for name, given in unsupported.items() if given]
     if req.best_of is not None and req.best_of != req.n:
         present.append("best_of")
+    if "custom_logit_processor" in present and req.custom_params is not None:
+        present.append("custom_params")  # only meaningful to the processor
     if present and _dropping.get():
         note_dropped(present)
         defaults = {f.name: f.default for f in msgspec.structs.fields(req) if f.name in present}
@@ -194,8 +196,6 @@ def reject_unimplemented(req: T, *, custom_logit_processor_enabled: bool = False
     if present:
         name = present[0]
         message = _REFUSALS.get(name)
-        if name == "custom_logit_processor" and custom_logit_processor_enabled:
-            message = _CUSTOM_PROCESSOR_ENABLED
         if message is None:
             raise not_implemented(name)
         raise bad_request(message, param=name, code="unsupported_parameter")
@@ -238,6 +238,15 @@ def choice_token_ids(spec: Any, want_logprobs: bool, tokenizer, prompt_lens: lis
     if max(prompt_lens) + max(len(ids) for ids in choices) > max_model_len:
         raise bad_request("the prompt and the longest choice exceed the context window", param=spec.param)
     return choices
+
+
+def check_scoring_without_processor(scored, params: SamplingParams) -> None:
+    """Scored choices are ranked on the raw model probabilities, which a ``custom_logit_processor``
+    would not touch: refuse the pair rather than ignore the processor."""
+    if scored is not None and params.custom_processor is not None:
+        raise bad_request("'custom_logit_processor' cannot steer choices scored with logprobs (guided_choice with "
+                          "logprobs ranks the raw model probabilities); drop one of them",
+                          param="custom_logit_processor")
 
 
 def _check_range(value: float | None, name: str, low: float, high: float) -> None:
@@ -291,7 +300,24 @@ def sampling_params(
         top_p_decay=decay,
         top_p_min=floor,
         top_p_reset_ids=resets,
+        custom_processor=_custom_processor(req),
+        custom_params=req.custom_params,
     )
+
+
+def _custom_processor(req):
+    """SGLang's serialized ``custom_logit_processor`` (the caller has checked the server allows it);
+    ``custom_params`` without one is a 400, as it would do nothing."""
+    if req.custom_logit_processor is None:
+        if req.custom_params is not None:
+            raise bad_request("'custom_params' is only read by a 'custom_logit_processor', and the request has none",
+                              param="custom_params")
+        return None
+    try:
+        return load_custom_processor(req.custom_logit_processor)
+    except CustomProcessorError as exc:
+        raise bad_request(f"'custom_logit_processor' cannot be loaded: {exc}", param="custom_logit_processor",
+                          code="invalid_custom_logit_processor") from None
 
 
 def _top_p_decay(req, vocab_size: int) -> tuple[float, float, frozenset[int]]:
@@ -403,6 +429,14 @@ def clamps_max_tokens(max_tokens_overflow: str) -> bool:
     return on_router_dialect() or max_tokens_overflow == "clamp"
 
 
+def note_clamped(requested: int, used: int) -> None:
+    """A clamped ``max_tokens``, as ``requested->used``, for the response header and the log."""
+    fields = request_log()
+    entry = f"{requested}->{used}"
+    if entry not in fields.setdefault("clamped_max_tokens", []):
+        fields["clamped_max_tokens"].append(entry)
+
+
 def note_truncated(removed: int) -> None:
     """Prompt tokens ``truncate_prompt_tokens`` removed, for the response header and the log."""
     if removed:
@@ -441,6 +475,7 @@ def resolve_max_tokens(
     if requested < 1:
         raise bad_request(f"'{param}' must be at least 1, got {requested}", param=param)
     if requested > room and clamp:
+        note_clamped(requested, room)
         return room
     if requested > room:
         raise APIError(

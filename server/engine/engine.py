@@ -415,6 +415,8 @@ class Engine:
             self._fail_batch(sampled, f"sampler failed: {_describe(exc)}")
             return
         self.stats.sample_s += time.perf_counter() - started
+        for i, message in result.failures.items():  # a row's own processing failed (client code)
+            self._fail(sampled[i], message)
         hidden = self._step_hidden
         for i, (seq, token, logprob) in enumerate(zip(sampled, result.token_ids, result.logprobs)):
             if hidden is not None and seq.request.return_hidden_states and not seq.finished:

@@ -94,7 +94,8 @@ def api_schema(tiny_server):
 
 _ALWAYS_REFUSED = ("use_beam_search", "length_penalty", "audio", "prediction",
                    "web_search_options", "modalities", "suffix", "best_of", "custom_logit_processor",
-                   "max_dynamic_patch", "min_dynamic_patch", "deep_research")
+                   "max_dynamic_patch", "min_dynamic_patch", "deep_research", "custom_params",
+                   "return_routed_experts")
 _CONSTRAINT_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
                       "structured_outputs", "regex", "ebnf", "json_schema")
 

@@ -353,12 +353,18 @@ def test_max_tokens_overflow_error_on_v1_clamp_on_v0_and_with_the_flag(server):
     body = dict(prompt=long_prompt, max_tokens=500, temperature=0, ignore_eos=True)
     error = post(server, "/v1/completions", **body)
     assert error.status_code == 400 and error.json()["error"]["code"] == "context_length_exceeded"
-    clamped = ok(post(server, "/v0/completions", **body))
+    response = post(server, "/v0/completions", **body)
+    clamped = ok(response)
     assert clamped["usage"]["completion_tokens"] == room and clamped["choices"][0]["finish_reason"] == "length"
+    assert response.headers["x-trellis-clamped-max-tokens"] == f"500->{room}"  # never silently
     settings = server.state.settings
     settings.max_tokens_overflow = "clamp"
     try:
-        assert ok(post(server, "/v1/completions", **body))["usage"]["completion_tokens"] == room
+        response = post(server, "/v1/completions", **body)
+        assert ok(response)["usage"]["completion_tokens"] == room
+        assert response.headers["x-trellis-clamped-max-tokens"] == f"500->{room}"
+        fitting = post(server, "/v1/completions", **{**body, "max_tokens": 2})
+        assert ok(fitting) and "x-trellis-clamped-max-tokens" not in fitting.headers
     finally:
         settings.max_tokens_overflow = "error"
 
@@ -366,13 +372,13 @@ def test_max_tokens_overflow_error_on_v1_clamp_on_v0_and_with_the_flag(server):
 # --------------------------------------------------------------------------- refused on this model
 
 
-def test_custom_logit_processor_needs_the_flag_and_is_not_run(server):
+def test_custom_logit_processor_needs_the_flag(server):
     error = refused(complete(server, custom_logit_processor="{}"), "custom_logit_processor")
     assert "--enable-custom-logit-processor" in error["message"]
     server.state.settings.enable_custom_logit_processor = True
-    try:
+    try:  # enabled, it is loaded (tests/server/test_custom_logit_processor.py runs real ones)
         error = refused(complete(server, custom_logit_processor="{}"), "custom_logit_processor")
-        assert "not supported yet" in error["message"]
+        assert "cannot be loaded" in error["message"]
     finally:
         server.state.settings.enable_custom_logit_processor = False
 

@@ -87,6 +87,31 @@ def test_models_list_adapters_with_parent(lora_server, lora_dirs):
     assert cards["poet"].root == str(lora_dirs / "poet")
 
 
+def test_responses_name_the_adapter_that_ran(lora_server):
+    """vLLM echoes the adapter's name, SGLang the request's ``base:adapter``; ``lora_path`` reports
+    ``base:adapter``; the base model (also as ``name@provider``) reports the served name."""
+    client = lora_server.client()
+    cases = {("sql", None): "sql", ("tiny:sql", None): "tiny:sql", ("tiny", "poet"): "tiny:poet",
+             ("tiny", None): "tiny", ("tiny@trellis", None): "tiny", ("sql@trellis", None): "sql"}
+    for (model, lora_path), reported in cases.items():
+        extra = {"lora_path": lora_path} if lora_path else {}
+        reply = client.completions.create(model=model, prompt=PROMPT, max_tokens=2, extra_body=extra)
+        assert reply.model == reported, (model, lora_path)
+    chat = client.chat.completions.create(model="tiny:poet", messages=[{"role": "user", "content": "Hi"}],
+                                          max_tokens=2, stream=True)
+    assert {chunk.model for chunk in chat} == {"tiny:poet"}
+
+
+def test_router_endpoints_list_adapters(lora_server):
+    import httpx
+
+    endpoints = httpx.get(lora_server.base_url + "/v0/endpoints").json()
+    assert endpoints == ["tiny@trellis", "sql@trellis", "poet@trellis"]
+    reply = httpx.post(lora_server.base_url + "/v0/completions", timeout=60,
+                       json={"model": "poet@trellis", "prompt": PROMPT, "max_tokens": 2})
+    assert reply.status_code == 200 and reply.json()["model"] == "poet"
+
+
 def test_unknown_adapters_are_named(lora_server):
     client = lora_server.client()
     with pytest.raises(openai.NotFoundError, match="nosuch"):

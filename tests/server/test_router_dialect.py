@@ -80,3 +80,31 @@ def test_dropped_names_that_are_not_header_safe_are_encoded(tiny_server):
     response = _post(tiny_server, "/v0/chat/completions", **{"b\u00e4d name\r\n": 1})
     assert response.status_code == 200, response.text
     assert response.headers[HEADER] == "b%C3%A4d%20name%0D%0A"
+
+
+def test_return_routed_experts_is_dropped_on_v0_and_refused_on_v1(tiny_server):
+    dropped = _post(tiny_server, "/v0/chat/completions", return_routed_experts=True)
+    assert dropped.status_code == 200, dropped.text
+    assert dropped.headers[HEADER] == "return_routed_experts"
+    with_flag = _post(tiny_server, "/v1/chat/completions", return_routed_experts=True, drop_params=True)
+    assert with_flag.status_code == 200 and with_flag.headers[HEADER] == "return_routed_experts"
+    refused = _post(tiny_server, "/v1/chat/completions", return_routed_experts=True)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "return_routed_experts"
+
+
+def test_clamped_max_tokens_is_in_the_request_log(tiny_server, caplog):
+    """/v0 clamps max_tokens beyond the context (the header is checked in test_knobs.py); the log says so."""
+    prompt = " ".join(["word"] * (4096 - 12))
+    room = tiny_server.settings.max_model_len - len(tiny_server.state.tokenizer(prompt).input_ids)
+    assert 0 < room < 100
+    with caplog.at_level(logging.INFO, logger="trellis.access"):
+        response = httpx.post(tiny_server.base_url + "/v0/completions", timeout=120,
+                              headers={"x-request-id": "clamp-1"},
+                              json={"model": MODEL, "prompt": prompt, "max_tokens": 100, "temperature": 0})
+        assert response.status_code == 200, response.text
+        assert response.headers["x-trellis-clamped-max-tokens"] == f"100->{room}"
+        deadline = time.time() + 5
+        while time.time() < deadline and not any("clamp-1" in r.getMessage() for r in caplog.records):
+            time.sleep(0.05)
+    line = next(json.loads(r.getMessage()) for r in caplog.records if "clamp-1" in r.getMessage())
+    assert line["clamped_max_tokens"] == [f"100->{room}"]
