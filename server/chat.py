@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from server.requests import (
     sampling_params,
     stop_strings,
 )
+from server.tools.output import ChoiceStreamer, parse_choice, with_reasoning
+from server.tools.select import request_format
 from server.sse import done_event, sse_event, stream_error_event
 from server.state import ServerState, sequence_constraint
 from server.structured import compile_constraint, constraint_spec_async
@@ -46,6 +49,8 @@ class ChatJob:
     specs: list[SequenceSpec]
     tool_plan: object | None
     echo_prefix: str = ""
+    tool_format: object | None = None  # the model's tool-call format (server.tools.formats), when output is parsed
+    in_reasoning: bool = False  # the prompt ends inside an open reasoning segment
     wire: dict = field(default_factory=dict)  # the request as sent (extra_body merged), for the store
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -58,6 +63,9 @@ async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
     req = reject_unimplemented(req)
     check_limits(req)
     plan = tool_calls.plan_tools(req)
+    fmt, recognised = request_format(state, req.chat_template)
+    if plan is not None:
+        plan = dataclasses.replace(plan, format_name=fmt.name)
     want_logprobs, top = logprob_settings(req.logprobs, req.top_logprobs, chat=True)
     params = sampling_params(
         req, vocab_size=state.vocab_size, eos_token_ids=state.eos_token_ids, logprobs=want_logprobs, top_logprobs=top
@@ -74,7 +82,10 @@ async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
         for i in range(req.n)
     ]
     echo = _echo_prefix(req)
-    return ChatJob(req, new_request_id("chatcmpl"), prompt_ids, specs, plan, echo, wire=wire)
+    parse = plan is not None or (recognised and fmt.has_reasoning)
+    in_reasoning = parse and fmt.prompt_in_reasoning(state.tokenizer.decode(prompt_ids[-32:]))
+    return ChatJob(req, new_request_id("chatcmpl"), prompt_ids, specs, plan, echo, wire=wire,
+                   tool_format=fmt if parse else None, in_reasoning=in_reasoning)
 
 
 async def _with_conversation(state: ServerState, req: ChatCompletionRequest) -> ChatCompletionRequest:
@@ -184,9 +195,9 @@ def _chat_choice(state: ServerState, job: ChatJob, index: int, choice: ChoiceRes
     text = job.echo_prefix + "".join(choice.text)
     finish = choice.finish_reason
     message = AssistantMessage(content=text)
-    if job.tool_plan is not None:
-        content, calls = tool_calls.parse_tool_output(text, job.tool_plan)
-        message = tool_calls.assistant_message(content, calls, job.tool_plan)
+    if job.tool_format is not None:
+        content, reasoning, calls = parse_choice(job.tool_format, job.tool_plan, text, job.in_reasoning)
+        message = with_reasoning(tool_calls.assistant_message(content, calls, job.tool_plan), reasoning)
         finish = tool_calls.finish_reason(job.tool_plan, bool(calls), finish)
     logprobs = None
     if job.req.logprobs:
@@ -209,7 +220,10 @@ async def stream_chat(state: ServerState, job: ChatJob, stream: GenerationStream
     options = job.req.stream_options
     include_usage = bool(options and options.include_usage)
     continuous = bool(options and options.continuous_usage_stats)
-    streamers = [tool_calls.ToolCallStreamer(job.tool_plan) if job.tool_plan else None for _ in job.specs]
+    streamers = [
+        ChoiceStreamer(job.tool_format, job.tool_plan, job.in_reasoning) if job.tool_format is not None else None
+        for _ in job.specs
+    ]
     completion_tokens = [0] * len(job.specs)
     results = [ChoiceResult() for _ in job.specs]  # the whole answer, for a stored completion
     failed = False

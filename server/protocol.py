@@ -190,6 +190,7 @@ class AssistantMessage(_Response, kw_only=True):
     role: str = "assistant"
     content: str | None
     refusal: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCall] | None = None
     function_call: FunctionCall | None = None
 

@@ -38,6 +38,8 @@ def tool_structural_tag(plan: ToolPlan | None) -> dict[str, Any] | None:
     plan, or None when nothing is enforced."""
     if plan is None or plan.mode == "none":
         return None
+    if plan.format_name != "qwen3-hermes":
+        return _family_structural_tag(plan)
     tags = [_tag(tool, _param(plan, tool)) for tool in plan.callable_tools()]
     if plan.mode == "auto":
         fmt: dict[str, Any] = {
@@ -56,6 +58,29 @@ def tool_structural_tag(plan: ToolPlan | None) -> dict[str, Any] | None:
             "stop_after_first": not plan.parallel,
         }
     return {"type": "structural_tag", "format": fmt}
+
+
+_JSON_ARGUMENT_FORMATS = frozenset({"llama", "mistral", "deepseek", "kimi", "gpt-oss"})
+
+
+def _family_structural_tag(plan: ToolPlan) -> dict[str, Any] | None:
+    """The structural tag in the model family's own format. Families whose arguments are not a
+    JSON object (XML-style parameters) are parsed but not constrained: "auto" runs free, and
+    "required"/named calls cannot be enforced there (400 naming ``tool_choice``)."""
+    from server.tools.formats import get_format
+
+    fmt = get_format(plan.format_name)
+    if plan.format_name not in _JSON_ARGUMENT_FORMATS:
+        if plan.mode == "auto":
+            return None
+        param = "function_call" if plan.legacy else "tool_choice"
+        raise bad_request(
+            f"tool_choice '{plan.mode}' cannot be enforced in the model's '{fmt.name}' tool-call format; "
+            "use 'auto' (or --tool-call-format qwen3-hermes)",
+            param,
+            code="unsupported_value",
+        )
+    return fmt.structural_tag(plan, lambda tool: _arguments_grammar(tool, _param(plan, tool)))
 
 
 def tool_constraint_spec(plan: ToolPlan | None) -> ConstraintSpec | None:

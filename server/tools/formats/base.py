@@ -207,6 +207,7 @@ class BlockParser(OutputParser):
         self.content = _Channel("content", self.strip_content)
         self.reasoning = _Channel("reasoning", self.strip_reasoning)
         self.tools_enabled = options.names is None or bool(options.names)
+        self.calls_made = 0
 
     # -- hooks -------------------------------------------------------------------------------
 
@@ -219,6 +220,11 @@ class BlockParser(OutputParser):
         """The calls ``(name, arguments JSON)`` in a complete block, or None (not a valid call:
         the block is kept as content)."""
         raise NotImplementedError
+
+    def salvage(self, buf: str) -> list[tuple[str, str]]:
+        """The complete calls at the start of an unfinished block (a section cut short after its
+        first calls); the unfinished rest is dropped."""
+        return []
 
     def start_opener(self, buf: str) -> str | None:
         """An opener that only counts at the start of the output (e.g. a bare JSON call): the
@@ -321,6 +327,7 @@ class BlockParser(OutputParser):
         if calls is not None and not all(self.options.allows(name) for name, _ in calls):
             calls = None  # a call of a tool the request does not offer is not a call
         if calls:
+            self.calls_made += len(calls)
             out.extend(Event("call", name=name, arguments=arguments) for name, arguments in calls)
         elif calls is None:
             self.content.emit(block, out)
@@ -328,9 +335,13 @@ class BlockParser(OutputParser):
         return True
 
     def _unfinished(self, out: list[Event]) -> None:
-        """A block cut short: an empty one is dropped, anything else is content."""
+        """A block cut short (``max_tokens``): its complete calls are kept; the rest is dropped when
+        it is empty or follows calls (a cut-off call is never reported), else kept as content."""
+        calls = [c for c in self.salvage(self.buf) if self.options.allows(c[0])]
+        out.extend(Event("call", name=name, arguments=arguments) for name, arguments in calls)
+        self.calls_made += len(calls)
         rest = self.buf[len(self.opener) :] if self.buf.startswith(self.opener) else self.buf
-        if rest.strip():
+        if rest.strip() and not self.calls_made:
             self.content.emit(self.buf, out)
         self.buf = ""
 

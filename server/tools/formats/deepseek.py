@@ -41,6 +41,9 @@ class DeepSeekParser(BlockParser):
         end = buf.find(SECTION_CLOSE)
         return end + len(SECTION_CLOSE) if end >= 0 else None
 
+    def salvage(self, buf: str) -> list[tuple[str, str]]:
+        return (_dsml_calls(buf) or []) if self.opener == DSML_OPEN else []
+
     def parse_block(self, block: str) -> list[tuple[str, str]] | None:
         if self.opener == DSML_OPEN:
             return _dsml_calls(block)

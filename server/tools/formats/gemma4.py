@@ -18,13 +18,14 @@ from server.tools.formats.base import BlockParser, OutputParser, ParserOptions, 
 CALL_OPEN, CALL_CLOSE, QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
 THOUGHT_OPEN, THOUGHT_CLOSE = "<|channel>thought", "<channel|>"
 _CALL_RE = re.compile(r"call:([A-Za-z0-9_.\-]+)\s*(\{.*\})\s*$", re.S)
-_BARE_RE = re.compile(r"([{,]\s*)([A-Za-z_][A-Za-z0-9_\-]*)\s*:")
+_BARE_RE = re.compile(r"([{,]\s*)([^:{}\[\],\"\s][^:{}\[\],\"]*?)\s*:")
 
 
 class Gemma4Parser(BlockParser):
     think_open = (THOUGHT_OPEN,)
     think_close = (THOUGHT_CLOSE,)
     openers = (CALL_OPEN,)
+    strip_content = False
 
     def block_end(self, buf: str, final: bool) -> int | None:
         pos = len(CALL_OPEN)

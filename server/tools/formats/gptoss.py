@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any
 
-from server.tools.formats.base import Event, OutputParser, ParserOptions, ToolFormat, _partial_suffix, loads_object
+from server.tools.formats.base import Event, OutputParser, ParserOptions, ToolFormat, _partial_suffix, json_object_end, loads_object
 
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"
@@ -61,7 +61,7 @@ class HarmonyParser(OutputParser):
                 self.buf = ""
             elif final:
                 self.buf = ""
-            elif self.buf and not self.buf.lstrip().startswith(tuple(m[: len(self.buf.lstrip())] for m in (START, CHANNEL))):
+            elif self.buf and not _may_be_header(self.buf):
                 self.header, self.kind, self.recipient = "", "content", ""
                 self.mode = "body"  # plain text with no header: content
                 return True
@@ -76,6 +76,26 @@ class HarmonyParser(OutputParser):
         return True
 
     def _body(self, out: list[Event], final: bool) -> bool:
+        if self.mode == "call" and self.buf.lstrip().startswith("{"):  # markers may sit in strings
+            start = len(self.buf) - len(self.buf.lstrip())
+            end = json_object_end(self.buf, start)
+            if end is None:
+                if final:
+                    self._close_call(self.buf, out, complete=False)
+                    self.buf = ""
+                return False
+            rest = self.buf[end:]
+            stop = next((t for t in (CALL, END, RETURN) if rest.lstrip().startswith(t)), None)
+            if stop is None and (rest.strip() or not final) and not any(t.startswith(rest.lstrip()) for t in (CALL, END, RETURN)):
+                pass  # not a clean call: fall through to the marker search
+            elif stop is None and not final:
+                return False
+            else:
+                self._close_call(self.buf[:end], out, complete=True)
+                consumed = len(self.buf) - len(rest.lstrip()) + (len(stop) if stop else 0)
+                self.buf = self.buf[consumed:] if stop else ""
+                self.mode = "header"
+                return True
         hits = [(self.buf.find(t), t) for t in _TERMINATORS if self.buf.find(t) >= 0]
         if not hits:
             if self.mode == "call":
@@ -118,6 +138,14 @@ class HarmonyParser(OutputParser):
         if body:
             self.started[kind] = True
             out.append(Event(kind, body))  # type: ignore[arg-type]
+
+
+def _may_be_header(buf: str) -> bool:
+    """Whether ``buf`` (no ``<|message|>`` yet) can still be a message header: harmony headers
+    start with ``<|start|>``, ``<|channel|>``, a role or a recipient (``to=``) when the generation
+    prompt already wrote ``<|start|>assistant``."""
+    text = buf.lstrip()
+    return any(h.startswith(text) or text.startswith(h) for h in (START, CHANNEL, "to=", "assistant"))
 
 
 class GptOssFormat(ToolFormat):

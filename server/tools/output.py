@@ -1,0 +1,82 @@
+"""A choice's generated text through its tool-call format's parser, as OpenAI message fields
+(non-streamed) or ``choices[].delta`` dicts (streamed); both give the same result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from server.protocol import AssistantMessage, ToolCall
+from server.tools.formats import OutputParser, ParserOptions, ToolFormat
+from server.tools.formats.base import Event
+from server.tools.parse import make_call, new_call_id
+from server.tools.plan import ToolPlan
+
+Delta = dict[str, Any]
+
+
+def parser_options(plan: ToolPlan | None, in_reasoning: bool) -> ParserOptions:
+    """What the parser may report: calls of the plan's callable tools (none without a plan)."""
+    names = plan.names if plan is not None else frozenset()
+    schemas = {tool.name: tool.parameters for tool in plan.tools} if plan is not None else {}
+    return ParserOptions(names=names, in_reasoning=in_reasoning, schemas=schemas)
+
+
+def parse_choice(
+    fmt: ToolFormat, plan: ToolPlan | None, text: str, in_reasoning: bool
+) -> tuple[str | None, str | None, list[ToolCall]]:
+    """``(content, reasoning_content, tool_calls)`` of a finished generation. Content is None
+    when calls were made and no text remains."""
+    events = fmt.parser(parser_options(plan, in_reasoning)).parse(text)
+    content = "".join(e.text for e in events if e.kind == "content")
+    reasoning = "".join(e.text for e in events if e.kind == "reasoning") or None
+    calls = [make_call(e.name, e.arguments) for e in events if e.kind == "call"]
+    return (None if calls and not content.strip() else content), reasoning, calls
+
+
+def with_reasoning(message: AssistantMessage, reasoning: str | None) -> AssistantMessage:
+    """The message with ``reasoning_content`` set (None leaves it out of the content)."""
+    import msgspec
+
+    return msgspec.structs.replace(message, reasoning_content=reasoning) if reasoning is not None else message
+
+
+class ChoiceStreamer:
+    """Text deltas in, OpenAI delta dicts out: ``{"content"}``, ``{"reasoning_content"}``, and
+    one ``{"tool_calls": [{"index", "id", "type", "function": {"name", "arguments"}}]}`` per call
+    once it is complete (legacy plans: ``{"function_call": {...}}``)."""
+
+    def __init__(self, fmt: ToolFormat, plan: ToolPlan | None, in_reasoning: bool) -> None:
+        self.plan = plan
+        self.parser: OutputParser = fmt.parser(parser_options(plan, in_reasoning))
+        self.call_count = 0
+        self._content_sent = False
+
+    @property
+    def has_calls(self) -> bool:
+        return self.call_count > 0
+
+    def feed(self, text: str) -> list[Delta]:
+        return self._deltas(self.parser.feed(text)) if text else []
+
+    def finish(self) -> list[Delta]:
+        return self._deltas(self.parser.finish())
+
+    def _deltas(self, events: list[Event]) -> list[Delta]:
+        out: list[Delta] = []
+        for event in events:
+            if event.kind == "call":
+                out.append(self._call(event))
+            elif event.text:
+                key = "content" if event.kind == "content" else "reasoning_content"
+                if out and key in out[-1]:
+                    out[-1][key] += event.text
+                else:
+                    out.append({key: event.text})
+        return out
+
+    def _call(self, event: Event) -> Delta:
+        self.call_count += 1
+        function = {"name": event.name, "arguments": event.arguments}
+        if self.plan is not None and self.plan.legacy:
+            return {"function_call": function}
+        return {"tool_calls": [{"index": self.call_count - 1, "id": new_call_id(), "type": "function", "function": function}]}
