@@ -415,17 +415,37 @@ def canonical_arguments(text: str) -> str | None:
 
 def coerce_value(raw: str, schema: dict[str, Any] | None) -> Any:
     """An untyped parameter value (XML-style formats write them as bare text) typed by the
-    parameter's schema: strings stay text, anything else is read as JSON when it parses."""
+    parameter's schema: text for strings, JSON (or a Python literal: ``True``, ``None``) for other
+    types; ``null`` becomes None only where the schema allows null."""
     types = _schema_types(schema)
+    if raw.strip() in ("null", "None") and _allows_null(schema):
+        return None
     if types == {"string"}:
         return raw
+    text = raw.strip()
     try:
-        value = json.loads(raw)
+        value = json.loads(text)
     except ValueError:
+        value = _PY_LITERALS.get(text, raw)
+        if value is raw:
+            return raw
+    if value is None and types and not _allows_null(schema):
         return raw
     if isinstance(value, str) or not types or "string" not in types:
         return value
     return value if not isinstance(value, (int, float)) or _numeric(types) else raw
+
+
+_PY_LITERALS: dict[str, Any] = {"True": True, "False": False, "None": None}
+
+
+def _allows_null(schema: dict[str, Any] | None) -> bool:
+    if not isinstance(schema, dict):
+        return False
+    kind = schema.get("type")
+    if kind == "null" or (isinstance(kind, list) and "null" in kind):
+        return True
+    return any(_allows_null(sub) for key in ("anyOf", "oneOf") for sub in schema.get(key, []) or [])
 
 
 def _numeric(types: set[str]) -> bool:

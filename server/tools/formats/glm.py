@@ -18,7 +18,7 @@ from typing import Any
 from server.tools.formats.base import BlockParser, OutputParser, ParserOptions, ToolFormat, coerce_value, dumps_arguments, param_schema
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
-_PAIR_RE = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
+_PAIR_RE = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)(?:</arg_value>|\Z)", re.S)
 
 
 class GlmParser(BlockParser):
@@ -35,8 +35,9 @@ class GlmParser(BlockParser):
                 return None
             if 0 <= value < close:  # a value may contain the closing marker: skip past the value
                 end = buf.find("</arg_value>", value)
-                if end < 0:
-                    return None
+                if end < 0:  # at the end, a value left open closes with the call
+                    last = buf.rfind(CALL_CLOSE)
+                    return last + len(CALL_CLOSE) if final and last > value and not buf[last + len(CALL_CLOSE) :].strip() else None
                 pos = end + len("</arg_value>")
                 continue
             return close + len(CALL_CLOSE)

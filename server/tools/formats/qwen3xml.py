@@ -30,7 +30,6 @@ from server.tools.formats.base import (
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"
-_PARAM_RE = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)(?=\n?</parameter>|\n?<parameter=|\n?</function>|$)", re.S)
 
 
 class Qwen3XmlParser(BlockParser):
@@ -40,39 +39,47 @@ class Qwen3XmlParser(BlockParser):
     calls_end_reasoning = True
 
     def block_end(self, buf: str, final: bool) -> int | None:
-        close = buf.find(FUNCTION_CLOSE)
-        if close < 0:
-            return None
-        end = close + len(FUNCTION_CLOSE)
-        rest = buf[end:].lstrip()
-        if rest.startswith(CALL_CLOSE):
-            return len(buf) - len(rest) + len(CALL_CLOSE)
-        if CALL_CLOSE.startswith(rest) and not final:
-            return None
-        return end
+        match = _BLOCK_END.search(buf)
+        if match is not None:
+            return match.end()
+        if final and buf.rstrip().endswith(FUNCTION_CLOSE):  # a bare <function=...> call at the end
+            return len(buf.rstrip())
+        return None
 
     def parse_block(self, block: str) -> list[tuple[str, str]] | None:
         start = block.find(FUNCTION_OPEN)
         head_end = block.find(">", start)
         close = block.rfind(FUNCTION_CLOSE)
-        if start < 0 or head_end < 0 or close < head_end:
-            return None
-        if block[:start].strip() not in ("", CALL_OPEN):
+        if start < 0 or head_end < 0 or close < head_end or block[:start].strip() not in ("", CALL_OPEN):
             return None
         name = block[start + len(FUNCTION_OPEN) : head_end].strip()
-        body = block[head_end + 1 : close]
-        arguments: dict[str, Any] = {}
-        for match in _PARAM_RE.finditer(body):
-            key = match.group(1).strip()
-            raw = match.group(2)
-            if raw.startswith("\n"):
-                raw = raw[1:]
-            raw = raw.removesuffix("\n") if raw.endswith("\n") else raw
-            arguments[key] = coerce_value(raw, param_schema(self.options, name, key))
-        rest = _PARAM_RE.sub("", body).replace("</parameter>", "")
-        if rest.strip():
+        arguments = _parameters(block[head_end + 1 : close], lambda key: param_schema(self.options, name, key))
+        return None if arguments is None else [(name, dumps_arguments(arguments))]
+
+
+_BLOCK_END = re.compile(r"</function>\s*</tool_call>")
+_PARAM_OPEN = re.compile(r"\s*<parameter=([^>\n]+)>\n?")
+_PARAM_CLOSE = re.compile(r"\n?</parameter>\s*(?=<parameter=[^>\n]+>|\Z)")
+_NEXT_PARAM = re.compile(r"\n(?=<parameter=[^>\n]+>\n)|\n?\Z")
+
+
+def _parameters(body: str, schema_of) -> dict[str, Any] | None:
+    """``<parameter=K>\\nV\\n</parameter>`` pairs (one newline after the opening and before the
+    closing tag belongs to the markup); a closing tag counts only where the next parameter or the
+    end follows, so values may contain the markers; a missing ``</parameter>`` ends at the next
+    parameter."""
+    arguments: dict[str, Any] = {}
+    pos = 0
+    while body[pos:].strip():
+        opened = _PARAM_OPEN.match(body, pos)
+        if opened is None:
             return None
-        return [(name, dumps_arguments(arguments))]
+        key = opened.group(1).strip()
+        found = [m for m in (_PARAM_CLOSE.search(body, opened.end()), _NEXT_PARAM.search(body, opened.end())) if m]
+        closed = min(found, key=lambda m: m.start())
+        arguments[key] = coerce_value(body[opened.end() : closed.start()], schema_of(key))
+        pos = closed.end()
+    return arguments
 
 
 class Qwen3XmlFormat(ToolFormat):

@@ -31,19 +31,9 @@ STRATEGIES = [ChunkStrategy("one"), ChunkStrategy("special"), ChunkStrategy("tok
 
 KNOWN_GAPS: dict[str, str] = {
     'gemma4/vllm-text-before-call': 'content policy conflict: sglang-text-before-call expects the space before the call kept, this fixture expects it stripped',
-    'glm/glm47-missing-last-close-arg-value': 'malformed call (missing </arg_value>) is recovered by the fixture; Trellis reports malformed calls as text',
     'gpt-oss/harmony-marker-in-reasoning': "needs token ids: '<|call|>' written as text in reasoning is indistinguishable from the special token in text",
     'gpt-oss/llamacpp-builtin-python-recipient': "built-in 'python' recipient (not a functions.* call) is not supported",
     'kimi/k3-*': "Kimi K3 '<|open|>...<|sep|>' markup is not implemented (K2 section markers are)",
-    'qwen3-xml/coder-marker-in-arguments': 'parameter values are not typed/escaped exactly like the reference parser yet',
-    'qwen3-xml/coder-next-json-literals': 'parameter values are not typed/escaped exactly like the reference parser yet',
-    'qwen3-xml/coder-python-literals': 'Python literals (True/None) in parameter values are not converted',
-    'qwen3-xml/llamacpp-q35-value-trailing-newline': 'trailing-newline rule of parameter values differs from the reference parser',
-    'qwen3-xml/q35-python-literals': 'Python literals (True/None) in parameter values are not converted',
-    'qwen3-xml/q38-long-arguments': 'parameter values are not typed/escaped exactly like the reference parser yet',
-    'qwen3-xml/q38-marker-in-arguments': 'parameter values are not typed/escaped exactly like the reference parser yet',
-    'qwen3-xml/q38-numeric-and-literal-arguments': 'parameter values are not typed exactly like the reference parser yet',
-    'qwen3-xml/q38-whitespace-significant': 'whitespace rule of parameter values differs from the reference parser',
 }
 
 
