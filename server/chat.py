@@ -50,7 +50,7 @@ class ChatJob:
     tool_plan: object | None
     echo_prefix: str = ""
     tool_format: object | None = None  # the model's tool-call format (server.tools.formats), when output is parsed
-    in_reasoning: bool = False  # the prompt ends inside an open reasoning segment
+    prompt_tail: str = ""  # the end of the rendered prompt (an open reasoning segment, a sub-format)
     wire: dict = field(default_factory=dict)  # the request as sent (extra_body merged), for the store
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -83,9 +83,9 @@ async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
     ]
     echo = _echo_prefix(req)
     parse = plan is not None or (recognised and fmt.has_reasoning)
-    in_reasoning = parse and fmt.prompt_in_reasoning(state.tokenizer.decode(prompt_ids[-32:]))
+    tail = state.tokenizer.decode(prompt_ids[-32:]) if parse else ""
     return ChatJob(req, new_request_id("chatcmpl"), prompt_ids, specs, plan, echo, wire=wire,
-                   tool_format=fmt if parse else None, in_reasoning=in_reasoning)
+                   tool_format=fmt if parse else None, prompt_tail=tail)
 
 
 async def _with_conversation(state: ServerState, req: ChatCompletionRequest) -> ChatCompletionRequest:
@@ -196,7 +196,7 @@ def _chat_choice(state: ServerState, job: ChatJob, index: int, choice: ChoiceRes
     finish = choice.finish_reason
     message = AssistantMessage(content=text)
     if job.tool_format is not None:
-        content, reasoning, calls = parse_choice(job.tool_format, job.tool_plan, text, job.in_reasoning)
+        content, reasoning, calls = parse_choice(job.tool_format, job.tool_plan, text, job.prompt_tail)
         message = with_reasoning(tool_calls.assistant_message(content, calls, job.tool_plan), reasoning)
         finish = tool_calls.finish_reason(job.tool_plan, bool(calls), finish)
     logprobs = None
@@ -221,7 +221,7 @@ async def stream_chat(state: ServerState, job: ChatJob, stream: GenerationStream
     include_usage = bool(options and options.include_usage)
     continuous = bool(options and options.continuous_usage_stats)
     streamers = [
-        ChoiceStreamer(job.tool_format, job.tool_plan, job.in_reasoning) if job.tool_format is not None else None
+        ChoiceStreamer(job.tool_format, job.tool_plan, job.prompt_tail) if job.tool_format is not None else None
         for _ in job.specs
     ]
     completion_tokens = [0] * len(job.specs)

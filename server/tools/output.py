@@ -14,19 +14,25 @@ from server.tools.plan import ToolPlan
 Delta = dict[str, Any]
 
 
-def parser_options(plan: ToolPlan | None, in_reasoning: bool) -> ParserOptions:
-    """What the parser may report: calls of the plan's callable tools (none without a plan)."""
+def parser_options(fmt: ToolFormat, plan: ToolPlan | None, prompt_tail: str) -> ParserOptions:
+    """What the parser may report (calls of the plan's callable tools, none without a plan) and
+    what the end of the rendered prompt says (an open reasoning segment, the sub-format)."""
     names = plan.names if plan is not None else frozenset()
     schemas = {tool.name: tool.parameters for tool in plan.tools} if plan is not None else {}
-    return ParserOptions(names=names, in_reasoning=in_reasoning, schemas=schemas)
+    return ParserOptions(
+        names=names,
+        in_reasoning=fmt.prompt_in_reasoning(prompt_tail),
+        schemas=schemas,
+        variant=fmt.variant(prompt_tail),
+    )
 
 
 def parse_choice(
-    fmt: ToolFormat, plan: ToolPlan | None, text: str, in_reasoning: bool
+    fmt: ToolFormat, plan: ToolPlan | None, text: str, prompt_tail: str
 ) -> tuple[str | None, str | None, list[ToolCall]]:
-    """``(content, reasoning_content, tool_calls)`` of a finished generation. Content is None
-    when calls were made and no text remains."""
-    events = fmt.parser(parser_options(plan, in_reasoning)).parse(text)
+    """``(content, reasoning_content, tool_calls)`` of a finished generation (``prompt_tail``: the
+    end of the rendered prompt). Content is None when calls were made and no text remains."""
+    events = fmt.parser(parser_options(fmt, plan, prompt_tail)).parse(text)
     content = "".join(e.text for e in events if e.kind == "content")
     reasoning = "".join(e.text for e in events if e.kind == "reasoning") or None
     calls = [make_call(e.name, e.arguments) for e in events if e.kind == "call"]
@@ -45,9 +51,9 @@ class ChoiceStreamer:
     one ``{"tool_calls": [{"index", "id", "type", "function": {"name", "arguments"}}]}`` per call
     once it is complete (legacy plans: ``{"function_call": {...}}``)."""
 
-    def __init__(self, fmt: ToolFormat, plan: ToolPlan | None, in_reasoning: bool) -> None:
+    def __init__(self, fmt: ToolFormat, plan: ToolPlan | None, prompt_tail: str) -> None:
         self.plan = plan
-        self.parser: OutputParser = fmt.parser(parser_options(plan, in_reasoning))
+        self.parser: OutputParser = fmt.parser(parser_options(fmt, plan, prompt_tail))
         self.call_count = 0
         self._content_sent = False
 

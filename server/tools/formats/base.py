@@ -51,11 +51,13 @@ class ParserOptions:
     ``in_reasoning``: the prompt ends inside an open reasoning segment (e.g. the generation prompt
     pre-filled ``<think>\\n``), so the output starts as reasoning.
     ``schemas``: each tool's ``parameters`` (formats that write untyped values use them to type).
+    ``variant``: the sub-format the generation prompt selects (:meth:`ToolFormat.variant`).
     """
 
     names: frozenset[str] | None = None
     in_reasoning: bool = False
     schemas: dict[str, dict[str, Any]] = field(default_factory=dict)
+    variant: str = ""  # a sub-format the generation prompt selects (ToolFormat.variant)
 
     def allows(self, name: str) -> bool:
         return self.names is None or name in self.names
@@ -116,8 +118,14 @@ class ToolFormat(ABC):
 
     #: The marker that opens a call with tool_choice "auto" (the structural tag's trigger).
     trigger: str = ""
+    #: Written before a call's ``begin`` under "auto" (where the trigger is not part of the call).
+    auto_prefix: str = ""
     #: Text between two calls (``tags_with_separator``).
     separator: str = ""
+
+    def variant(self, prompt: str) -> str:
+        """The sub-format a generation prompt selects, for families with incompatible ones."""
+        return ""
 
     def prompt_in_reasoning(self, prompt: str) -> bool:
         """Whether the rendered ``prompt`` ends inside an open reasoning segment."""
@@ -134,6 +142,7 @@ class ToolFormat(ABC):
             return None
         tags = [self.call_tag(tool.name, grammar_of(tool)) for tool in plan.callable_tools()]
         if plan.mode == "auto":
+            tags = [{**tag, "begin": self.auto_prefix + tag["begin"]} for tag in tags]
             fmt: dict[str, Any] = {
                 "type": "triggered_tags",
                 "triggers": [self.trigger],

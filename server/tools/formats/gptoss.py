@@ -54,6 +54,10 @@ class HarmonyParser(OutputParser):
         return self._body(out, final)
 
     def _header(self, out: list[Event], final: bool) -> bool:
+        if self.buf.strip() and not _may_be_header(self.buf):
+            self.header, self.kind, self.recipient = "", "content", ""
+            self.mode = "body"  # plain text with no header: content
+            return True
         pos = self.buf.find(MESSAGE)
         if pos < 0:
             if final and self.buf.strip() and not self.buf.lstrip().startswith((START, CHANNEL)):

@@ -88,8 +88,11 @@ def _pythonic_calls(body: str) -> list[tuple[str, str]] | None:
 class LlamaFormat(ToolFormat):
     name = "llama"
     markers = (PYTHON_TAG, EOM, PY_START, PY_END, "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
-    trigger = "{"
-    separator = ""
+    # "required"/named: the reply is the JSON call itself; "auto": a call follows <|python_tag|>,
+    # so that free text can never be mistaken for the start of a call.
+    trigger = PYTHON_TAG
+    auto_prefix = PYTHON_TAG
+    separator = "; "
 
     @classmethod
     def detect(cls, template: str, special_tokens: frozenset[str]) -> bool:

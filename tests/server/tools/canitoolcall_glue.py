@@ -22,7 +22,10 @@ def options_for(fixture: Fixture) -> ParserOptions:
     functions = [t.get("function", t) for t in fixture.tools]
     names = frozenset(f["name"] for f in functions if isinstance(f, dict) and "name" in f)
     schemas = {f["name"]: f.get("parameters") or {} for f in functions if isinstance(f, dict) and "name" in f}
-    return ParserOptions(names=names, in_reasoning=fmt.prompt_in_reasoning(generation_prompt(fixture)), schemas=schemas)
+    prompt = generation_prompt(fixture)
+    return ParserOptions(
+        names=names, in_reasoning=fmt.prompt_in_reasoning(prompt), schemas=schemas, variant=fmt.variant(prompt)
+    )
 
 
 def generation_prompt(fixture: Fixture) -> str:
