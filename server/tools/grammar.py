@@ -60,17 +60,14 @@ def tool_structural_tag(plan: ToolPlan | None) -> dict[str, Any] | None:
     return {"type": "structural_tag", "format": fmt}
 
 
-_JSON_ARGUMENT_FORMATS = frozenset({"llama", "mistral", "deepseek", "kimi", "gpt-oss"})
-
-
 def _family_structural_tag(plan: ToolPlan) -> dict[str, Any] | None:
-    """The structural tag in the model family's own format. Families whose arguments are not a
-    JSON object (XML-style parameters) are parsed but not constrained: "auto" runs free, and
-    "required"/named calls cannot be enforced there (400 naming ``tool_choice``)."""
+    """The structural tag in the model family's own format: JSON arguments by the grammar below,
+    XML-style parameters by xgrammar's matching JSON-Schema style. A family with no constrainable
+    argument notation runs "auto" free and refuses forced calls (400 naming ``tool_choice``)."""
     from server.tools.formats import get_format
 
     fmt = get_format(plan.format_name)
-    if plan.format_name not in _JSON_ARGUMENT_FORMATS:
+    if not fmt.argument_style:
         if plan.mode == "auto":
             return None
         param = "function_call" if plan.legacy else "tool_choice"
@@ -80,7 +77,15 @@ def _family_structural_tag(plan: ToolPlan) -> dict[str, Any] | None:
             param,
             code="unsupported_value",
         )
-    return fmt.structural_tag(plan, lambda tool: _arguments_grammar(tool, _param(plan, tool)))
+
+    def content(tool: ToolSpec) -> dict[str, Any]:
+        param = _param(plan, tool)
+        if fmt.argument_style == "json":
+            return {"type": "grammar", "grammar": _arguments_grammar(tool, param)}
+        schema = _enforceable_schema(tool, param)
+        return {"type": "json_schema", "json_schema": schema, "style": fmt.argument_style}
+
+    return fmt.structural_tag(plan, content)
 
 
 def tool_constraint_spec(plan: ToolPlan | None) -> ConstraintSpec | None:

@@ -112,10 +112,14 @@ class ToolFormat(ABC):
         """A fresh incremental output parser."""
 
     @abstractmethod
-    def call_tag(self, name: str, grammar: str) -> dict[str, Any]:
-        """An xgrammar structural ``tag`` for one call of ``name`` whose arguments follow the JSON
-        ``grammar`` (EBNF for the arguments object)."""
+    def call_tag(self, name: str, content: dict[str, Any]) -> dict[str, Any]:
+        """An xgrammar structural ``tag`` for one call of ``name``; ``content`` is the structural-tag
+        content constraining its arguments (see :attr:`argument_style`)."""
 
+    #: How arguments are written: "json" (a JSON object, constrained by a grammar in ``json.dumps``
+    #: layout), an xgrammar XML style ("qwen_xml", "glm_xml": typed by the parameters schema), or
+    #: "" (not constrainable: "auto" runs free, forced calls are refused).
+    argument_style: str = "json"
     #: The marker that opens a call with tool_choice "auto" (the structural tag's trigger).
     trigger: str = ""
     #: Written before a call's ``begin`` under "auto" (where the trigger is not part of the call).
@@ -135,12 +139,12 @@ class ToolFormat(ABC):
         closed = max(prompt.rfind(m) for m in self.reasoning_close) if self.reasoning_close else -1
         return opened >= 0 and opened > closed and not prompt[opened:].rstrip().endswith(tuple(self.reasoning_close))
 
-    def structural_tag(self, plan: ToolPlan, grammar_of) -> dict[str, Any] | None:
-        """The structural tag enforcing ``plan``; ``grammar_of(tool)`` gives a tool's arguments
-        grammar. None when nothing is enforced."""
+    def structural_tag(self, plan: ToolPlan, content_of) -> dict[str, Any] | None:
+        """The structural tag enforcing ``plan``; ``content_of(tool)`` gives the structural-tag
+        content for a tool's arguments. None when nothing is enforced."""
         if plan.mode == "none":
             return None
-        tags = [self.call_tag(tool.name, grammar_of(tool)) for tool in plan.callable_tools()]
+        tags = [self.call_tag(tool.name, content_of(tool)) for tool in plan.callable_tools()]
         if plan.mode == "auto":
             tags = [{**tag, "begin": self.auto_prefix + tag["begin"]} for tag in tags]
             fmt: dict[str, Any] = {

@@ -118,10 +118,10 @@ class DeepSeekFormat(ToolFormat):
     def parser(self, options: ParserOptions) -> OutputParser:
         return DeepSeekParser(options)
 
-    def call_tag(self, name: str, grammar: str) -> dict[str, Any]:
+    def call_tag(self, name: str, content: dict[str, Any]) -> dict[str, Any]:
         return {
             "type": "tag",
             "begin": f"{SECTION_OPEN}{CALL_OPEN}{name}{SEP}",
-            "content": {"type": "grammar", "grammar": grammar},
+            "content": content,
             "end": f"{CALL_CLOSE}{SECTION_CLOSE}",
         }

@@ -83,5 +83,7 @@ class Gemma4Format(ToolFormat):
     def parser(self, options: ParserOptions) -> OutputParser:
         return Gemma4Parser(options)
 
-    def call_tag(self, name: str, grammar: str) -> dict[str, Any]:
+    argument_style = ""  # Gemma's object notation has no xgrammar style (yet)
+
+    def call_tag(self, name: str, content: dict[str, Any]) -> dict[str, Any]:
         raise NotImplementedError

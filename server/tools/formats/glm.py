@@ -77,5 +77,7 @@ class GlmFormat(ToolFormat):
     def parser(self, options: ParserOptions) -> OutputParser:
         return GlmParser(options)
 
-    def call_tag(self, name: str, grammar: str) -> dict[str, Any]:
-        raise NotImplementedError  # see structural_tag: arguments are XML pairs, not JSON
+    argument_style = "glm_xml"
+
+    def call_tag(self, name: str, content: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "tag", "begin": f"{CALL_OPEN}{name}\n", "content": content, "end": CALL_CLOSE}

@@ -165,10 +165,10 @@ class GptOssFormat(ToolFormat):
     def parser(self, options: ParserOptions) -> OutputParser:
         return HarmonyParser(options)
 
-    def call_tag(self, name: str, grammar: str) -> dict[str, Any]:
+    def call_tag(self, name: str, content: dict[str, Any]) -> dict[str, Any]:
         return {
             "type": "tag",
             "begin": f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>",
-            "content": {"type": "grammar", "grammar": grammar},
+            "content": content,
             "end": CALL,
         }

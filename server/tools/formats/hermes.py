@@ -91,5 +91,5 @@ class HermesFormat(ToolFormat):
     def parser(self, options: ParserOptions) -> OutputParser:
         return HermesParser(options)
 
-    def call_tag(self, name: str, grammar: str) -> dict[str, Any]:
-        return {"type": "tag", "begin": call_prefix(name), "content": {"type": "grammar", "grammar": grammar}, "end": ARGS_CLOSE}
+    def call_tag(self, name: str, content: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "tag", "begin": call_prefix(name), "content": content, "end": ARGS_CLOSE}

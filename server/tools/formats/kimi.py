@@ -197,10 +197,10 @@ class KimiFormat(ToolFormat):
             return prompt.rfind(OPEN + "think" + SEP) > max(prompt.rfind(CLOSE + "think"), prompt.rfind(OPEN + "response"))
         return super().prompt_in_reasoning(prompt)
 
-    def call_tag(self, name: str, grammar: str) -> dict[str, Any]:
+    def call_tag(self, name: str, content: dict[str, Any]) -> dict[str, Any]:
         return {
             "type": "tag",
             "begin": f"{SECTION_OPEN}{CALL_OPEN}functions.{name}:0{ARG_OPEN}",
-            "content": {"type": "grammar", "grammar": grammar},
+            "content": content,
             "end": f"{CALL_CLOSE}{SECTION_CLOSE}",
         }

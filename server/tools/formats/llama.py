@@ -101,10 +101,10 @@ class LlamaFormat(ToolFormat):
     def parser(self, options: ParserOptions) -> OutputParser:
         return LlamaParser(options)
 
-    def call_tag(self, name: str, grammar: str) -> dict[str, Any]:
+    def call_tag(self, name: str, content: dict[str, Any]) -> dict[str, Any]:
         return {
             "type": "tag",
             "begin": f'{{"name": {json.dumps(name)}, "parameters": ',
-            "content": {"type": "grammar", "grammar": grammar},
+            "content": content,
             "end": "}",
         }

@@ -89,5 +89,5 @@ class MistralFormat(ToolFormat):
     def parser(self, options: ParserOptions) -> OutputParser:
         return MistralParser(options)
 
-    def call_tag(self, name: str, grammar: str) -> dict[str, Any]:
-        return {"type": "tag", "begin": f"{TOOL_CALLS}{name}{ARGS}", "content": {"type": "grammar", "grammar": grammar}, "end": ""}
+    def call_tag(self, name: str, content: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "tag", "begin": f"{TOOL_CALLS}{name}{ARGS}", "content": content, "end": ""}

@@ -90,6 +90,7 @@ class Qwen3XmlFormat(ToolFormat):
     reasoning_close = ("</think>",)
     trigger = CALL_OPEN
     separator = "\n"
+    argument_style = "qwen_xml"
 
     @classmethod
     def detect(cls, template: str, special_tokens: frozenset[str]) -> bool:
@@ -98,10 +99,10 @@ class Qwen3XmlFormat(ToolFormat):
     def parser(self, options: ParserOptions) -> OutputParser:
         return Qwen3XmlParser(options)
 
-    def call_tag(self, name: str, grammar: str) -> dict[str, Any]:
+    def call_tag(self, name: str, content: dict[str, Any]) -> dict[str, Any]:
         return {
             "type": "tag",
             "begin": f"{CALL_OPEN}\n{FUNCTION_OPEN}{name}>\n",
-            "content": {"type": "grammar", "grammar": grammar},
+            "content": content,  # xgrammar's qwen_xml style: <parameter=K>V</parameter>
             "end": f"\n{FUNCTION_CLOSE}\n{CALL_CLOSE}",
         }

@@ -19,6 +19,7 @@ from server.tools.select import choose_format
 from .toolcases import TIME, WEATHER, matches, plan_for
 
 JSON_FAMILIES = ["qwen3-hermes", "llama", "mistral", "deepseek", "kimi", "gpt-oss"]
+XML_FAMILIES = ["qwen3-xml", "glm"]
 PARIS = '{"city": "Paris", "unit": "c"}'
 
 
@@ -28,7 +29,7 @@ def _plan(family: str, **fields: Any) -> Any:
 
 def _call_text(family: str, name: str, arguments: str) -> str:
     """One call as the family's grammar writes it (its tag's begin + arguments + end)."""
-    tag = get_format(family).call_tag(name, "") if family != "qwen3-hermes" else None
+    tag = get_format(family).call_tag(name, {}) if family != "qwen3-hermes" else None
     if tag is None:
         from server.tools.format import format_call
 
@@ -99,12 +100,32 @@ def test_auto_grammar_is_free_until_the_trigger(compiler: Any, tokenizer: Any, f
     assert matches(compiler, tokenizer, tag, "Let me see. " + call)
 
 
-@pytest.mark.parametrize("family", ["qwen3-xml", "glm", "gemma4"])
-def test_xml_families_run_auto_free_and_refuse_forced_calls(family: str) -> None:
-    assert tool_structural_tag(_plan(family, tool_choice="auto")) is None
+def test_gemma4_runs_auto_free_and_refuses_forced_calls() -> None:
+    assert tool_structural_tag(_plan("gemma4", tool_choice="auto")) is None
     with pytest.raises(APIError) as err:
-        tool_structural_tag(_plan(family, tool_choice="required"))
+        tool_structural_tag(_plan("gemma4", tool_choice="required"))
     assert err.value.param == "tool_choice"
+
+
+XML_CALLS = {
+    "qwen3-xml": "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=unit>\nc\n</parameter>\n</function>\n</tool_call>",
+    "glm": "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>unit</arg_key>\n<arg_value>c</arg_value>\n</tool_call>",
+}
+
+
+@pytest.mark.parametrize("family", XML_FAMILIES)
+def test_xml_grammar_accepts_what_the_parser_reads(compiler: Any, tokenizer: Any, family: str) -> None:
+    """XML-parameter families are constrained by xgrammar's matching JSON-Schema style: the
+    grammar takes only schema-valid calls, and the parser reads them back with typed values."""
+    plan = _plan(family, tool_choice="required")
+    tag = tool_structural_tag(plan)
+    text = XML_CALLS[family]
+    assert matches(compiler, tokenizer, tag, text)
+    assert not matches(compiler, tokenizer, tag, "Hello")
+    assert not matches(compiler, tokenizer, tag, text.replace(">c<", ">kelvin<").replace("\nc\n", "\nkelvin\n"))
+    content, _, calls = parse_choice(get_format(family), plan, text, "")
+    assert content is None
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("get_weather", json.loads(PARIS))]
 
 
 @pytest.mark.parametrize("family", JSON_FAMILIES)
