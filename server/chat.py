@@ -33,7 +33,7 @@ from server.requests import (
     stop_strings,
 )
 from server.tools.output import ChoiceStreamer, parse_choice, with_reasoning
-from server.tools.select import request_format
+from server.tools.select import markers_are_special, request_format
 from server.sse import done_event, sse_event, stream_error_event
 from server.state import ServerState, sequence_constraint
 from server.structured import compile_constraint, constraint_spec_async
@@ -84,6 +84,8 @@ async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
     echo = _echo_prefix(req)
     parse = plan is not None or (recognised and fmt.has_reasoning)
     tail = state.tokenizer.decode(prompt_ids[-32:]) if parse else ""
+    if parse and "skip_special_tokens" not in wire and markers_are_special(state, fmt):
+        req = msgspec.structs.replace(req, skip_special_tokens=False)  # the parser needs the markers
     return ChatJob(req, new_request_id("chatcmpl"), prompt_ids, specs, plan, echo, wire=wire,
                    tool_format=fmt if parse else None, prompt_tail=tail)
 

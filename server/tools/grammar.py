@@ -83,7 +83,9 @@ def _family_structural_tag(plan: ToolPlan) -> dict[str, Any] | None:
         if fmt.argument_style == "json":
             return {"type": "grammar", "grammar": _arguments_grammar(tool, param)}
         schema = _enforceable_schema(tool, param)
-        return {"type": "json_schema", "json_schema": schema, "style": fmt.argument_style}
+        # bounded whitespace: the XML styles allow it between and around values, and a model
+        # must not be able to spend its tokens on it
+        return {"type": "json_schema", "json_schema": schema, "style": fmt.argument_style, "max_whitespace_cnt": 1}
 
     return fmt.structural_tag(plan, content)
 

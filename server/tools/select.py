@@ -57,6 +57,18 @@ def log_format(state: Any) -> None:
         log.info("tool calls: format '%s' (%s)", fmt.name, "from --tool-call-format" if how == "flag" else "detected from the chat template")
 
 
+def markers_are_special(state: Any, fmt: ToolFormat) -> bool:
+    """Whether some of the format's markers are special tokens of the served tokenizer: then the
+    output must be decoded with them (``skip_special_tokens`` false), or the parser never sees
+    the markers (``[TOOL_CALLS]``, ``<|python_tag|>``, ``<|channel|>``...)."""
+    cache = getattr(state, "_special_markers", None)
+    if cache is None:
+        cache = state._special_markers = {}
+    if fmt.name not in cache:
+        cache[fmt.name] = bool(special_tokens(state.tokenizer) & set(fmt.markers))
+    return cache[fmt.name]
+
+
 def request_format(state: Any, chat_template: str | None) -> tuple[ToolFormat, bool]:
     """The format for one request and whether it came from a recognised template or the flag (a
     request's own ``chat_template`` is looked at first)."""

@@ -433,6 +433,9 @@ def coerce_value(raw: str, schema: dict[str, Any] | None) -> Any:
     types = _schema_types(schema)
     if raw.strip() in ("null", "None") and _allows_null(schema):
         return None
+    enum = schema.get("enum") if isinstance(schema, dict) else None
+    if isinstance(enum, list) and raw not in enum and raw.strip() in enum:
+        return raw.strip()  # whitespace around an enum value is layout, not part of the value
     if types == {"string"}:
         return raw
     text = raw.strip()

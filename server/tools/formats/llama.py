@@ -49,10 +49,14 @@ class LlamaParser(BlockParser):
 
 
 def _json_call(body: str) -> list[tuple[str, str]] | None:
+    """Calls as JSON objects separated by ``;`` or whitespace; a last object left unclosed (the
+    reply was cut by ``max_tokens``) is dropped when complete calls precede it."""
     calls = []
     pos = 0
     while pos < len(body):
         end = json_object_end(body, pos)
+        if end is None and calls and body[pos] == "{":
+            return calls
         obj = loads_object(body[pos:end]) if end else None
         if obj is None or not isinstance(obj.get("name"), str):
             return None
