@@ -32,7 +32,7 @@ from server.requests import (
     sampling_params,
     stop_strings,
 )
-from server.tools.output import ChoiceStreamer, parse_choice, with_reasoning
+from server.tools.output import ChoiceStreamer, ReasoningOutput, parse_choice, with_reasoning
 from server.tools.select import markers_are_special, request_format
 from server.sse import done_event, sse_event, stream_error_event
 from server.state import ServerState, sequence_constraint
@@ -198,7 +198,9 @@ def _chat_choice(state: ServerState, job: ChatJob, index: int, choice: ChoiceRes
     finish = choice.finish_reason
     message = AssistantMessage(content=text)
     if job.tool_format is not None:
-        content, reasoning, calls = parse_choice(job.tool_format, job.tool_plan, text, job.prompt_tail)
+        content, reasoning, calls = parse_choice(
+            job.tool_format, job.tool_plan, text, job.prompt_tail, ReasoningOutput.of(job.req)
+        )
         message = with_reasoning(tool_calls.assistant_message(content, calls, job.tool_plan), reasoning)
         finish = tool_calls.finish_reason(job.tool_plan, bool(calls), finish)
     logprobs = None
@@ -223,7 +225,7 @@ async def stream_chat(state: ServerState, job: ChatJob, stream: GenerationStream
     include_usage = bool(options and options.include_usage)
     continuous = bool(options and options.continuous_usage_stats)
     streamers = [
-        ChoiceStreamer(job.tool_format, job.tool_plan, job.prompt_tail) if job.tool_format is not None else None
+        ChoiceStreamer(job.tool_format, job.tool_plan, job.prompt_tail, ReasoningOutput.of(job.req)) if job.tool_format is not None else None
         for _ in job.specs
     ]
     completion_tokens = [0] * len(job.specs)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from server.protocol import AssistantMessage, ToolCall
@@ -27,12 +28,42 @@ def parser_options(fmt: ToolFormat, plan: ToolPlan | None, prompt_tail: str) -> 
     )
 
 
+@dataclass(frozen=True)
+class ReasoningOutput:
+    """Where reasoning goes (SGLang's switches): ``separate`` false puts it in the content,
+    ``stream`` false sends it in one delta once it is complete, ``include`` false drops it."""
+
+    separate: bool = True
+    stream: bool = True
+    include: bool = True
+
+    @classmethod
+    def of(cls, req: Any) -> ReasoningOutput:
+        return cls(
+            separate=getattr(req, "separate_reasoning", True),
+            stream=getattr(req, "stream_reasoning", True),
+            include=getattr(req, "include_reasoning", True),
+        )
+
+    def route(self, events: list[Event]) -> list[Event]:
+        """Reasoning events dropped or turned into content as asked."""
+        if not self.include:
+            return [e for e in events if e.kind != "reasoning"]
+        if not self.separate:
+            return [Event("content", e.text) if e.kind == "reasoning" else e for e in events]
+        return events
+
+
 def parse_choice(
-    fmt: ToolFormat, plan: ToolPlan | None, text: str, prompt_tail: str
+    fmt: ToolFormat,
+    plan: ToolPlan | None,
+    text: str,
+    prompt_tail: str,
+    reasoning_output: ReasoningOutput = ReasoningOutput(),
 ) -> tuple[str | None, str | None, list[ToolCall]]:
     """``(content, reasoning_content, tool_calls)`` of a finished generation (``prompt_tail``: the
     end of the rendered prompt). Content is None when calls were made and no text remains."""
-    events = fmt.parser(parser_options(fmt, plan, prompt_tail)).parse(text)
+    events = reasoning_output.route(fmt.parser(parser_options(fmt, plan, prompt_tail)).parse(text))
     content = "".join(e.text for e in events if e.kind == "content")
     reasoning = "".join(e.text for e in events if e.kind == "reasoning") or None
     calls = [make_call(e.name, e.arguments) for e in events if e.kind == "call"]
@@ -51,9 +82,17 @@ class ChoiceStreamer:
     one ``{"tool_calls": [{"index", "id", "type", "function": {"name", "arguments"}}]}`` per call
     once it is complete (legacy plans: ``{"function_call": {...}}``)."""
 
-    def __init__(self, fmt: ToolFormat, plan: ToolPlan | None, prompt_tail: str) -> None:
+    def __init__(
+        self,
+        fmt: ToolFormat,
+        plan: ToolPlan | None,
+        prompt_tail: str,
+        reasoning_output: ReasoningOutput = ReasoningOutput(),
+    ) -> None:
         self.plan = plan
         self.parser: OutputParser = fmt.parser(parser_options(fmt, plan, prompt_tail))
+        self.reasoning_output = reasoning_output
+        self._held_reasoning = ""
         self.call_count = 0
         self._content_sent = False
 
@@ -62,12 +101,15 @@ class ChoiceStreamer:
         return self.call_count > 0
 
     def feed(self, text: str) -> list[Delta]:
-        return self._deltas(self.parser.feed(text)) if text else []
+        return self._deltas(self.parser.feed(text), final=False) if text else []
 
     def finish(self) -> list[Delta]:
-        return self._deltas(self.parser.finish())
+        return self._deltas(self.parser.finish(), final=True)
 
-    def _deltas(self, events: list[Event]) -> list[Delta]:
+    def _deltas(self, events: list[Event], final: bool) -> list[Delta]:
+        events = self.reasoning_output.route(events)
+        if not self.reasoning_output.stream:
+            events = self._hold_reasoning(events, final)
         out: list[Delta] = []
         for event in events:
             if event.kind == "call":
@@ -78,6 +120,22 @@ class ChoiceStreamer:
                     out[-1][key] += event.text
                 else:
                     out.append({key: event.text})
+        return out
+
+    def _hold_reasoning(self, events: list[Event], final: bool) -> list[Event]:
+        """Reasoning collected until something else follows it (or the output ends)."""
+        out: list[Event] = []
+        for event in events:
+            if event.kind == "reasoning":
+                self._held_reasoning += event.text
+                continue
+            if self._held_reasoning:
+                out.append(Event("reasoning", self._held_reasoning))
+                self._held_reasoning = ""
+            out.append(event)
+        if final and self._held_reasoning:
+            out.append(Event("reasoning", self._held_reasoning))
+            self._held_reasoning = ""
         return out
 
     def _call(self, event: Event) -> Delta:

@@ -164,3 +164,29 @@ def test_unoffered_tool_and_cut_call_stay_text() -> None:
     assert calls == [] and content == '[TOOL_CALLS]rm_rf[ARGS]{"path": "/"}'
     content, _, calls = parse_choice(fmt, plan, '[TOOL_CALLS]get_weather[ARGS]{"city": "Par', "")
     assert calls == [] and "get_weather" in (content or "")
+
+
+@pytest.mark.parametrize(
+    ("switches", "content", "reasoning"),
+    [
+        ({}, "Yes.", "Hmm."),
+        ({"separate": False}, "Hmm.Yes.", None),
+        ({"include": False}, "Yes.", None),
+    ],
+)
+def test_reasoning_output_switches(switches: dict[str, bool], content: str, reasoning: str | None) -> None:
+    from server.tools.output import ReasoningOutput
+
+    fmt = get_format("qwen3-hermes")
+    got = parse_choice(fmt, None, "<think>Hmm.</think>Yes.", "", ReasoningOutput(**switches))
+    assert got[:2] == (content, reasoning)
+
+
+def test_stream_reasoning_false_sends_reasoning_once() -> None:
+    from server.tools.output import ReasoningOutput
+
+    streamer = ChoiceStreamer(get_format("qwen3-hermes"), None, "", ReasoningOutput(stream=False))
+    deltas = [d for ch in "<think>a b c</think>done" for d in streamer.feed(ch)] + streamer.finish()
+    reasoning = [d["reasoning_content"] for d in deltas if "reasoning_content" in d]
+    assert reasoning == ["a b c"]
+    assert "".join(d.get("content", "") for d in deltas) == "done"
