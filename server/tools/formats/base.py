@@ -127,6 +127,12 @@ class ToolFormat(ABC):
     #: Text between two calls (``tags_with_separator``).
     separator: str = ""
 
+    def call_text(self, name: str, arguments: str) -> str:
+        """One call as the model writes it (``arguments``: JSON object text), for prompts of
+        templates without tool support; JSON-argument formats use their tag's begin and end."""
+        tag = self.call_tag(name, {})
+        return tag["begin"] + arguments + tag["end"]
+
     def variant(self, prompt: str) -> str:
         """The sub-format a generation prompt selects, for families with incompatible ones."""
         return ""

@@ -87,3 +87,17 @@ class Gemma4Format(ToolFormat):
 
     def call_tag(self, name: str, content: dict[str, Any]) -> dict[str, Any]:
         raise NotImplementedError
+
+    def call_text(self, name: str, arguments: str) -> str:
+        return f"{CALL_OPEN}call:{name}{_notation(json.loads(arguments or '{}'))}{CALL_CLOSE}"
+
+
+def _notation(value: Any) -> str:
+    """A value in Gemma's object notation (bare keys, ``<|"|>`` around strings)."""
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_notation(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_notation(v) for v in value) + "]"
+    if isinstance(value, str):
+        return QUOTE + value + QUOTE
+    return json.dumps(value)

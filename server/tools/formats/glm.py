@@ -12,10 +12,20 @@ the parameter's schema. Format: GLM-4.5's chat template (https://huggingface.co/
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
-from server.tools.formats.base import BlockParser, OutputParser, ParserOptions, ToolFormat, coerce_value, dumps_arguments, param_schema
+from server.tools.formats.base import (
+    BlockParser,
+    OutputParser,
+    ParserOptions,
+    ToolFormat,
+    coerce_value,
+    dumps_arguments,
+    loads_object,
+    param_schema,
+)
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _PAIR_RE = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)(?:</arg_value>|\Z)", re.S)
@@ -76,6 +86,13 @@ class GlmFormat(ToolFormat):
 
     def parser(self, options: ParserOptions) -> OutputParser:
         return GlmParser(options)
+
+    def call_text(self, name: str, arguments: str) -> str:
+        pairs = "".join(
+            f"<arg_key>{key}</arg_key>\n<arg_value>{value if isinstance(value, str) else json.dumps(value)}</arg_value>\n"
+            for key, value in (loads_object(arguments) or {}).items()
+        )
+        return f"{CALL_OPEN}{name}\n{pairs}{CALL_CLOSE}"
 
     argument_style = "glm_xml"
 

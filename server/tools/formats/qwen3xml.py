@@ -15,6 +15,7 @@ reference parser ``qwen3coder_tool_parser.py`` in the same repository.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -25,6 +26,7 @@ from server.tools.formats.base import (
     ToolFormat,
     coerce_value,
     dumps_arguments,
+    loads_object,
     param_schema,
 )
 
@@ -98,6 +100,13 @@ class Qwen3XmlFormat(ToolFormat):
 
     def parser(self, options: ParserOptions) -> OutputParser:
         return Qwen3XmlParser(options)
+
+    def call_text(self, name: str, arguments: str) -> str:
+        params = "".join(
+            f"<parameter={key}>\n{value if isinstance(value, str) else json.dumps(value)}\n</parameter>\n"
+            for key, value in (loads_object(arguments) or {}).items()
+        )
+        return f"{CALL_OPEN}\n{FUNCTION_OPEN}{name}>\n{params}{FUNCTION_CLOSE}\n{CALL_CLOSE}"
 
     def call_tag(self, name: str, content: dict[str, Any]) -> dict[str, Any]:
         return {

@@ -190,3 +190,28 @@ def test_stream_reasoning_false_sends_reasoning_once() -> None:
     reasoning = [d["reasoning_content"] for d in deltas if "reasoning_content" in d]
     assert reasoning == ["a b c"]
     assert "".join(d.get("content", "") for d in deltas) == "done"
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen3-xml", "glm", "gemma4", "gpt-oss"])
+def test_default_prompt_writes_calls_in_the_chosen_format(family: str) -> None:
+    """A template without tool support, with a format chosen by --tool-call-format: the system
+    prompt's example and earlier calls are written in that format, and read back by its parser."""
+    from server.protocol import ChatMessage
+    from server.tools import render_messages
+
+    plan = _plan(family, tool_choice="auto")
+    history = [
+        ChatMessage(role="user", content="Paris?"),
+        ChatMessage(
+            role="assistant",
+            content=None,
+            tool_calls=[{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": PARIS}}],
+        ),
+        ChatMessage(role="tool", tool_call_id="c1", content="sunny"),
+    ]
+    messages, tools = render_messages(history, plan, template_supports_tools=False)
+    assert tools is None
+    assert "<tool_call>{" not in messages[0]["content"]
+    written = messages[2]["content"]
+    _, _, calls = parse_choice(get_format(family), plan, written, "")
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("get_weather", json.loads(PARIS))]
