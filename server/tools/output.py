@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,7 @@ from server.tools.parse import make_call, new_call_id
 from server.tools.plan import ToolPlan
 
 Delta = dict[str, Any]
+log = logging.getLogger("trellis.tools")
 
 
 def parser_options(fmt: ToolFormat, plan: ToolPlan | None, prompt_tail: str) -> ParserOptions:
@@ -63,7 +65,12 @@ def parse_choice(
 ) -> tuple[str | None, str | None, list[ToolCall]]:
     """``(content, reasoning_content, tool_calls)`` of a finished generation (``prompt_tail``: the
     end of the rendered prompt). Content is None when calls were made and no text remains."""
-    events = reasoning_output.route(fmt.parser(parser_options(fmt, plan, prompt_tail)).parse(text))
+    try:
+        parsed = fmt.parser(parser_options(fmt, plan, prompt_tail)).parse(text)
+    except Exception:  # a parser bug must never turn a finished generation into a 500
+        log.exception("tool-call parser '%s' failed; the output is returned as content", fmt.name)
+        parsed = [Event("content", text)]
+    events = reasoning_output.route(parsed)
     content = "".join(e.text for e in events if e.kind == "content")
     reasoning = "".join(e.text for e in events if e.kind == "reasoning") or None
     calls = [make_call(e.name, e.arguments) for e in events if e.kind == "call"]
@@ -93,6 +100,7 @@ class ChoiceStreamer:
         self.parser: OutputParser = fmt.parser(parser_options(fmt, plan, prompt_tail))
         self.reasoning_output = reasoning_output
         self._held_reasoning = ""
+        self._failed = False
         self.call_count = 0
         self._content_sent = False
 
@@ -101,10 +109,21 @@ class ChoiceStreamer:
         return self.call_count > 0
 
     def feed(self, text: str) -> list[Delta]:
-        return self._deltas(self.parser.feed(text), final=False) if text else []
+        return self._deltas(self._guarded(self.parser.feed, text), final=False) if text else []
 
     def finish(self) -> list[Delta]:
-        return self._deltas(self.parser.finish(), final=True)
+        return self._deltas(self._guarded(self.parser.finish), final=True)
+
+    def _guarded(self, step, *args: str) -> list[Event]:
+        """A parser bug ends parsing: from then on the text goes out as content (never a 500)."""
+        if self._failed:
+            return [Event("content", args[0])] if args else []
+        try:
+            return step(*args)
+        except Exception:
+            log.exception("tool-call parser failed while streaming; the rest is sent as content")
+            self._failed = True
+            return [Event("content", args[0])] if args else []
 
     def _deltas(self, events: list[Event], final: bool) -> list[Delta]:
         events = self.reasoning_output.route(events)

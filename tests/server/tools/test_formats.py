@@ -215,3 +215,48 @@ def test_default_prompt_writes_calls_in_the_chosen_format(family: str) -> None:
     written = messages[2]["content"]
     _, _, calls = parse_choice(get_format(family), plan, written, "")
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("get_weather", json.loads(PARIS))]
+
+
+def test_a_failing_parser_returns_the_text_as_content(monkeypatch: pytest.MonkeyPatch) -> None:
+    from server.tools.formats.hermes import HermesParser
+
+    def broken(self, text):  # noqa: ANN001
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(HermesParser, "feed", broken)
+    fmt = get_format("qwen3-hermes")
+    assert parse_choice(fmt, None, "hello", "")[0] == "hello"
+    streamer = ChoiceStreamer(fmt, None, "")
+    deltas = streamer.feed("hel") + streamer.feed("lo") + streamer.finish()
+    assert "".join(d.get("content", "") for d in deltas) == "hello"
+
+
+_PIECES = [
+    "<tool_call>", "</tool_call>", "{", "}", "[", "]", '"', '"name"', ":", ",", "<think>", "</think>",
+    "[TOOL_CALLS]", "[ARGS]", "<|python_tag|>", "<function=", "<parameter=", "</parameter>", "</function>",
+    "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "<|channel|>", "<|message|>", "<|call|>",
+    "<|end|>", "<|start|>", "to=functions.f", "<|tool_call>", "<tool_call|>", '<|"|>', "call:f",
+    "<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>",
+    "<|tool_calls_section_end|>", "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>",
+    "<｜DSML｜", "<|open|>", "<|close|>", "<|sep|>", "f", " ", "\n", "1", "a", "(", ")", "=", "'",
+]
+
+
+@pytest.mark.parametrize("family", format_names())
+def test_random_marker_soup_never_raises_and_streams_the_same(family: str) -> None:
+    import random
+
+    from server.tools.formats import ParserOptions
+
+    fmt = get_format(family)
+    rng = random.Random(family)
+    for _ in range(300):
+        text = "".join(rng.choice(_PIECES) for _ in range(rng.randint(0, 30)))
+        options = ParserOptions(names=frozenset({"f"}), in_reasoning=rng.random() < 0.3, variant=rng.choice(["", "k3"]))
+        whole = fmt.parser(options).parse(text)
+        parser = fmt.parser(options)
+        size = rng.randint(1, 6)
+        events = [e for i in range(0, len(text), size) for e in parser.feed(text[i : i + size])] + parser.finish()
+        from server.tools.formats.base import merge_events
+
+        assert merge_events(events) == whole, text
