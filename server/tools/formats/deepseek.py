@@ -29,6 +29,7 @@ _PARAM = re.compile(r'<｜DSML｜\s*parameter\s+name="([^"]+)"(?:\s+string="(tru
 class DeepSeekParser(BlockParser):
     think_open = ("<think>",)
     think_close = ("</think>",)
+    calls_end_reasoning = True
     openers = (SECTION_OPEN, DSML_OPEN)
 
     def block_end(self, buf: str, final: bool) -> int | None:

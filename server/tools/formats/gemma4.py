@@ -24,6 +24,7 @@ _BARE_RE = re.compile(r"([{,]\s*)([^:{}\[\],\"\s][^:{}\[\],\"]*?)\s*:")
 class Gemma4Parser(BlockParser):
     think_open = (THOUGHT_OPEN,)
     think_close = (THOUGHT_CLOSE,)
+    calls_end_reasoning = True
     openers = (CALL_OPEN,)
     strip_content = False
 

@@ -34,6 +34,7 @@ _PAIR_RE = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)(?:</arg_v
 class GlmParser(BlockParser):
     think_open = ("<think>",)
     think_close = ("</think>",)
+    calls_end_reasoning = True
     openers = (CALL_OPEN,)
 
     def block_end(self, buf: str, final: bool) -> int | None:

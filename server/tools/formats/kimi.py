@@ -39,6 +39,7 @@ _ID_RE = re.compile(r"^\s*(?:functions\.)?([A-Za-z0-9_.\-]+?)(?::\d+)?\s*$")
 class KimiParser(BlockParser):
     think_open = ("<think>",)
     think_close = ("</think>",)
+    calls_end_reasoning = True
     openers = (SECTION_OPEN,)
     strip_content = False
     strip_reasoning = False

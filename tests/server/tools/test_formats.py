@@ -260,3 +260,15 @@ def test_random_marker_soup_never_raises_and_streams_the_same(family: str) -> No
         from server.tools.formats.base import merge_events
 
         assert merge_events(events) == whole, text
+
+
+@pytest.mark.parametrize("family", ["qwen3-hermes", "qwen3-xml", "glm", "kimi", "deepseek"])
+def test_call_right_after_a_prefilled_think_is_a_call(family: str) -> None:
+    """The prompt opened reasoning but a forced call starts at once: the call opener ends the
+    reasoning segment, so the call is read as a call, not as reasoning text."""
+    fmt = get_format(family)
+    plan = _plan(family, tool_choice="required")
+    text = XML_CALLS.get(family) or _call_text(family, "get_weather", PARIS)
+    content, reasoning, calls = parse_choice(fmt, plan, text, "<|assistant|><think>")
+    assert reasoning is None and content is None
+    assert [c.function.name for c in calls] == ["get_weather"]
