@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -42,6 +43,8 @@ from server.requests import (
     sampling_params,
     stop_strings,
 )
+from server.tools.output import ChoiceStreamer, ReasoningOutput, parse_choice, with_reasoning
+from server.tools.select import markers_are_special, request_format
 from server.sse import done_event, sse_event, stream_error_event
 from server.state import ServerState, sequence_constraint
 from server.structured import apply_close_on_length, compile_constraint, constraint_spec_async
@@ -59,6 +62,8 @@ class ChatJob:
     echo_prefix: str = ""
     reasoning: reasoning_mod.ReasoningSetup | None = None  # the model thinks before it answers
     truncated: int = 0  # prompt tokens removed by truncate_prompt_tokens
+    tool_format: object | None = None  # the model's tool-call format (server.tools.formats), when output is parsed
+    prompt_tail: str = ""  # the end of the rendered prompt (an open reasoning segment, a sub-format)
     wire: dict = field(default_factory=dict)  # the request as sent (extra_body merged), for the store
     scored_choices: list[str] | None = None  # choice texts whose probabilities are reported
     created: int = field(default_factory=lambda: int(time.time()))
@@ -75,6 +80,9 @@ async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
     switches = reasoning_mod.read_switches(req)
     reasoning_format = reasoning_mod.detect_reasoning(state.tokenizer, req.chat_template)
     plan = tool_calls.plan_tools(req)
+    fmt, recognised = request_format(state, req.chat_template)
+    if plan is not None:
+        plan = dataclasses.replace(plan, format_name=fmt.name)
     want_logprobs, top = logprob_settings(req.logprobs, req.top_logprobs, chat=True)
     params = sampling_params(
         req, vocab_size=state.vocab_size, eos_token_ids=state.eos_token_ids, logprobs=want_logprobs,
@@ -109,8 +117,13 @@ async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
     ]
     await apply_close_on_length(state, wire, compiled, specs)
     echo = _echo_prefix(req)
+    parse = plan is not None or (recognised and fmt.has_reasoning)
+    tail = state.tokenizer.decode(prompt_ids[-32:]) if parse else ""
+    if parse and "skip_special_tokens" not in wire and markers_are_special(state, fmt):
+        req = msgspec.structs.replace(req, skip_special_tokens=False)  # the parser needs the markers
     return ChatJob(req, new_request_id("chatcmpl"), prompt_ids, specs, plan, echo, reasoning=reasoning,
-                   truncated=truncated, wire=wire, scored_choices=list(spec.source) if scored else None)
+                   truncated=truncated, tool_format=fmt if parse else None, prompt_tail=tail, wire=wire,
+                   scored_choices=list(spec.source) if scored else None)
 
 
 async def _with_conversation(state: ServerState, req: ChatCompletionRequest) -> ChatCompletionRequest:
@@ -227,9 +240,11 @@ def _chat_choice(state: ServerState, job: ChatJob, index: int, choice: ChoiceRes
     text = job.echo_prefix + text
     finish = choice.finish_reason
     message = AssistantMessage(content=text)
-    if job.tool_plan is not None:
-        content, calls = tool_calls.parse_tool_output(text, job.tool_plan)
-        message = tool_calls.assistant_message(content, calls, job.tool_plan)
+    if job.tool_format is not None:
+        content, reasoning, calls = parse_choice(
+            job.tool_format, job.tool_plan, text, job.prompt_tail, ReasoningOutput.of(job.req)
+        )
+        message = with_reasoning(tool_calls.assistant_message(content, calls, job.tool_plan), reasoning)
         finish = tool_calls.finish_reason(job.tool_plan, bool(calls), finish)
     if reasoning is not None:
         message = msgspec.structs.replace(message, reasoning_content=reasoning)
@@ -251,20 +266,20 @@ def choice_logprobs(texts: list[str] | None, values: list[float] | None) -> list
     return [ChoiceLogprob(choice=text, logprob=value) for text, value in zip(texts, values)]
 
 
-# The minimal <think>/harmony split (server/reasoning.py), kept to these two functions so that the
-# per-family output parsers can take their place.
+# The plain <think>/harmony split (server/reasoning.py), for reasoning models whose output is not
+# parsed by a tool-call format's parser (which splits reasoning itself).
 
 
 def _split_reasoning(job: ChatJob, text: str) -> tuple[str | None, str]:
     """(reasoning_content or None, the answer text) of one whole output."""
-    if job.reasoning is None:
+    if job.reasoning is None or job.tool_format is not None:
         return None, text
     reasoning, content = reasoning_mod.split_reasoning(text, job.reasoning.format, job.reasoning.starts_inside)
     return reasoning or None, content
 
 
 def _reasoning_streamer(job: ChatJob) -> reasoning_mod.ReasoningStreamSplitter | None:
-    if job.reasoning is None:
+    if job.reasoning is None or job.tool_format is not None:
         return None
     return reasoning_mod.ReasoningStreamSplitter(job.reasoning.format, job.reasoning.starts_inside)
 
@@ -289,7 +304,11 @@ async def stream_chat(state: ServerState, job: ChatJob, stream: GenerationStream
     options = job.req.stream_options
     include_usage = bool(options and options.include_usage)
     continuous = bool(options and options.continuous_usage_stats)
-    streamers = [tool_calls.ToolCallStreamer(job.tool_plan) if job.tool_plan else None for _ in job.specs]
+    streamers = [
+        ChoiceStreamer(job.tool_format, job.tool_plan, job.prompt_tail, ReasoningOutput.of(job.req))
+        if job.tool_format is not None else None
+        for _ in job.specs
+    ]
     splitters = [_reasoning_streamer(job) for _ in job.specs]
     results = [ChoiceResult() for _ in job.specs]  # the whole answer, for a stored completion
     failed = False

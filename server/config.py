@@ -28,6 +28,7 @@ class Settings:
     compile_memory_mb: int = 4096
     compile_workers: int = 2
     constraint_cache_dir: str = ""
+    tool_call_format: str = ""
     max_waiting_seqs: int = 256
     max_waiting_tokens: int = 262144
     request_timeout: float = 600.0
@@ -79,6 +80,7 @@ _HELP = {
     "compile_timeout": "seconds a constraint (schema, regex, grammar) may take to compile",
     "compile_memory_mb": "memory a constraint compile may add to its worker process, in MiB (0 = no cap)",
     "constraint_cache_dir": "compiled constraints on disk, shared by processes and restarts ('' = 'constraints' in the cache directory, 'off' = none)",
+    "tool_call_format": "how the model writes tool calls: '' = detected from its chat template (unknown: qwen3-hermes), or one of qwen3-hermes, qwen3-xml, llama, mistral, deepseek, kimi, glm, gpt-oss, gemma4",
     "compile_workers": "constraint-compile worker processes (each ~0.5 GB resident)",
     "max_waiting_seqs": "most sequences waiting for a batch slot; more -> 429 with Retry-After",
     "max_waiting_tokens": "most prompt tokens waiting for a batch slot; more -> 429 with Retry-After",
@@ -121,6 +123,7 @@ _CHOICES = {
     "device_dfa": ["auto", "on", "off"],
     "max_tokens_overflow": ["error", "clamp"],
     "ray_routing": ["cache", "round-robin", "pow2"],
+    "tool_call_format": ["", "qwen3-hermes", "qwen3-xml", "llama", "mistral", "deepseek", "kimi", "glm", "gpt-oss", "gemma4"],
 }
 
 

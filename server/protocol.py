@@ -127,6 +127,9 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     messages: list[ChatMessage] = msgspec.field(default_factory=list)
     conversation: str | dict[str, Any] | None = None
     store_reasoning: bool | None = None
+    separate_reasoning: bool = True  # SGLang: false keeps reasoning text in content
+    stream_reasoning: bool = True  # SGLang: false sends reasoning_content once, when it is complete
+    include_reasoning: bool = True  # false drops reasoning from the answer
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None

@@ -159,7 +159,7 @@ def build_state(settings: Settings, source: ModelSource | None = None) -> Server
         timeout_s=settings.template_timeout,
         allow_client_templates=settings.allow_client_chat_template,
     )
-    return ServerState(
+    state = ServerState(
         settings=settings,
         model_name=settings.served_model_name or source.name,
         tokenizer=tokenizer,
@@ -172,6 +172,10 @@ def build_state(settings: Settings, source: ModelSource | None = None) -> Server
         lora=lora,
         device_dfa=settings.device_dfa == "on" or (settings.device_dfa == "auto" and device.type == "cuda"),
     )
+    from server.tools.select import log_format
+
+    log_format(state)  # which tool-call format the model's output is read in
+    return state
 
 
 def sequence_constraint(state: ServerState, compiled) -> tuple[object | None, object | None]:

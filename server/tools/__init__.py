@@ -13,6 +13,12 @@ functions the chat handler calls in order:
    ``choices[i].delta`` dicts; final reason ``finish_reason(plan, s.has_calls, reason)``.
 
 Call format, prompt format and grammar: see ``format``, ``render`` and ``grammar``.
+
+Model families: the model's own call format (``formats``: one ``ToolFormat`` per family, chosen by
+``select`` from ``--tool-call-format`` or the chat template) constrains generation (the plan's
+``format_name`` picks the structural tag) and parses the output: the chat handler uses
+``output.parse_choice`` / ``output.ChoiceStreamer`` (content, reasoning_content, tool_calls).
+``parse_tool_output`` / ``ToolCallStreamer`` remain the hermes-only reference used by older tests.
 """
 
 from server.tools.format import CALL_CLOSE, CALL_OPEN, format_call

@@ -38,6 +38,8 @@ def tool_structural_tag(plan: ToolPlan | None) -> dict[str, Any] | None:
     plan, or None when nothing is enforced."""
     if plan is None or plan.mode == "none":
         return None
+    if plan.format_name != "qwen3-hermes":
+        return _family_structural_tag(plan)
     tags = [_tag(tool, _param(plan, tool)) for tool in plan.callable_tools()]
     if plan.mode == "auto":
         fmt: dict[str, Any] = {
@@ -56,6 +58,36 @@ def tool_structural_tag(plan: ToolPlan | None) -> dict[str, Any] | None:
             "stop_after_first": not plan.parallel,
         }
     return {"type": "structural_tag", "format": fmt}
+
+
+def _family_structural_tag(plan: ToolPlan) -> dict[str, Any] | None:
+    """The structural tag in the model family's own format: JSON arguments by the grammar below,
+    XML-style parameters by xgrammar's matching JSON-Schema style. A family with no constrainable
+    argument notation runs "auto" free and refuses forced calls (400 naming ``tool_choice``)."""
+    from server.tools.formats import get_format
+
+    fmt = get_format(plan.format_name)
+    if not fmt.argument_style:
+        if plan.mode == "auto":
+            return None
+        param = "function_call" if plan.legacy else "tool_choice"
+        raise bad_request(
+            f"tool_choice '{plan.mode}' cannot be enforced in the model's '{fmt.name}' tool-call format; "
+            "use 'auto' (or --tool-call-format qwen3-hermes)",
+            param,
+            code="unsupported_value",
+        )
+
+    def content(tool: ToolSpec) -> dict[str, Any]:
+        param = _param(plan, tool)
+        if fmt.argument_style == "json":
+            return {"type": "grammar", "grammar": _arguments_grammar(tool, param)}
+        schema = _enforceable_schema(tool, param)
+        # bounded whitespace: the XML styles allow it between and around values, and a model
+        # must not be able to spend its tokens on it
+        return {"type": "json_schema", "json_schema": schema, "style": fmt.argument_style, "max_whitespace_cnt": 1}
+
+    return fmt.structural_tag(plan, content)
 
 
 def tool_constraint_spec(plan: ToolPlan | None) -> ConstraintSpec | None:

@@ -58,6 +58,7 @@ class ToolPlan:
     parallel: bool
     legacy: bool = False
     named: str | None = None
+    format_name: str = "qwen3-hermes"  # the tool-call format the model writes (server.tools.formats)
 
     @property
     def names(self) -> frozenset[str]:

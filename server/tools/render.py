@@ -56,10 +56,21 @@ def render_messages(
     if template_supports_tools:
         tools = [t.to_openai() for t in plan.tools] if plan and plan.mode != "none" else None
         return [_openai_shape(m) for m in normalized], tools
-    rendered = _merge_results([_default_shape(m) for m in normalized])
+    write_call = _call_writer(plan)
+    rendered = _merge_results([_default_shape(m, write_call) for m in normalized])
     if plan is not None and plan.mode != "none":
-        rendered = _with_system(rendered, tools_system_prompt(plan))
+        rendered = _with_system(rendered, tools_system_prompt(plan, None if write_call is format_call else write_call))
     return rendered, None
+
+
+def _call_writer(plan: ToolPlan | None):
+    """How calls are written in the default prompt format: the default ``<tool_call>`` JSON, or
+    the model family's own format when one was chosen (``--tool-call-format``)."""
+    if plan is None or plan.format_name == "qwen3-hermes":
+        return format_call
+    from server.tools.formats import get_format
+
+    return get_format(plan.format_name).call_text
 
 
 class _CallNames:
@@ -192,12 +203,12 @@ def _decoded(arguments: str) -> Any:
         return arguments
 
 
-def _default_shape(message: Msg) -> Msg:
+def _default_shape(message: Msg, write_call=format_call) -> Msg:
     if message["role"] == "tool":
         return {"role": "user", "content": format_response(message["content"]), "_result": True}
     if message["role"] != "assistant":
         return message
-    calls = CALL_SEPARATOR.join(format_call(c["name"], c["arguments"].strip() or "{}") for c in message["calls"])
+    calls = CALL_SEPARATOR.join(write_call(c["name"], c["arguments"].strip() or "{}") for c in message["calls"])
     text = "\n".join(part for part in (message["content"], calls) if part)
     out = {"role": "assistant", "content": text}
     if message.get("name"):
