@@ -74,11 +74,13 @@ async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
     check_model(state, req.model)
     if req.conversation is not None:
         req = await _with_conversation(state, req)
-    req = reject_unimplemented(req, custom_logit_processor_enabled=state.settings.enable_custom_logit_processor)
+    reasoning_format = reasoning_mod.detect_reasoning(state.tokenizer, req.chat_template)
+    req = reject_unimplemented(req, custom_logit_processor_enabled=state.settings.enable_custom_logit_processor,
+                               reasoning_model=reasoning_format is not None)
     req = apply_engine_options(state, req)
     check_limits(req)
+    req = reasoning_mod.apply_deep_research(req, reasoning_format)
     switches = reasoning_mod.read_switches(req)
-    reasoning_format = reasoning_mod.detect_reasoning(state.tokenizer, req.chat_template)
     plan = tool_calls.plan_tools(req)
     fmt, recognised = request_format(state, req.chat_template)
     if plan is not None:

@@ -311,3 +311,44 @@ class ReasoningStreamSplitter:
             return "", ""  # never retract what was sent (cannot happen with a held-back tail)
         self._sent = (reasoning, content)
         return reasoning[len(sent_reasoning):], content[len(sent_content):]
+
+
+# --------------------------------------------------------------------------- deep research
+
+RESEARCH_PROMPT = (
+    "You are a research assistant. Think the question through before you answer: break it into "
+    "parts, gather what you need with the tools you are given (when there are any), weigh the "
+    "evidence, and say where you are unsure. Then give a complete, well-organised answer."
+)
+
+
+def apply_deep_research(req: Any, fmt: "ReasoningFormat | None") -> Any:
+    """``deep_research: true`` (the hosted platform's switch): a reasoning model thinks (thinking on
+    unless the request turned it off) with a research system prompt, the request's tools kept.
+    400 when the value is not a boolean or the model has no reasoning mode."""
+    import msgspec
+
+    from server.protocol import ChatMessage
+
+    value = req.deep_research
+    if value is None or value is False:
+        return req
+    if value is not True:
+        raise bad_request("'deep_research' must be a boolean", param="deep_research")
+    if fmt is None:
+        raise bad_request("'deep_research' needs a reasoning model; the loaded model has no reasoning mode",
+                          param="deep_research", code="unsupported_parameter")
+    messages = list(req.messages)
+    first = messages[0] if messages else None
+    if first is not None and first.role in ("system", "developer") and isinstance(first.content, str):
+        messages[0] = msgspec.structs.replace(first, content=f"{RESEARCH_PROMPT}\n\n{first.content}")
+    else:
+        messages.insert(0, ChatMessage(role="system", content=RESEARCH_PROMPT))
+    thinking = True if req.enable_thinking is None and not _thinking_in_kwargs(req) else req.enable_thinking
+    return msgspec.structs.replace(req, messages=messages, enable_thinking=thinking, deep_research=None)
+
+
+def _thinking_in_kwargs(req: Any) -> bool:
+    kwargs = req.chat_template_kwargs or {}
+    return "enable_thinking" in kwargs or "thinking" in kwargs
+

@@ -162,7 +162,7 @@ _REFUSALS = {
 }
 
 
-def reject_unimplemented(req: T, *, custom_logit_processor_enabled: bool = False) -> T:
+def reject_unimplemented(req: T, *, custom_logit_processor_enabled: bool = False, reasoning_model: bool = False) -> T:
     """Refuse behaviour-changing fields this server does not implement (or, with ``drop_params``,
     drop them and say so); returns the request without dropped fields."""
     unsupported = {
@@ -177,7 +177,7 @@ def reject_unimplemented(req: T, *, custom_logit_processor_enabled: bool = False
         unsupported.update(
             audio=req.audio is not None,
             web_search_options=req.web_search_options is not None,
-            deep_research=req.deep_research not in (None, False),
+            deep_research=req.deep_research not in (None, False) and not reasoning_model,
             modalities=req.modalities is not None and req.modalities != ["text"],
         )
     else:

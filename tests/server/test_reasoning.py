@@ -19,6 +19,7 @@ from server.chat import prepare_chat
 from server.config import Settings
 from server.model_loader import ModelSource, load_tokenizer
 from server.reasoning import (
+    RESEARCH_PROMPT,
     ReasoningStreamSplitter,
     detect_reasoning,
     prompt_state,
@@ -344,3 +345,24 @@ def test_prefilled_think_is_not_opened_twice(think_server):
     message = reply.choices[0].message
     jsonschema.validate(json.loads(message.content), SCHEMA)
     assert message.reasoning_content and "<think>" not in message.reasoning_content
+
+
+# --------------------------------------------------------------------------- deep research
+
+
+def test_deep_research_thinks_with_a_research_prompt_and_keeps_the_tools(think_server):
+    tools = [{"type": "function", "function": {"name": "search", "parameters": {
+        "type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}]
+    plain = prepared(think_server, enable_thinking=False, tools=tools)
+    job = prepared(think_server, deep_research=True, tools=tools)
+    text = prompt_text(think_server, job)
+    assert RESEARCH_PROMPT in text and RESEARCH_PROMPT not in prompt_text(think_server, plain)
+    assert '"search"' in text  # the request's tools are still offered
+    assert job.reasoning is not None  # thinking is on: the model reasons before it answers
+    assert job.tool_plan is not None
+
+
+def test_deep_research_must_be_a_boolean(think_server):
+    reply = httpx.post(f"{think_server.base_url}/v1/chat/completions", timeout=60, json={
+        "model": think_server.settings.served_model_name, "messages": MESSAGES, "deep_research": "yes"})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "deep_research"
