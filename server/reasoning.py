@@ -30,6 +30,7 @@ from typing import Any, Literal
 from server.context import request_log
 from server.engine.sequence import ReasoningPhase
 from server.errors import bad_request
+from server.render import template_source
 
 IGNORED_HEADER = "x-trellis-ignored"
 EFFORTS = ("low", "medium", "high")
@@ -64,16 +65,6 @@ THINK_START, THINK_END = "<think>", "</think>"
 HARMONY_START = "<|channel|>analysis<|message|>"
 HARMONY_END = "<|end|>"
 HARMONY_ANSWER = "<|start|>assistant<|channel|>final<|message|>"
-
-
-def template_source(tokenizer: Any, chat_template: str | None) -> str:
-    """The chat template in use (the request's own, else the tokenizer's) as one string."""
-    source = chat_template if chat_template is not None else getattr(tokenizer, "chat_template", None)
-    if isinstance(source, dict):
-        return "\n".join(str(v) for v in source.values())
-    if isinstance(source, list):
-        return "\n".join(str(item.get("template", "")) for item in source if isinstance(item, dict))
-    return source or ""
 
 
 def detect_reasoning(tokenizer: Any, chat_template: str | None = None) -> ReasoningFormat | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from server.render import template_source
 from server.tools.formats import DEFAULT_FORMAT, ToolFormat, detect_format, get_format
 
 log = logging.getLogger("trellis.tools")
@@ -20,20 +21,11 @@ def special_tokens(tokenizer: Any) -> frozenset[str]:
     return frozenset(tokens)
 
 
-def template_text(tokenizer: Any, chat_template: Any = None) -> str:
-    source = chat_template if chat_template is not None else getattr(tokenizer, "chat_template", None)
-    if isinstance(source, dict):
-        return "\n".join(str(v) for v in source.values())
-    if isinstance(source, list):
-        return "\n".join(str(item.get("template", "")) for item in source if isinstance(item, dict))
-    return source or ""
-
-
 def choose_format(override: str, tokenizer: Any) -> tuple[ToolFormat, str]:
     """The format and how it was chosen ("flag", "detected" or "default")."""
     if override:
         return get_format(override), "flag"
-    found = detect_format(template_text(tokenizer), special_tokens(tokenizer))
+    found = detect_format(template_source(tokenizer, None), special_tokens(tokenizer))
     if found is not None:
         return found, "detected"
     return get_format(DEFAULT_FORMAT), "default"
@@ -74,7 +66,7 @@ def request_format(state: Any, chat_template: str | None) -> tuple[ToolFormat, b
     request's own ``chat_template`` is looked at first)."""
     fmt, how = server_format(state)
     if chat_template is not None and how != "flag":
-        found = detect_format(template_text(state.tokenizer, chat_template), special_tokens(state.tokenizer))
+        found = detect_format(template_source(state.tokenizer, chat_template), special_tokens(state.tokenizer))
         if found is not None:
             return found, True
     return fmt, how != "default"
