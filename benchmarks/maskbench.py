@@ -229,11 +229,13 @@ def load_rows(data: Path, limit: int | None) -> list[tuple[str, dict]]:
     return rows
 
 
-def _new_pool(engine: str, jobs: int):
-    """``jobs`` killable worker processes for one engine (they load the tokenizer before any timeout)."""
+def _new_pool(engine: str, jobs: int, memory_mb: int):
+    """``jobs`` killable worker processes for one engine (they load the tokenizer before any
+    timeout); each is capped at ``memory_mb`` MiB beyond its start-up size, so a schema that
+    blows up a backend's memory is counted as a crash instead of starving the machine."""
     from constraints.workers import WorkerPool
 
-    pool = WorkerPool(jobs, "maskbench:init_worker", (engine,), name=f"maskbench-{engine}")
+    pool = WorkerPool(jobs, "maskbench:init_worker", (engine,), memory_mb=memory_mb, name=f"maskbench-{engine}")
     pool.wait_ready()
     return pool
 
@@ -250,17 +252,27 @@ def _score(pool, schema: Any, tests: list[dict], timeout: float) -> dict:
         return {"status": "compile_error", "error": f"crash: {exc.message[:200]}"}
 
 
-def run_engine(engine: str, rows: list, timeout: float, jobs: int, progress: bool) -> list[dict]:
-    pool = _new_pool(engine, jobs)
+def run_engine(engine: str, rows: list, timeout: float, jobs: int, progress: bool,
+               memory_mb: int = 4096) -> list[dict]:
+    pool = _new_pool(engine, jobs, memory_mb)
     results: list[dict] = [{}] * len(rows)
     done = [0]
+    began = time.monotonic()
 
     def one(i: int) -> None:
         subset, row = rows[i]
+        start = time.monotonic()
         results[i] = _score(pool, row["schema"], row.get("tests", []), timeout)
         done[0] += 1
-        if progress and done[0] % 200 == 0:
-            print(f"  {engine}: {done[0]}/{len(rows)}", file=sys.stderr, flush=True)
+        if not progress:
+            return
+        took = time.monotonic() - start
+        if took > min(5.0, timeout / 2):  # name the slow ones: a long gap in the log is explained
+            print(f"  {engine}: {row.get('file', row.get('id'))} took {took:.1f} s "
+                  f"({results[i].get('error') or results[i]['status']})", file=sys.stderr, flush=True)
+        if done[0] % 50 == 0:
+            print(f"  {engine}: {done[0]}/{len(rows)} ({time.monotonic() - began:.0f} s)",
+                  file=sys.stderr, flush=True)
 
     try:
         with ThreadPoolExecutor(jobs) as ex:
@@ -335,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="trellis|xgrammar|llguidance|outlines|all, or a comma-separated list")
     ap.add_argument("--timeout", type=float, default=30.0, help="per-schema limit in seconds")
     ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--memory-mb", type=int, default=4096,
+                    help="per-worker memory cap beyond start-up (0: none); over it counts as a crash")
     ap.add_argument("--json", type=Path, default=None, help="also write raw per-schema results")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
@@ -350,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     all_results = {}
     for engine in engines:
         start = time.monotonic()
-        all_results[engine] = run_engine(engine, rows, args.timeout, args.jobs, not args.quiet)
+        all_results[engine] = run_engine(engine, rows, args.timeout, args.jobs, not args.quiet, args.memory_mb)
         if not args.quiet:
             print(f"{engine}: {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
             if engine != engines[-1]:  # partial table: a long run is useful before it ends

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import llguidance
 import llguidance.hf
+import numpy as np
 
 from .backend import Backend, CompiledConstraint, Matcher, TokenizerContext
 from .errors import ConstraintTooLargeError, InvalidConstraintError, UnsupportedConstraintError
@@ -48,7 +49,13 @@ def _tokenizer(ctx: TokenizerContext) -> "llguidance.LLTokenizer":
 
 
 class LLGuidanceMatcher(Matcher):
-    """Wraps llguidance.LLMatcher; tokens are validated before consuming.
+    """Wraps llguidance.LLMatcher; a token is taken only when the current mask allows it.
+
+    llguidance's mask is narrower than its grammar where bytes are forced: it allows only the
+    canonical tokenization of the forced text (after ``{"key":`` with the ``": "`` separator it
+    allows ``Ġ"`` but not a lone ``Ġ``), while ``try_consume_tokens`` checks the grammar alone
+    and takes the lone space. So ``accept_token`` also checks the mask of the current state
+    (the one ``fill_bitmask`` just computed, else computed here), and the two always agree.
 
     When llguidance hits one of its limits mid-generation the matcher enters an error state
     in which only stop tokens are allowed; ``accept_token`` then takes a stop token too, so the
@@ -62,6 +69,11 @@ class LLGuidanceMatcher(Matcher):
         self._stops = frozenset(ctx.stop_token_ids)
         self._history: list[tuple[int, bool]] = []  # (token, consumed by llguidance)
         self._replayed = False
+        import torch  # the server's, loaded by now; compile workers never build matchers
+
+        self._mask = np.zeros((ctx.vocab_size + 31) // 32, dtype=np.int32)
+        self._mask_tensor = torch.from_numpy(self._mask)  # shares memory with _mask
+        self._mask_at: int | None = None  # len(_history) when _mask was computed; None: stale
 
     @property
     def error(self) -> str | None:
@@ -75,6 +87,8 @@ class LLGuidanceMatcher(Matcher):
             # llguidance stops by itself once nothing can follow (or on error); the stop token is ours
             self._history.append((token_id, False))
             return True
+        if not self._mask_allows(token_id):
+            return False
         was_error = self._m.is_error()
         if self._m.try_consume_tokens([token_id]) != 1:
             if was_error or not self._m.is_error():
@@ -86,18 +100,29 @@ class LLGuidanceMatcher(Matcher):
         self._history.append((token_id, True))
         return True
 
+    def _mask_allows(self, token_id: int) -> bool:
+        if self._mask_at != len(self._history):
+            self._update_mask()
+        return bool((int(self._mask[token_id >> 5]) >> (token_id & 31)) & 1)
+
     def fill_bitmask(self, bitmask: "torch.Tensor", row: int) -> None:
-        self._compute(bitmask, row)
+        self._update_mask()
+        bitmask[row].copy_(self._mask_tensor)
+
+    def _update_mask(self) -> None:
+        """Compute the current state's mask into ``_mask``."""
+        self._compute()
         if self._m.is_error() and not self._replayed:
             # copies share the lexer's caches, which other sequences may have filled up: replay
             # this sequence once on a fresh template before giving up
             self._replayed = True
             self._m = self._replay()
-            self._compute(bitmask, row)
+            self._compute()
         if self._m.is_error():
-            bitmask[row].zero_()
+            self._mask[:] = 0
             for t in self._stops:
-                bitmask[row, t >> 5] |= _bit(t)
+                self._mask[t >> 5] |= _bit(t)
+        self._mask_at = len(self._history)
 
     def _replay(self) -> "llguidance.LLMatcher":
         fresh = self._compiled.fresh_matcher()
@@ -106,15 +131,16 @@ class LLGuidanceMatcher(Matcher):
             return self._m  # the replay itself hit a limit: stay in the error state
         return fresh
 
-    def _compute(self, bitmask: "torch.Tensor", row: int) -> None:
-        v = bitmask[row]
-        self._m.unsafe_compute_mask_ptr(v.data_ptr(), v.numel() * v.element_size())
+    def _compute(self) -> None:
+        self._m.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
 
     def rollback(self, n: int) -> None:
         if n <= 0:
             return
         undone = self._history[-n:]
         del self._history[-n:]
+        if self._mask_at is not None and self._mask_at > len(self._history):
+            self._mask_at = None
         consumed = sum(1 for _, c in undone if c)
         if consumed:
             self._m.rollback(consumed)
@@ -125,6 +151,7 @@ class LLGuidanceMatcher(Matcher):
     def reset(self) -> None:
         self._m.reset()
         self._history.clear()
+        self._mask_at = None
 
     def forced_text(self) -> str:
         if self._m.is_error():
