@@ -254,7 +254,10 @@ def _score(pool, schema: Any, tests: list[dict], timeout: float) -> dict:
 
 def run_engine(engine: str, rows: list, timeout: float, jobs: int, progress: bool,
                memory_mb: int = 4096) -> list[dict]:
-    pool = _new_pool(engine, jobs, memory_mb)
+    # one spare worker: a worker killed by the timeout is replaced in the background (loading a
+    # tokenizer takes from seconds to minutes on a loaded machine) while the spare takes the
+    # next schema; at most ``jobs`` schemas run at once, so timings are not shared with it
+    pool = _new_pool(engine, jobs + 1, memory_mb)
     results: list[dict] = [{}] * len(rows)
     done = [0]
     began = time.monotonic()

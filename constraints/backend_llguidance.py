@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import re
 import threading
@@ -9,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 import llguidance
 import llguidance.hf
-import numpy as np
 
 from .backend import Backend, CompiledConstraint, Matcher, TokenizerContext
 from .errors import ConstraintTooLargeError, InvalidConstraintError, UnsupportedConstraintError
@@ -69,10 +69,9 @@ class LLGuidanceMatcher(Matcher):
         self._stops = frozenset(ctx.stop_token_ids)
         self._history: list[tuple[int, bool]] = []  # (token, consumed by llguidance)
         self._replayed = False
-        import torch  # the server's, loaded by now; compile workers never build matchers
-
-        self._mask = np.zeros((ctx.vocab_size + 31) // 32, dtype=np.int32)
-        self._mask_tensor = torch.from_numpy(self._mask)  # shares memory with _mask
+        buffer = bytearray(4 * ((ctx.vocab_size + 31) // 32))
+        self._mask = memoryview(buffer).cast("i")  # int32 words, read per accepted token
+        self._mask_ptr = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
         self._mask_at: int | None = None  # len(_history) when _mask was computed; None: stale
 
     @property
@@ -103,25 +102,30 @@ class LLGuidanceMatcher(Matcher):
     def _mask_allows(self, token_id: int) -> bool:
         if self._mask_at != len(self._history):
             self._update_mask()
-        return bool((int(self._mask[token_id >> 5]) >> (token_id & 31)) & 1)
+        return bool((self._mask[token_id >> 5] >> (token_id & 31)) & 1)
 
     def fill_bitmask(self, bitmask: "torch.Tensor", row: int) -> None:
-        self._update_mask()
-        bitmask[row].copy_(self._mask_tensor)
+        v = bitmask[row]
+        ptr, size = v.data_ptr(), v.numel() * v.element_size()
+        self._update_mask(ptr, size)
+        ctypes.memmove(self._mask_ptr, ptr, min(size, self._mask.nbytes))  # kept for accept_token
 
-    def _update_mask(self) -> None:
-        """Compute the current state's mask into ``_mask``."""
-        self._compute()
+    def _update_mask(self, ptr: int | None = None, size: int = 0) -> None:
+        """Compute the current state's mask into ``ptr`` (``size`` bytes), else into ``_mask``."""
+        if ptr is None:
+            ptr, size = self._mask_ptr, self._mask.nbytes
+        self._m.unsafe_compute_mask_ptr(ptr, size)
         if self._m.is_error() and not self._replayed:
             # copies share the lexer's caches, which other sequences may have filled up: replay
             # this sequence once on a fresh template before giving up
             self._replayed = True
             self._m = self._replay()
-            self._compute()
+            self._m.unsafe_compute_mask_ptr(ptr, size)
         if self._m.is_error():
-            self._mask[:] = 0
+            ctypes.memset(ptr, 0, size)
+            words = (ctypes.c_int32 * (size // 4)).from_address(ptr)
             for t in self._stops:
-                self._mask[t >> 5] |= _bit(t)
+                words[t >> 5] |= _bit(t)
         self._mask_at = len(self._history)
 
     def _replay(self) -> "llguidance.LLMatcher":
@@ -130,9 +134,6 @@ class LLGuidanceMatcher(Matcher):
         if consumed and fresh.try_consume_tokens(consumed) != len(consumed):
             return self._m  # the replay itself hit a limit: stay in the error state
         return fresh
-
-    def _compute(self) -> None:
-        self._m.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
 
     def rollback(self, n: int) -> None:
         if n <= 0:
