@@ -29,12 +29,14 @@ SAMPLE = 60
 # (no lone space after `"key":`) while try_consume_tokens took the lone space
 REGRESSIONS = ("Github_hard---o58762", "Kubernetes---kb_1020_Normalized")
 EOS = 2
+pytestmark = pytest.mark.skipif(
+    not DATA.is_dir() or not any(DATA.glob("*.jsonl.gz")),
+    reason=f"MaskBench data not found at {DATA} (set TRELLIS_MASKBENCH)",
+)
 
 
 def _rows(limit: int | None, always: tuple[str, ...] = ()) -> list[dict]:
     """Every schema, or an evenly spread ``limit`` of them plus those whose file is in ``always``."""
-    if not DATA.is_dir() or not any(DATA.glob("*.jsonl.gz")):
-        pytest.skip(f"MaskBench data not found at {DATA} (set TRELLIS_MASKBENCH)")
     rows = []
     for path in sorted(DATA.glob("*.jsonl.gz")):
         with gzip.open(path, "rt") as f:
