@@ -3,7 +3,8 @@
 For each schema: compile; for each test instance, serialize it with ``json.dumps``, tokenize,
 and walk the tokens (each must be allowed by the mask and accepted), then EOS. A valid
 instance must pass; an invalid one must fail somewhere. A schema passes when it compiles and
-every instance is classified correctly. Every (engine, schema) runs in a killable worker
+every instance is classified correctly. Each token is offered to accept even where the mask
+forbids it: a schema where the two disagree on a token is counted. Every (engine, schema) runs in a killable worker
 process with a per-schema timeout, so a hang or crash is counted, never fatal.
 
     python benchmarks/maskbench.py --data ../shared/data/maskbench --limit 500 --backend all
@@ -170,15 +171,19 @@ class _Outlines(_Engine):
         return fill, accept
 
 
-def _walk(fill: Any, accept: Any, bitmask: Any, ids: list[int], times: list[int]) -> bool:
+def _walk(fill: Any, accept: Any, bitmask: Any, ids: list[int], times: list[int]) -> tuple[bool, bool]:
+    """(every token allowed and accepted, mask and accept disagreed on a token). Each token is
+    offered to accept even where the mask forbids it, so a disagreement either way shows."""
     clock = time.perf_counter_ns
     for t in ids:
         start = clock()
         fill(bitmask, 0)
         times.append(clock() - start)
-        if not (int(bitmask[0, t >> 5]) >> (t & 31)) & 1 or not accept(t):
-            return False
-    return True
+        allowed = bool((int(bitmask[0, t >> 5]) >> (t & 31)) & 1)
+        accepted = bool(accept(t))
+        if not (allowed and accepted):
+            return False, allowed != accepted
+    return True, False
 
 
 def score_schema(schema: Any, tests: list[dict]) -> dict:
@@ -191,11 +196,12 @@ def score_schema(schema: Any, tests: list[dict]) -> dict:
         return {"status": "compile_error", "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
     compile_ns = time.perf_counter_ns() - start
     times: list[int] = []
-    valid_rejected = invalid_accepted = False
+    valid_rejected = invalid_accepted = disagreed = False
     for test in tests:
         ids = list(eng.tok.encode(json.dumps(test["data"]), add_special_tokens=False)) + [eng.eos]
         fill, accept = eng.matcher(compiled)
-        ok = _walk(fill, accept, eng.bitmask, ids, times)
+        ok, disagree = _walk(fill, accept, eng.bitmask, ids, times)
+        disagreed |= disagree
         if test["valid"] and not ok:
             valid_rejected = True
         elif not test["valid"] and ok:
@@ -209,6 +215,7 @@ def score_schema(schema: Any, tests: list[dict]) -> dict:
         "mask_ns": times,
         "valid_rejected": valid_rejected,
         "invalid_accepted": invalid_accepted,
+        "disagreed": disagreed,
     }
 
 
@@ -229,11 +236,13 @@ def load_rows(data: Path, limit: int | None) -> list[tuple[str, dict]]:
     return rows
 
 
-def _new_pool(engine: str, jobs: int):
-    """``jobs`` killable worker processes for one engine (they load the tokenizer before any timeout)."""
+def _new_pool(engine: str, jobs: int, memory_mb: int):
+    """``jobs`` killable worker processes for one engine (they load the tokenizer before any
+    timeout); each is capped at ``memory_mb`` MiB beyond its start-up size, so a schema that
+    blows up a backend's memory is counted as a crash instead of starving the machine."""
     from constraints.workers import WorkerPool
 
-    pool = WorkerPool(jobs, "maskbench:init_worker", (engine,), name=f"maskbench-{engine}")
+    pool = WorkerPool(jobs, "maskbench:init_worker", (engine,), memory_mb=memory_mb, name=f"maskbench-{engine}")
     pool.wait_ready()
     return pool
 
@@ -250,17 +259,30 @@ def _score(pool, schema: Any, tests: list[dict], timeout: float) -> dict:
         return {"status": "compile_error", "error": f"crash: {exc.message[:200]}"}
 
 
-def run_engine(engine: str, rows: list, timeout: float, jobs: int, progress: bool) -> list[dict]:
-    pool = _new_pool(engine, jobs)
+def run_engine(engine: str, rows: list, timeout: float, jobs: int, progress: bool,
+               memory_mb: int = 4096) -> list[dict]:
+    # one spare worker: a worker killed by the timeout is replaced in the background (loading a
+    # tokenizer takes from seconds to minutes on a loaded machine) while the spare takes the
+    # next schema; at most ``jobs`` schemas run at once, so timings are not shared with it
+    pool = _new_pool(engine, jobs + 1, memory_mb)
     results: list[dict] = [{}] * len(rows)
     done = [0]
+    began = time.monotonic()
 
     def one(i: int) -> None:
         subset, row = rows[i]
+        start = time.monotonic()
         results[i] = _score(pool, row["schema"], row.get("tests", []), timeout)
         done[0] += 1
-        if progress and done[0] % 200 == 0:
-            print(f"  {engine}: {done[0]}/{len(rows)}", file=sys.stderr, flush=True)
+        if not progress:
+            return
+        took = time.monotonic() - start
+        if took > min(5.0, timeout / 2):  # name the slow ones: a long gap in the log is explained
+            print(f"  {engine}: {row.get('file', row.get('id'))} took {took:.1f} s "
+                  f"({results[i].get('error') or results[i]['status']})", file=sys.stderr, flush=True)
+        if done[0] % 50 == 0:
+            print(f"  {engine}: {done[0]}/{len(rows)} ({time.monotonic() - began:.0f} s)",
+                  file=sys.stderr, flush=True)
 
     try:
         with ThreadPoolExecutor(jobs) as ex:
@@ -280,7 +302,7 @@ def _pct(values: list[float], q: float) -> float:
 def summarize(rows: list, results: list[dict]) -> dict[str, dict]:
     """Per subset and "total": passing, compile errors, valid rejected, invalid accepted, timings."""
     acc: dict[str, dict] = defaultdict(lambda: {"n": 0, "pass": 0, "cerr": 0, "vrej": 0, "iacc": 0,
-                                                 "mask": [], "compile": []})
+                                                 "disagree": 0, "mask": [], "compile": []})
     for (subset, _), res in zip(rows, results):
         for key in (subset, "total"):
             a = acc[key]
@@ -290,6 +312,7 @@ def summarize(rows: list, results: list[dict]) -> dict[str, dict]:
                 continue
             a["vrej"] += res["valid_rejected"]
             a["iacc"] += res["invalid_accepted"]
+            a["disagree"] += res.get("disagreed", False)
             a["pass"] += not (res["valid_rejected"] or res["invalid_accepted"])
             a["mask"].extend(res["mask_ns"])
             a["compile"].append(res["compile_ns"])
@@ -306,13 +329,13 @@ def _version(engine: str) -> str:
 
 def render(engines: list[str], rows: list, all_results: dict[str, list[dict]]) -> str:
     lines = [f"MaskBench: {len(rows)} schemas, SmolLM2-135M-Instruct tokenizer", "",
-             "| engine | passing | compile err | valid rejected | invalid accepted | mask p50/p99 µs | compile p50 µs |",
-             "|---|---|---|---|---|---|---|"]
+             "| engine | passing | compile err | valid rejected | invalid accepted | mask/accept disagree | mask p50/p99 µs | compile p50 µs |",
+             "|---|---|---|---|---|---|---|---|"]
     sums = {e: summarize(rows, all_results[e]) for e in engines}
     for e in engines:
         t = sums[e]["total"]
         lines.append(
-            f"| {_version(e)} | {t['pass']:,} | {t['cerr']:,} | {t['vrej']:,} | {t['iacc']:,} | "
+            f"| {_version(e)} | {t['pass']:,} | {t['cerr']:,} | {t['vrej']:,} | {t['iacc']:,} | {t['disagree']:,} | "
             f"{_pct(t['mask'], .5) / 1e3:.1f} / {_pct(t['mask'], .99) / 1e3:.0f} | "
             f"{_pct(t['compile'], .5) / 1e3:,.0f} |"
         )
@@ -335,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="trellis|xgrammar|llguidance|outlines|all, or a comma-separated list")
     ap.add_argument("--timeout", type=float, default=30.0, help="per-schema limit in seconds")
     ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--memory-mb", type=int, default=4096,
+                    help="per-worker memory cap beyond start-up (0: none); over it counts as a crash")
     ap.add_argument("--json", type=Path, default=None, help="also write raw per-schema results")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
@@ -350,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     all_results = {}
     for engine in engines:
         start = time.monotonic()
-        all_results[engine] = run_engine(engine, rows, args.timeout, args.jobs, not args.quiet)
+        all_results[engine] = run_engine(engine, rows, args.timeout, args.jobs, not args.quiet, args.memory_mb)
         if not args.quiet:
             print(f"{engine}: {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
             if engine != engines[-1]:  # partial table: a long run is useful before it ends

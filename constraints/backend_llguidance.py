@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import re
 import threading
@@ -48,7 +49,13 @@ def _tokenizer(ctx: TokenizerContext) -> "llguidance.LLTokenizer":
 
 
 class LLGuidanceMatcher(Matcher):
-    """Wraps llguidance.LLMatcher; tokens are validated before consuming.
+    """Wraps llguidance.LLMatcher; a token is taken only when the current mask allows it.
+
+    llguidance's mask is narrower than its grammar where bytes are forced: it allows only the
+    canonical tokenization of the forced text (after ``{"key":`` with the ``": "`` separator it
+    allows ``Ġ"`` but not a lone ``Ġ``), while ``try_consume_tokens`` checks the grammar alone
+    and takes the lone space. So ``accept_token`` also checks the mask of the current state
+    (the one ``fill_bitmask`` just computed, else computed here), and the two always agree.
 
     When llguidance hits one of its limits mid-generation the matcher enters an error state
     in which only stop tokens are allowed; ``accept_token`` then takes a stop token too, so the
@@ -62,6 +69,10 @@ class LLGuidanceMatcher(Matcher):
         self._stops = frozenset(ctx.stop_token_ids)
         self._history: list[tuple[int, bool]] = []  # (token, consumed by llguidance)
         self._replayed = False
+        buffer = bytearray(4 * ((ctx.vocab_size + 31) // 32))
+        self._mask = memoryview(buffer).cast("i")  # int32 words, read per accepted token
+        self._mask_ptr = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+        self._mask_at: int | None = None  # len(_history) when _mask was computed; None: stale
 
     @property
     def error(self) -> str | None:
@@ -75,6 +86,8 @@ class LLGuidanceMatcher(Matcher):
             # llguidance stops by itself once nothing can follow (or on error); the stop token is ours
             self._history.append((token_id, False))
             return True
+        if not self._mask_allows(token_id):
+            return False
         was_error = self._m.is_error()
         if self._m.try_consume_tokens([token_id]) != 1:
             if was_error or not self._m.is_error():
@@ -86,18 +99,34 @@ class LLGuidanceMatcher(Matcher):
         self._history.append((token_id, True))
         return True
 
+    def _mask_allows(self, token_id: int) -> bool:
+        if self._mask_at != len(self._history):
+            self._update_mask()
+        return bool((self._mask[token_id >> 5] >> (token_id & 31)) & 1)
+
     def fill_bitmask(self, bitmask: "torch.Tensor", row: int) -> None:
-        self._compute(bitmask, row)
+        v = bitmask[row]
+        ptr, size = v.data_ptr(), v.numel() * v.element_size()
+        self._update_mask(ptr, size)
+        ctypes.memmove(self._mask_ptr, ptr, min(size, self._mask.nbytes))  # kept for accept_token
+
+    def _update_mask(self, ptr: int | None = None, size: int = 0) -> None:
+        """Compute the current state's mask into ``ptr`` (``size`` bytes), else into ``_mask``."""
+        if ptr is None:
+            ptr, size = self._mask_ptr, self._mask.nbytes
+        self._m.unsafe_compute_mask_ptr(ptr, size)
         if self._m.is_error() and not self._replayed:
             # copies share the lexer's caches, which other sequences may have filled up: replay
             # this sequence once on a fresh template before giving up
             self._replayed = True
             self._m = self._replay()
-            self._compute(bitmask, row)
+            self._m.unsafe_compute_mask_ptr(ptr, size)
         if self._m.is_error():
-            bitmask[row].zero_()
+            ctypes.memset(ptr, 0, size)
+            words = (ctypes.c_int32 * (size // 4)).from_address(ptr)
             for t in self._stops:
-                bitmask[row, t >> 5] |= _bit(t)
+                words[t >> 5] |= _bit(t)
+        self._mask_at = len(self._history)
 
     def _replay(self) -> "llguidance.LLMatcher":
         fresh = self._compiled.fresh_matcher()
@@ -106,15 +135,13 @@ class LLGuidanceMatcher(Matcher):
             return self._m  # the replay itself hit a limit: stay in the error state
         return fresh
 
-    def _compute(self, bitmask: "torch.Tensor", row: int) -> None:
-        v = bitmask[row]
-        self._m.unsafe_compute_mask_ptr(v.data_ptr(), v.numel() * v.element_size())
-
     def rollback(self, n: int) -> None:
         if n <= 0:
             return
         undone = self._history[-n:]
         del self._history[-n:]
+        if self._mask_at is not None and self._mask_at > len(self._history):
+            self._mask_at = None
         consumed = sum(1 for _, c in undone if c)
         if consumed:
             self._m.rollback(consumed)
@@ -125,6 +152,7 @@ class LLGuidanceMatcher(Matcher):
     def reset(self) -> None:
         self._m.reset()
         self._history.clear()
+        self._mask_at = None
 
     def forced_text(self) -> str:
         if self._m.is_error():

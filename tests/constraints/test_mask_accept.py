@@ -3,8 +3,9 @@ bitmask allows a token iff ``accept_token`` accepts it (the instance's own token
 sampled allowed and disallowed tokens).
 
 MaskBench lives beside the repository (``../shared/data/maskbench``, or ``$TRELLIS_MASKBENCH``);
-without it the tests skip. The sample test walks 150 schemas; the full walk (hours) runs
-with ``TRELLIS_MASKBENCH_FULL=1``.
+without it the tests skip. The sample test walks an evenly spread sample of schemas plus the
+schemas where mask and accept once disagreed (seconds); the full walk (hours) runs with
+``TRELLIS_MASKBENCH_FULL=1``.
 """
 
 from __future__ import annotations
@@ -23,20 +24,27 @@ from constraints import ConstraintError, ConstraintSpec
 from .conftest import VOCAB, allowed, new_mask
 
 DATA = Path(os.environ.get("TRELLIS_MASKBENCH", Path(__file__).resolve().parents[3] / "shared" / "data" / "maskbench"))
-SAMPLE = 150
+SAMPLE = 60
+# once disagreed on llguidance: its mask allows only the canonical tokenization of forced bytes
+# (no lone space after `"key":`) while try_consume_tokens took the lone space
+REGRESSIONS = ("Github_hard---o58762", "Kubernetes---kb_1020_Normalized")
 EOS = 2
+pytestmark = pytest.mark.skipif(
+    not DATA.is_dir() or not any(DATA.glob("*.jsonl.gz")),
+    reason=f"MaskBench data not found at {DATA} (set TRELLIS_MASKBENCH)",
+)
 
 
-def _rows(limit: int | None) -> list[dict]:
-    if not DATA.is_dir() or not any(DATA.glob("*.jsonl.gz")):
-        pytest.skip(f"MaskBench data not found at {DATA} (set TRELLIS_MASKBENCH)")
+def _rows(limit: int | None, always: tuple[str, ...] = ()) -> list[dict]:
+    """Every schema, or an evenly spread ``limit`` of them plus those whose file is in ``always``."""
     rows = []
     for path in sorted(DATA.glob("*.jsonl.gz")):
         with gzip.open(path, "rt") as f:
             rows.extend(json.loads(line) for line in f if line.strip())
     if limit and limit < len(rows):
         step = len(rows) / limit
-        rows = [rows[int(i * step)] for i in range(limit)]
+        picked = {int(i * step) for i in range(limit)}
+        rows = [r for i, r in enumerate(rows) if i in picked or r["file"].removesuffix(".json") in always]
     return rows
 
 
@@ -45,20 +53,19 @@ def _disagreements(matcher, ids: list[int], rng: random.Random) -> list[str]:
     and on a few sampled allowed / disallowed ones. Stops where the instance is rejected."""
     found = []
     mask = new_mask()
+    words = mask[0].numpy()
     for step, token in enumerate([*ids, EOS]):
         mask.zero_()
         matcher.fill_bitmask(mask, 0)
         ok = allowed(mask, token)
-        bits = np.unpackbits(mask.numpy().view(np.uint8), bitorder="little")
-        allowed_now = np.flatnonzero(bits)
-        for probe in (int(allowed_now[rng.randrange(len(allowed_now))]) for _ in range(min(2, len(allowed_now)))):
+        for probe in _allowed_sample(words, rng, 2):
             if probe != token and not matcher.is_terminated():
                 if not matcher.accept_token(probe):
                     found.append(f"step {step}: mask allows {probe}, accept_token refuses it")
                 else:
                     matcher.rollback(1)
         for probe in (rng.randrange(VOCAB) for _ in range(3)):
-            if probe != token and not bits[probe] and matcher.accept_token(probe):
+            if probe != token and not allowed(mask, probe) and matcher.accept_token(probe):
                 found.append(f"step {step}: mask forbids {probe}, accept_token takes it")
                 matcher.rollback(1)
         accepted = matcher.accept_token(token)
@@ -69,12 +76,23 @@ def _disagreements(matcher, ids: list[int], rng: random.Random) -> list[str]:
     return found
 
 
-def _walk_rows(compiler, tok, rows: list[dict]) -> tuple[int, list[str]]:
+def _allowed_sample(words: np.ndarray, rng: random.Random, n: int) -> list[int]:
+    """Up to ``n`` allowed tokens: a random set bit of a random non-zero mask word, ``n`` times."""
+    nonzero = np.flatnonzero(words)
+    picks = []
+    for _ in range(min(n, len(nonzero))):
+        w = int(nonzero[rng.randrange(len(nonzero))])
+        bits = [b for b in range(32) if (int(words[w]) >> b) & 1]
+        picks.append(w * 32 + bits[rng.randrange(len(bits))])
+    return picks
+
+
+def _walk_rows(compiler, tok, rows: list[dict], backend: str = "auto") -> tuple[int, list[str]]:
     rng = random.Random(0)
     walked, problems = 0, []
     for row in rows:
         try:
-            compiled = compiler.compile(ConstraintSpec("json_schema", row["schema"]))
+            compiled = compiler.compile(ConstraintSpec("json_schema", row["schema"], {"backend": backend}))
         except ConstraintError:
             continue  # refused up front: nothing to disagree about
         walked += 1
@@ -85,12 +103,20 @@ def _walk_rows(compiler, tok, rows: list[dict]) -> tuple[int, list[str]]:
     return walked, problems
 
 
-@pytest.mark.xfail(strict=True, reason="known defect: on 2 of 150 sample schemas (Github_hard---o58762, "
-                   "Kubernetes---kb_1020_Normalized) llguidance's try_consume_tokens takes a lone space "
-                   "(token 216) that its mask forbids; root cause not yet found")
 def test_mask_and_accept_agree_on_a_maskbench_sample(compiler, tok):
-    walked, problems = _walk_rows(compiler, tok, _rows(SAMPLE))
-    assert walked > SAMPLE * 0.8
+    rows = _rows(SAMPLE, REGRESSIONS)
+    assert {r["file"].removesuffix(".json") for r in rows} >= set(REGRESSIONS)
+    walked, problems = _walk_rows(compiler, tok, rows)
+    assert walked > len(rows) * 0.8
+    assert not problems, "\n".join(problems[:20])
+
+
+def test_mask_and_accept_agree_on_a_sample_with_xgrammar(compiler, tok):
+    # "auto" picks llguidance for nearly every schema: xgrammar's matcher is walked on purpose
+    # (outlines-core compiles too few MaskBench schemas within the budget to walk here)
+    rows = _rows(SAMPLE // 3)
+    walked, problems = _walk_rows(compiler, tok, rows, "xgrammar")
+    assert walked > len(rows) // 2
     assert not problems, "\n".join(problems[:20])
 
 
