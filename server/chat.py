@@ -105,7 +105,9 @@ async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
                                     clamp=clamps_max_tokens(settings.max_tokens_overflow))
     spec = await constraint_spec_async(state, wire, plan)
     compiled = await compile_constraint(state, spec)
-    phase = reasoning_mod.engine_phase(reasoning, state.tokenizer, constrained=compiled is not None)
+    tool_call = plan is not None and plan.mode != "none" and fmt.name == "gpt-oss"
+    phase = reasoning_mod.engine_phase(reasoning, state.tokenizer, constrained=compiled is not None,
+                                       harmony_tool_call=tool_call)
     predicted = prediction_text(req.prediction)
     prediction_ids = list(state.tokenizer.encode(predicted, add_special_tokens=False)) if predicted else None
     scored = None  # a reasoning model thinks first: its choice does not follow the prompt directly

@@ -212,12 +212,19 @@ def setup_reasoning(fmt: ReasoningFormat | None, switches: ReasoningSwitches, to
     return setup if setup is not None and setup.active else None
 
 
-def engine_phase(setup: ReasoningSetup | None, tokenizer: Any, constrained: bool) -> ReasoningPhase | None:
+def engine_phase(
+    setup: ReasoningSetup | None, tokenizer: Any, constrained: bool, *, harmony_tool_call: bool = False
+) -> ReasoningPhase | None:
     """The engine's reasoning phase: only needed when there is a constraint to hold back or a
-    budget to enforce (otherwise the model thinks and answers on its own)."""
+    budget to enforce (otherwise the model thinks and answers on its own). ``harmony_tool_call``:
+    the answer may be a call on harmony's commentary channel (gpt-oss tool format), so only the
+    new assistant message is forced and the tool constraint writes the channel header."""
     if setup is None or not (constrained or setup.budget is not None):
         return None
     fmt = setup.format
+    answer_prefix = fmt.answer_prefix
+    if harmony_tool_call and fmt.family == "harmony":
+        answer_prefix = answer_prefix.split("<|channel|>")[0]  # "<|start|>assistant"
 
     def encode(text: str) -> tuple[int, ...]:
         return tuple(tokenizer.encode(text, add_special_tokens=False)) if text else ()
@@ -225,7 +232,7 @@ def engine_phase(setup: ReasoningSetup | None, tokenizer: Any, constrained: bool
     return ReasoningPhase(
         end_ids=encode(fmt.end),
         start_ids=() if setup.starts_inside else encode(fmt.start),
-        answer_prefix_ids=encode(fmt.answer_prefix),
+        answer_prefix_ids=encode(answer_prefix),
         budget=setup.budget,
     )
 

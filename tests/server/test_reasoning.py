@@ -94,9 +94,9 @@ def load_tokenizer_copy(tokenizer):
     return copy.deepcopy(tokenizer)
 
 
-def _serve(directory, name):
+def _serve(directory, name, **options):
     settings = Settings(model=str(directory), served_model_name=name, max_batch_size=4, max_model_len=2048,
-                        compile_workers=1)
+                        compile_workers=1, **options)
     return start_server(settings, ModelSource(directory, name=name))
 
 
@@ -366,3 +366,26 @@ def test_deep_research_must_be_a_boolean(think_server):
     reply = httpx.post(f"{think_server.base_url}/v1/chat/completions", timeout=60, json={
         "model": think_server.settings.served_model_name, "messages": MESSAGES, "deep_research": "yes"})
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "deep_research"
+
+
+@pytest.fixture(scope="module")
+def harmony_tools_server(harmony_dir):
+    running, stop = _serve(harmony_dir, "harmony", tool_call_format="gpt-oss")
+    yield running
+    stop()
+
+
+def test_harmony_reasoning_then_a_required_call_on_the_commentary_channel(harmony_tools_server):
+    reply = harmony_tools_server.client().chat.completions.create(
+        model="harmony", messages=MESSAGES, max_completion_tokens=120, seed=5, tools=[WEATHER],
+        tool_choice="required", parallel_tool_calls=False, logprobs=True, extra_body={"max_reasoning_tokens": 6})
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.reasoning_content
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    text = "".join(_tokens(reply))
+    assert "<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather" in text
+    assert "final" not in text.split("<|end|>", 1)[1]  # the answer is the call, not a final message
+
