@@ -79,6 +79,34 @@ class OutputParser(ABC):
         return merge_events(self.feed(text) + self.finish())
 
 
+class SteppingParser(OutputParser):
+    """A parser driven by ``_step(out, final)``, called until it returns False (nothing more it
+    can decide with the text it holds in ``buf``); ``_flush(out)`` ends the output."""
+
+    buf: str
+
+    @abstractmethod
+    def _step(self, out: list[Event], final: bool) -> bool:
+        """Consume what can be decided from ``buf``; True when it should be called again."""
+
+    def _flush(self, out: list[Event]) -> None:
+        """After the last step: what is still held back (nothing by default)."""
+
+    def feed(self, text: str) -> list[Event]:
+        self.buf += text
+        out: list[Event] = []
+        while self._step(out, final=False):
+            pass
+        return out
+
+    def finish(self) -> list[Event]:
+        out: list[Event] = []
+        while self._step(out, final=True):
+            pass
+        self._flush(out)
+        return out
+
+
 def merge_events(events: Iterable[Event]) -> list[Event]:
     """Adjacent content (or reasoning) events joined into one."""
     out: list[Event] = []

@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any
 
-from server.tools.formats.base import Event, OutputParser, ParserOptions, ToolFormat, _partial_suffix, json_object_end, loads_object
+from server.tools.formats.base import Event, OutputParser, ParserOptions, SteppingParser, ToolFormat, _partial_suffix, json_object_end, loads_object
 
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"
@@ -24,7 +24,7 @@ _TERMINATORS = (END, CALL, RETURN, START, CHANNEL)
 _RECIPIENT = re.compile(r"to=(?:functions\.)?([A-Za-z0-9_.\-]+)")
 
 
-class HarmonyParser(OutputParser):
+class HarmonyParser(SteppingParser):
     def __init__(self, options: ParserOptions) -> None:
         self.options = options
         self.buf = ""
@@ -34,19 +34,6 @@ class HarmonyParser(OutputParser):
         self.recipient = ""
         self.started = {"content": False, "reasoning": False}
         self.hold = {"content": "", "reasoning": ""}
-
-    def feed(self, text: str) -> list[Event]:
-        self.buf += text
-        out: list[Event] = []
-        while self._step(out, final=False):
-            pass
-        return out
-
-    def finish(self) -> list[Event]:
-        out: list[Event] = []
-        while self._step(out, final=True):
-            pass
-        return out
 
     def _step(self, out: list[Event], final: bool) -> bool:
         if self.mode == "header":

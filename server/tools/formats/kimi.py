@@ -23,6 +23,7 @@ from server.tools.formats.base import (
     BlockParser,
     Event,
     OutputParser,
+    SteppingParser,
     ParserOptions,
     ToolFormat,
     _Channel,
@@ -90,7 +91,7 @@ _K3_ARG = re.compile(r'<\|open\|>argument\s+key="([^"]*)"(?:\s+type="([^"]*)")?\
 _K3_TOOLS_END = CLOSE + "tools" + SEP
 
 
-class KimiK3Parser(OutputParser):
+class KimiK3Parser(SteppingParser):
     """Kimi K3's nested elements: text goes to the open ``think``/``response`` element's channel,
     a ``tools`` element is collected whole and read as calls."""
 
@@ -101,23 +102,12 @@ class KimiK3Parser(OutputParser):
         self.in_tools = False
         self.out = {"content": _Channel("content", False), "reasoning": _Channel("reasoning", False)}
 
-    def feed(self, text: str) -> list[Event]:
-        self.buf += text
-        out: list[Event] = []
-        while self._step(out, final=False):
-            pass
-        return out
-
-    def finish(self) -> list[Event]:
-        out: list[Event] = []
-        while self._step(out, final=True):
-            pass
+    def _flush(self, out: list[Event]) -> None:
         if self.in_tools:  # cut short: keep the complete calls only
             out += self._calls(self.buf)
         elif self.buf:
             self._text(self.buf, out)
         self.buf = ""
-        return out
 
     def _step(self, out: list[Event], final: bool) -> bool:
         if self.in_tools:
