@@ -161,7 +161,7 @@ def main() -> None:
     print("| batch | workload | jump-forward | output tok/s | vs free | step ms | mask fill µs/step | sampler µs/step | forward ms/step |")
     print("|---|---|---|---|---|---|---|---|---|")
     for batch in batches:
-        runner = ModelRunner(hf, max_slots=batch, max_len=1024)
+        runner = ModelRunner.for_sequences(hf, batch, 1024)
         free_rate = None
         for name in args.workloads:
             for jump in ([False] if name == "free" else [False, True]):

@@ -23,15 +23,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from server.engine.lora import LoraBank, load_adapter  # noqa: E402
-from server.engine.model import ModelRunner, StepBatch, load_hf_model, resolve_dtype  # noqa: E402
+from server.engine.model import ModelRunner, load_hf_model, resolve_dtype  # noqa: E402
+from server.engine.step_batch import StepBatch  # noqa: E402
 from server.model_loader import default_model_dir  # noqa: E402
 from tests.server.lora_util import make_adapter  # noqa: E402
 
 
 def step_ms(runner: ModelRunner, batch: int, adapters: list[int], steps: int) -> float:
-    """Median ms of a decode step with every slot at position 128 (after a few warm-up steps)."""
-    rows = [(slot, [100 + slot], 128) for slot in range(batch)]
-    step = StepBatch.build(rows, batch, runner.device, adapters)
+    """Median ms of a decode step with every sequence at position 128 (after a few warm-up steps)."""
+    per_seq = -(-256 // runner.block_size)
+    rows = [([1 + slot * per_seq + i for i in range(per_seq)], [100 + slot], 128) for slot in range(batch)]
+    step = StepBatch.build(rows, runner.block_size, runner.device, row_adapters=adapters)
     times = []
     for i in range(steps + 3):
         started = time.perf_counter()
@@ -60,7 +62,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         paths = [make_adapter(directory, Path(tmp) / f"a{i}", seed=i, rank=args.rank) for i in range(args.adapters)]
         bank = LoraBank([load_adapter(f"a{i}", path, hf) for i, path in enumerate(paths)])
-    runner = ModelRunner(hf, max_slots=args.batch, max_len=256, lora=bank)
+    runner = ModelRunner.for_sequences(hf, args.batch, 256, lora=bank)
     workloads = {
         "base only": [0] * args.batch,
         "one adapter": [1] * args.batch,

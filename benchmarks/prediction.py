@@ -66,7 +66,7 @@ def main() -> None:
     directory = default_model_dir(show_progress=False)
     tokenizer = load_tokenizer(directory)
     hf = load_hf_model(directory, resolve_dtype("auto", device), device)
-    engine = Engine(ModelRunner(hf, max_slots=args.batch, max_len=2048), tokenizer, max_batch_size=args.batch,
+    engine = Engine(ModelRunner.for_sequences(hf, args.batch, 2048), tokenizer, max_batch_size=args.batch,
                     max_model_len=2048, max_draft_tokens=args.max_draft)
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
                                              tokenize=False)

@@ -297,7 +297,8 @@ def _usage(job: ChatJob, choices: list[ChoiceResult]) -> Usage:
             rejected_prediction_tokens=sum(c.rejected_prediction_tokens for c in choices),
         )
     return build_usage(len(job.prompt_ids), completion_tokens, cached_details=job.req.return_cached_tokens_details,
-                       truncated=job.truncated, completion_details=details)
+                       truncated=job.truncated, completion_details=details,
+                       cached=choices[0].cached_tokens if choices else 0)
 
 
 # --------------------------------------------------------------------------- streaming

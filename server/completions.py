@@ -114,9 +114,12 @@ async def prepare_completion(state: ServerState, body: bytes) -> CompletionJob:
                          scored_choices=list(spec.source) if scored else None)
 
 
-def _usage(job: CompletionJob, completion_tokens: int) -> Usage:
+def _usage(job: CompletionJob, completion_tokens: int, cached: list[int] | None = None) -> Usage:
+    """``cached``: each sequence's prompt tokens from the prefix cache (a prompt counts once:
+    its first choice's)."""
     return build_usage(sum(len(p) for p in job.prompts), completion_tokens,
-                       cached_details=job.req.return_cached_tokens_details, truncated=job.truncated)
+                       cached_details=job.req.return_cached_tokens_details, truncated=job.truncated,
+                       cached=sum((cached or [])[:: job.req.n]))
 
 
 async def run_completion(state: ServerState, job: CompletionJob) -> Completion:
@@ -134,13 +137,14 @@ async def run_completion(state: ServerState, job: CompletionJob) -> Completion:
                                         hidden_states=hidden))
     return Completion(id=job.request_id, created=job.created, model=response_model(state, job.req), choices=choices,
                       system_fingerprint=state.system_fingerprint, service_tier=response_tier(job.req),
-                      usage=_usage(job, sum(r.completion_tokens for r in results)))
+                      usage=_usage(job, sum(r.completion_tokens for r in results), [r.cached_tokens for r in results]))
 
 
 async def stream_completion(state: ServerState, job: CompletionJob, stream: GenerationStream) -> AsyncIterator[bytes]:
     options = job.req.stream_options
     include_usage = bool(options and options.include_usage)
     tokens = [0] * len(job.specs)
+    cached = [0] * len(job.specs)
     offsets = [len(job.echo_texts[i // job.req.n]) for i in range(len(job.specs))]
     try:
         for i in range(len(job.specs)):
@@ -152,6 +156,7 @@ async def stream_completion(state: ServerState, job: CompletionJob, stream: Gene
                 yield stream_error_event(delta.error or "generation failed")
                 break
             tokens[index] = delta.completion_tokens
+            cached[index] = delta.cached_tokens
             lp = None
             if job.req.logprobs is not None and delta.logprobs:
                 lp = msgspec.to_builtins(state.token_texts.completion_logprobs(delta.logprobs, offsets[index]))
@@ -165,7 +170,7 @@ async def stream_completion(state: ServerState, job: CompletionJob, stream: Gene
                 chunk["choices"][0]["hidden_states"] = delta.hidden_states
             yield sse_event(chunk)
         if include_usage:
-            chunk = {**_chunk_head(state, job), "choices": [], "usage": msgspec.to_builtins(_usage(job, sum(tokens)))}
+            chunk = {**_chunk_head(state, job), "choices": [], "usage": msgspec.to_builtins(_usage(job, sum(tokens), cached))}
             yield sse_event(chunk)
         yield done_event()
     finally:

@@ -21,6 +21,10 @@ class Settings:
     device: str = "auto"
     cpu_threads: int = 0
     prefill_budget: int = 1024
+    block_size: int = 16
+    kv_cache_memory_mb: int = 0
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
     jump_forward: bool = True
     close_on_length: bool = False
     device_dfa: str = "auto"
@@ -68,12 +72,16 @@ _HELP = {
     "served_model_name": "model id clients send and /v1/models lists (default: the model's name)",
     "host": "address to listen on",
     "port": "port to listen on",
-    "max_batch_size": "most sequences decoded together in one step (KV cache slots)",
+    "max_batch_size": "most sequences decoded together in one step",
     "max_model_len": "context length: prompt + completion tokens per sequence",
     "dtype": "weights dtype: auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16",
     "device": "auto (CUDA when available), cpu or cuda",
     "cpu_threads": "torch CPU threads for the forward (0 = torch's default: one per core)",
     "prefill_budget": "most prompt tokens processed per engine step (chunked prefill)",
+    "block_size": "tokens per KV-cache block (the unit of allocation and of prefix sharing)",
+    "kv_cache_memory_mb": "KV cache size on the CPU in MiB (0 = room for --max-batch-size sequences of --max-model-len tokens)",
+    "gpu_memory_utilization": "on CUDA: fraction of the GPU's memory the weights, activations and KV cache may use (the cache gets what is left)",
+    "enable_prefix_caching": "reuse the KV blocks of a prompt prefix seen before: shared system prompts, tools, re-sent conversations (on|off)",
     "jump_forward": "append tokens a constraint forces without sampling them (on|off)",
     "close_on_length": "constrained outputs close (parse and validate) before max_tokens ends, unless a request sets structured_outputs.close_on_length false (on|off)",
     "device_dfa": "regex/choice constraints as a device-resident DFA masked by a kernel: auto (on with CUDA), on, off",

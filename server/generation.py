@@ -170,6 +170,7 @@ class ChoiceResult:
     stop_reason: int | str | None = None
     matched_stop: int | str | None = None
     completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
     choice_logprobs: list[float] | None = None
@@ -181,6 +182,7 @@ class ChoiceResult:
         self.logprobs.extend(delta.logprobs or ())
         self.hidden_states.extend(delta.hidden_states or ())
         self.completion_tokens = delta.completion_tokens
+        self.cached_tokens = delta.cached_tokens
         self.accepted_prediction_tokens = delta.accepted_prediction_tokens
         self.rejected_prediction_tokens = delta.rejected_prediction_tokens
         self.choice_logprobs = delta.choice_logprobs or self.choice_logprobs

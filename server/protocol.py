@@ -199,7 +199,7 @@ class CompletionLogprobs(_Response, kw_only=True):
 
 
 class PromptTokensDetails(msgspec.Struct, omit_defaults=True, kw_only=True):
-    """``usage.prompt_tokens_details``: ``cached_tokens`` (always 0: no prefix cache yet) and the
+    """``usage.prompt_tokens_details``: ``cached_tokens`` (served from the prefix cache) and the
     prompt tokens ``truncate_prompt_tokens`` removed, when it removed any."""
 
     cached_tokens: int

@@ -446,13 +446,14 @@ def note_truncated(removed: int) -> None:
 
 def build_usage(
     prompt: int, completion: int, *, cached_details: bool, truncated: int,
-    completion_details: CompletionTokensDetails | None = None,
+    completion_details: CompletionTokensDetails | None = None, cached: int = 0,
 ) -> Usage:
-    """``usage``; ``prompt_tokens_details`` when asked for (``return_cached_tokens_details``:
-    ``cached_tokens`` is 0, there is no prefix cache) or when the prompt was truncated."""
+    """``usage``; ``prompt_tokens_details`` when a prompt prefix came from the prefix cache
+    (``cached`` tokens), when asked for (``return_cached_tokens_details``) or when the prompt
+    was truncated."""
     details = None
-    if cached_details or truncated:
-        details = PromptTokensDetails(cached_tokens=0, truncated_tokens=truncated or None)
+    if cached_details or truncated or cached:
+        details = PromptTokensDetails(cached_tokens=cached, truncated_tokens=truncated or None)
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
                  prompt_tokens_details=details, completion_tokens_details=completion_details)
 

@@ -11,6 +11,7 @@ import torch
 from server.config import Settings
 from server.context import request_log
 from server.engine.engine import Engine
+from server.engine.kv_cache import plan_num_blocks
 from server.engine.model import ModelRunner, load_hf_model, resolve_dtype
 from server.generation import GenerationStream, GenerationTiming, TokenTexts, start_generation
 from server.metrics import Metrics
@@ -130,6 +131,29 @@ def eos_ids(tokenizer, directory) -> frozenset[int]:
     return frozenset(ids)
 
 
+def kv_cache_blocks(settings: Settings, hf_model, dtype: torch.dtype, device: torch.device) -> int:
+    """KV-cache blocks for the settings: what the GPU has left, or the CPU byte budget (by
+    default room for ``max_batch_size`` sequences of ``max_model_len`` tokens). One sequence of
+    ``max_model_len`` tokens must fit, or the server refuses to start."""
+    if settings.block_size < 1 or settings.block_size > 1024:
+        raise ValueError(f"--block-size must be between 1 and 1024, got {settings.block_size}")
+    if not 0.0 < settings.gpu_memory_utilization <= 1.0:
+        raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {settings.gpu_memory_utilization}")
+    shape = ModelRunner.kv_shape(hf_model)
+    per_sequence = -(-settings.max_model_len // settings.block_size)
+    per_block = shape.bytes_per_block(settings.block_size, dtype)
+    cpu_bytes = settings.kv_cache_memory_mb * 2**20 or (settings.max_batch_size * per_sequence + 1) * per_block
+    blocks = plan_num_blocks(shape, settings.block_size, dtype, device, cpu_bytes=cpu_bytes,
+                             gpu_memory_utilization=settings.gpu_memory_utilization)
+    if blocks - 1 < per_sequence:
+        raise ValueError(
+            f"the KV cache holds {(blocks - 1) * settings.block_size} tokens, less than one sequence of "
+            f"--max-model-len {settings.max_model_len}: lower --max-model-len or give the cache more memory "
+            "(--kv-cache-memory-mb on the CPU, --gpu-memory-utilization on CUDA)"
+        )
+    return blocks
+
+
 def build_state(settings: Settings, source: ModelSource | None = None) -> ServerState:
     """Load the model and start the engine (blocking; seconds on the CPU)."""
     source = source or resolve_model(settings.model)
@@ -140,7 +164,8 @@ def build_state(settings: Settings, source: ModelSource | None = None) -> Server
     tokenizer = load_tokenizer(source.directory)
     hf_model = load_hf_model(source.directory, dtype, device)
     lora = load_lora_adapters(settings.lora_modules, hf_model)
-    runner = ModelRunner(hf_model, max_slots=settings.max_batch_size, max_len=settings.max_model_len, lora=lora)
+    runner = ModelRunner(hf_model, num_blocks=kv_cache_blocks(settings, hf_model, dtype, device),
+                         block_size=settings.block_size, lora=lora)
     engine = Engine(
         runner,
         tokenizer,
@@ -150,6 +175,7 @@ def build_state(settings: Settings, source: ModelSource | None = None) -> Server
         jump_forward=settings.jump_forward,
         max_waiting_seqs=settings.max_waiting_seqs,
         max_waiting_tokens=settings.max_waiting_tokens,
+        enable_prefix_caching=settings.enable_prefix_caching,
     )
     engine.start()
     eos = eos_ids(tokenizer, source.directory)

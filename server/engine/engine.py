@@ -1,6 +1,6 @@
 """The batched decoding loop (continuous batching) running in its own thread.
 
-Every step: take new requests and aborts, admit waiting sequences into free KV slots, run one
+Every step: take new requests and aborts, admit waiting sequences while the KV cache has blocks for them (a cached prefix is shared), run one
 forward over every sequence's pending tokens (one for decoding sequences, several for prefill
 chunks and jump-forward continuations), fill constraint bitmasks on a worker thread while the
 forward runs, sample all rows in one sampler pass, then append tokens,
@@ -35,8 +35,11 @@ from server.engine.admission import AdmissionControl
 from server.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from server.engine.drafts import Draft
 from server.engine.errors import EngineDead, EngineOverloaded, EngineUnavailable
-from server.engine.model import ModelRunner, StepBatch
+from server.engine.block_manager import BlockManager, BlockTable
+from server.engine.model import ModelRunner
+from server.engine.scheduler import Scheduler
 from server.engine.sequence import GenerationRequest, Sequence, SequenceDelta, error_delta
+from server.engine.step_batch import StepBatch
 
 __all__ = ["Engine", "EngineDead", "EngineOverloaded", "EngineStats", "EngineUnavailable"]
 
@@ -84,6 +87,7 @@ class Engine:
         max_waiting_seqs: int = DEFAULT_MAX_WAITING_SEQS,
         max_waiting_tokens: int = DEFAULT_MAX_WAITING_TOKENS,
         max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS,
+        enable_prefix_caching: bool = True,
     ) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
@@ -99,8 +103,11 @@ class Engine:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._waiting: list[Sequence] = []
-        self._running: list[Sequence] = []  # _running[i].slot == i
+        self.blocks = BlockManager(runner.kv.num_blocks, runner.block_size, enable_prefix_caching)
+        if self.blocks.capacity_tokens < max_model_len:
+            raise ValueError(f"the KV cache holds {self.blocks.capacity_tokens} tokens, less than one "
+                             f"sequence of max_model_len {max_model_len}")
+        self.scheduler = Scheduler(self.blocks, max_batch_size, prefill_budget)
         self._mask_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trellis-mask")
         self._words = (runner.vocab_size + 31) // 32
         self._valid_bits = _valid_bits(runner.vocab_size, self._words)
@@ -167,8 +174,8 @@ class Engine:
 
     @property
     def num_running(self) -> int:
-        """Sequences holding a KV slot."""
-        return len(self._running)
+        """Sequences in the running batch."""
+        return len(self.scheduler.running)
 
     @property
     def num_waiting(self) -> int:
@@ -182,9 +189,8 @@ class Engine:
 
     @property
     def kv_usage(self) -> float:
-        """Fraction of the KV cache (slots x max length) holding tokens of running sequences."""
-        cache = self.runner.cache
-        return sum(seq.cached_len for seq in list(self._running)) / (cache.max_slots * cache.max_len)
+        """Fraction of the KV cache's blocks held by running sequences."""
+        return self.blocks.usage
 
     # ------------------------------------------------------------------ engine thread
 
@@ -199,7 +205,7 @@ class Engine:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            if not self._running and not self._waiting and self._inbox.empty():
+            if not self.scheduler.running and not self.scheduler.waiting and self._inbox.empty():
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
             else:
@@ -217,7 +223,7 @@ class Engine:
         try:
             self._admission.close(reason)
             self._fail_running(reason)
-            waiting, self._waiting = self._waiting, []
+            waiting, self.scheduler.waiting = self.scheduler.waiting, []
             for seq in waiting:
                 self._fail(seq, reason)
                 self._deliver(seq)
@@ -242,17 +248,20 @@ class Engine:
         """Run one scheduling + forward + sampling step."""
         self._drain_inbox()
         self._admit()
-        if not self._running:
+        if not self.scheduler.running:
             return
         self.stats.steps += 1
-        decode_rows, extend_plan = self._plan_drafts(*self._schedule())
+        decode_rows, extend_plan = self._plan_drafts(*self.scheduler.schedule())
         scoring = self._plan_scoring()
         sampled = decode_rows + [seq for seq, take in extend_plan if take == len(seq.pending) and not seq.scoring]
         drafting = [(seq, len(seq.output_ids)) for seq in sampled if seq.verify]
         masked = [i for i, seq in enumerate(sampled) if _needs_host_mask(seq)]
         fill = self._start_mask_fill([sampled[i] for i in masked])
         try:
-            logits = self._forward(decode_rows, extend_plan, scoring)
+            try:
+                logits = self._forward(decode_rows, extend_plan, scoring)
+            finally:
+                self._free_branches(scoring)
         except Exception as exc:
             _wait_quietly(fill)  # its matchers must be idle before anyone touches them again
             failed = decode_rows + [seq for seq, _ in extend_plan] + [seq for seq, _ in scoring]
@@ -285,7 +294,7 @@ class Engine:
             self._admission.dropped(len(request.prompt_token_ids))
             _send_quietly(request, error_delta(request, f"sequence could not start: {_describe(exc)}"))
             return
-        self._waiting.append(seq)
+        self.scheduler.waiting.append(seq)
 
     def _new_sequence(self, request: GenerationRequest) -> Sequence:
         lora = self.runner.lora
@@ -304,6 +313,7 @@ class Engine:
             pending=list(request.prompt_token_ids),
             matcher=request.matcher if request.reasoning is None else None,
             reasoning=request.reasoning,
+            table=BlockTable(salt=request.adapter),
         )
         if seq.reasoning is not None:
             self._enter_reasoning(seq)
@@ -314,12 +324,12 @@ class Engine:
         return seq
 
     def _abort(self, request_id: str) -> None:
-        for seq in self._waiting + self._running:
+        for seq in self.scheduler.waiting + self.scheduler.running:
             if seq.request.request_id == request_id:
                 seq.aborted = True
                 seq.finish("abort")
-        waiting = self._waiting
-        self._waiting = [s for s in waiting if not s.aborted]
+        waiting = self.scheduler.waiting
+        self.scheduler.waiting = [s for s in waiting if not s.aborted]
         for seq in waiting:
             if seq.aborted:  # running ones are reported and freed at the end of the step
                 self._admission.dropped(len(seq.request.prompt_token_ids))
@@ -327,41 +337,22 @@ class Engine:
                 seq.row.release()
 
     def _admit(self) -> None:
-        admitted = []
-        if len(self._running) < self.max_batch_size and len(self._waiting) > 1:
-            self._waiting.sort(key=_tier_rank)  # stable: arrival order within a tier
-        while self._waiting and len(self._running) < self.max_batch_size:
-            seq = self._waiting.pop(0)
-            seq.slot = len(self._running)
-            self._running.append(seq)
-            admitted.append(len(seq.request.prompt_token_ids))
+        admitted, too_long = self.scheduler.admit()
         self._admission.admitted(admitted)
-
-    def _schedule(self) -> tuple[list[Sequence], list[tuple[Sequence, int]]]:
-        """Split live sequences into one-token decode rows and (sequence, n_tokens) extensions."""
-        decode_rows: list[Sequence] = []
-        extend_plan: list[tuple[Sequence, int]] = []
-        budget = self.prefill_budget
-        for seq in self._running:
-            if seq.finished:
-                continue
-            if seq.scoring and not seq.pending:
-                continue  # its choices are scored instead (see _plan_scoring)
-            if len(seq.pending) == 1 and not seq.scoring:
-                decode_rows.append(seq)
-            elif budget > 0 or not extend_plan:
-                take = min(len(seq.pending), max(budget, 1))
-                extend_plan.append((seq, take))
-                budget -= take
-        return decode_rows, extend_plan
+        for seq in too_long:
+            self._admission.dropped(len(seq.request.prompt_token_ids))
+            self._fail(seq, f"the sequence needs {len(seq.pending)} tokens of KV cache, more than the "
+                            f"whole cache holds ({self.blocks.capacity_tokens})")
+            self._deliver(seq)
+            seq.row.release()
 
     def _forward(self, decode_rows, extend_plan, scoring=()) -> torch.Tensor | None:
         """One model pass over every scheduled row; logits [R, V] for the rows that get a token
         this step (decode rows, then extensions whose pending tokens are all fed). Rows that
         verify a draft keep their per-position logits in ``seq.verify_logits``; choice-scoring
         rows are scored on the spot."""
-        rows = [(seq.slot, seq.pending[:1], seq.cached_len) for seq in decode_rows]
-        rows += [(seq.slot, seq.pending[:take] + seq.verify, seq.cached_len) for seq, take in extend_plan]
+        rows = [(seq.table.blocks, seq.pending[:1], seq.cached_len) for seq in decode_rows]
+        rows += [(seq.table.blocks, seq.pending[:take] + seq.verify, seq.cached_len) for seq, take in extend_plan]
         rows += self._scoring_rows(scoring)
         if not rows:
             return None
@@ -370,7 +361,7 @@ class Engine:
         started = time.perf_counter()
         adapters = [seq.request.adapter for seq in decode_rows] + [seq.request.adapter for seq, _ in extend_plan]
         adapters += [seq.request.adapter for seq, choices in scoring for _ in choices]
-        batch = StepBatch.build(rows, len(self._running), self.runner.device,
+        batch = StepBatch.build(rows, self.runner.block_size, self.runner.device,
                                 logit_counts=counts if max(counts) > 1 else None, row_adapters=adapters)
         logits = self.runner.forward(batch)
         self.stats.forward_s += time.perf_counter() - started
@@ -378,12 +369,12 @@ class Engine:
         if batch.logit_counts is not None:
             logits, first_rows = self._split_logits(logits, counts, extend_plan, scoring, len(decode_rows))
         for seq in decode_rows:
-            seq.cached_len += 1
+            seq.table.commit(seq.pending[:1])
             seq.pending.clear()
         self.stats.decode_tokens += len(decode_rows)
         complete = list(range(len(decode_rows)))
         for i, (seq, take) in enumerate(extend_plan):
-            seq.cached_len += take + len(seq.verify)
+            seq.table.commit(seq.pending[:take] + seq.verify)
             del seq.pending[:take]
             self.stats.extend_tokens += take
             if not seq.pending and not seq.scoring:
@@ -434,6 +425,8 @@ class Engine:
             if seq.draft is None or take != len(seq.pending) or seq.scoring or budget <= 0:
                 continue
             seq.verify = seq.draft.proposal(self._draft_room(seq, budget))
+            if seq.verify and not self.scheduler.grow(seq, seq.cached_len + take + len(seq.verify)):
+                seq.verify = []  # no free block for the draft: plain decoding this step
             budget -= len(seq.verify)
         if not any(seq.verify for seq in decode_rows):
             return decode_rows, extend_plan
@@ -443,13 +436,11 @@ class Engine:
     def _draft_room(self, seq: Sequence, budget: int) -> int:
         """How many draft tokens ``seq`` may verify now: the per-step cap, the budget, the
         tokens it may still emit (one is the token sampled after the draft) and the cache."""
-        fed_end = seq.cached_len + len(seq.pending)
         emitted = len(seq.request.prompt_token_ids) + len(seq.output_ids)
         return min(
             self.max_draft_tokens,
             budget,
             seq.request.max_tokens - len(seq.output_ids) - 1,
-            self.runner.max_len - fed_end,
             self.max_model_len - emitted - 1,
         )
 
@@ -481,7 +472,7 @@ class Engine:
             active, position = agreeing, position + 1
         for seq, _ in drafting:
             kept = used[id(seq)]
-            seq.cached_len -= len(seq.verify) - kept
+            seq.table.truncate(seq.cached_len - (len(seq.verify) - kept))
             seq.draft.settle(len(seq.verify), kept)
             self.stats.draft_tokens += len(seq.verify)
             self.stats.accepted_draft_tokens += kept
@@ -529,34 +520,43 @@ class Engine:
         seq.choice_scores = [None] * len(seq.request.score_choices)
         seq.choice_token_logprobs = [None] * len(seq.request.score_choices)
 
-    def _plan_scoring(self) -> list[tuple[Sequence, list[tuple[int, int]]]]:
-        """(sequence, [(choice, slot)]) for sequences whose prompt is cached: the first unscored
-        choice runs in the sequence's own slot, the others in free slots holding a copy of the
-        prompt's cache; choices that find no free slot wait for the next step."""
-        free = list(range(len(self._running), self.runner.cache.max_slots))
+    def _plan_scoring(self) -> list[tuple[Sequence, list[tuple[int, BlockTable]]]]:
+        """(sequence, [(choice, branch)]) for sequences whose prompt is cached: each unscored
+        choice runs in a branch of the sequence's blocks (full blocks shared, the last one
+        copied); choices that find no free blocks wait for the next step."""
         plan = []
-        for seq in self._running:
+        for seq in self.scheduler.running:
             if not seq.scoring or seq.pending or seq.finished:
                 continue
-            todo = [i for i, score in enumerate(seq.choice_scores) if score is None]
-            longest = max(len(seq.request.score_choices[i]) for i in todo)
-            if seq.cached_len + 1 + longest > self.runner.max_len:
-                self._fail(seq, "a choice does not fit in the context window")
-                continue
-            slots = [seq.slot] + free[: len(todo) - 1]
-            free = free[len(slots) - 1 :]
-            for slot in slots[1:]:
-                self.runner.move_slot(seq.slot, slot, seq.cached_len)
-            plan.append((seq, list(zip(todo, slots))))
+            branches = []
+            for choice, score in enumerate(seq.choice_scores):
+                if score is not None:
+                    continue
+                fork = self.blocks.fork(seq.table, 1 + len(seq.request.score_choices[choice]))
+                if fork is None:
+                    break
+                branch, copy = fork
+                if copy is not None:
+                    self.runner.copy_blocks([copy])
+                branches.append((choice, branch))
+            if branches:
+                plan.append((seq, branches))
+            elif len(self.scheduler.running) == 1:
+                self._fail(seq, "a choice does not fit in the KV cache")
         return plan
 
-    def _scoring_rows(self, scoring) -> list[tuple[int, list[int], int]]:
+    def _scoring_rows(self, scoring) -> list[tuple[list[int], list[int], int]]:
         rows = []
         for seq, choices in scoring:
             last_prompt_token = seq.request.prompt_token_ids[-1]
-            for choice, slot in choices:
-                rows.append((slot, [last_prompt_token, *seq.request.score_choices[choice]], seq.cached_len))
+            for choice, branch in choices:
+                rows.append((branch.blocks, [last_prompt_token, *seq.request.score_choices[choice]], seq.cached_len))
         return rows
+
+    def _free_branches(self, scoring) -> None:
+        for _, choices in scoring:
+            for _, branch in choices:
+                self.blocks.free(branch)
 
     def _score_choice(self, seq: Sequence, choice: int, logits: torch.Tensor) -> None:
         """Sum of the choice's token logprobs (raw model distribution), from the logits at the
@@ -851,20 +851,19 @@ class Engine:
 
     def _fail_running(self, message: str) -> None:
         """Fail and free every running sequence without touching the KV cache (it may be what broke)."""
-        running, self._running = self._running, []
-        for seq in running:
+        for seq in self.scheduler.release_all():
             self._fail(seq, message)
             self._deliver(seq)
-            seq.slot = -1
             seq.row.release()
 
     # ------------------------------------------------------------------ reporting
 
     def _report_and_retire(self) -> None:
-        for seq in self._running:
+        for seq in self.scheduler.running:
             if seq.step_tokens or seq.finished:
                 self._deliver(seq)
-        for seq in [s for s in self._running if s.finished]:
+            self.blocks.register_full_blocks(seq.table)
+        for seq in [s for s in self.scheduler.running if s.finished]:
             self._release(seq)
 
     def _deliver(self, seq: Sequence) -> None:
@@ -882,14 +881,8 @@ class Engine:
                 _send_quietly(seq.request, seq.take_delta())  # one last try: it may have been transient
 
     def _release(self, seq: Sequence) -> None:
-        """Free ``seq``'s slot, moving the last live slot into the hole to keep slots dense."""
-        slot = seq.slot
-        last = self._running.pop()
-        if last is not seq:
-            self._running[slot] = last
-            self.runner.move_slot(last.slot, slot, last.cached_len)
-            last.slot = slot
-        seq.slot = -1
+        """Free ``seq``'s blocks (its full ones stay in the prefix cache) and sampler row."""
+        self.scheduler.release(seq)
         seq.row.release()
 
 
@@ -899,14 +892,6 @@ def _sampled_draft_token(seq: Sequence, mark: int, position: int) -> bool:
     out = seq.output_ids
     index = mark + position
     return position < len(seq.verify) and len(out) > index and out[index] == seq.verify[position]
-
-
-_TIER_RANK = {"priority": 0, "default": 1, "auto": 1, "flex": 2}
-
-
-def _tier_rank(seq: Sequence) -> int:
-    """Admission order: priority before default/auto, flex only when neither waits."""
-    return _TIER_RANK.get(seq.request.service_tier, 1)
 
 
 def _needs_host_mask(seq: Sequence) -> bool:

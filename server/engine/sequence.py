@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sampler import SamplingParams, SamplingRow, TokenLogprobs
+from server.engine.block_manager import BlockTable
 from server.engine.drafts import Draft
 from server.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 
@@ -74,6 +75,7 @@ class SequenceDelta:
     matched_stop: int | str | None = None  # SGLang's: the stop string/regex text or token id (EOS too)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
     error: str | None = None
     accepted_prediction_tokens: int = 0  # running totals (predicted outputs)
     rejected_prediction_tokens: int = 0
@@ -97,11 +99,12 @@ class Sequence:
     row: SamplingRow
     detokenizer: IncrementalDetokenizer
     stops: StopStringMatcher
-    slot: int = -1
     matcher: Any = None  # the constraint in force: None while reasoning, then request.matcher
     reasoning: ReasoningPhase | None = None  # set while the sequence is inside its reasoning segment
     reasoning_tokens: int = 0  # tokens generated inside the segment (markers not counted)
-    cached_len: int = 0  # tokens whose keys/values are in the KV cache
+    table: BlockTable = field(default_factory=BlockTable)  # KV blocks and the tokens cached in them
+    admitted: bool = False  # joined the running batch at least once
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
     pending: list[int] = field(default_factory=list)  # tokens to feed the model next
     output_ids: list[int] = field(default_factory=list)
     closing: list[int] | None = None  # close_on_length: a completion that fits the budget left
@@ -123,6 +126,11 @@ class Sequence:
     step_tokens: list[int] = field(default_factory=list)
     step_logprobs: list[TokenLogprobs] = field(default_factory=list)
     step_hidden: list[list[float]] = field(default_factory=list)
+
+    @property
+    def cached_len(self) -> int:
+        """Tokens whose keys/values are in the KV cache."""
+        return self.table.num_tokens
 
     @property
     def finished(self) -> bool:
@@ -150,6 +158,7 @@ class Sequence:
             matched_stop=self._matched_stop(),
             prompt_tokens=len(self.request.prompt_token_ids),
             completion_tokens=len(self.output_ids),
+            cached_tokens=self.cached_tokens,
             error=self.error,
             accepted_prediction_tokens=self.draft.accepted if self.draft else 0,
             rejected_prediction_tokens=self.draft.rejected if self.draft else 0,

@@ -172,17 +172,20 @@ def test_truncate_prompt_tokens_on_chat(server, client):
     assert cut.usage.prompt_tokens == 10
     assert int(raw.headers["x-trellis-truncated-prompt-tokens"]) == full.usage.prompt_tokens - 10
     untouched = ok(chat(server, truncate_prompt_tokens=CONTEXT))
-    assert "prompt_tokens_details" not in untouched["usage"]
+    assert "truncated_tokens" not in untouched["usage"].get("prompt_tokens_details", {})
     refused(chat(server, truncate_prompt_tokens=0), "truncate_prompt_tokens")
     refused(chat(server, truncate_prompt_tokens=CONTEXT + 1), "truncate_prompt_tokens")
 
 
-def test_return_cached_tokens_details_reports_zero(server, client):
-    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+def test_cached_tokens_reported_from_the_prefix_cache(server, client):
+    messages = [{"role": "user", "content": "a prompt seen once before " + "and long enough to fill blocks " * 8}]
+    first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2,
                                            extra_body={"return_cached_tokens_details": True})
-    assert reply.usage.prompt_tokens_details.cached_tokens == 0
-    plain = ok(chat(server))
-    assert "prompt_tokens_details" not in plain["usage"]
+    assert first.usage.prompt_tokens_details.cached_tokens == 0  # asked for: reported even when 0
+    again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    cached = again.usage.prompt_tokens_details.cached_tokens  # reported whenever a prefix was reused
+    assert 0 < cached < again.usage.prompt_tokens
+    assert cached % 16 == 0  # whole blocks
 
 
 def _prompt_tokens(server, **body) -> int:

@@ -20,7 +20,7 @@ from tests.conftest import start_server
 
 
 def test_priority_overtakes_waiting_flex_and_default_in_the_engine(tiny_model_dir, default_tokenizer):
-    runner = ModelRunner(load_hf_model(tiny_model_dir, torch.float32, torch.device("cpu")), max_slots=1, max_len=256)
+    runner = ModelRunner.for_sequences(load_hf_model(tiny_model_dir, torch.float32, torch.device("cpu")), 1, 256)
     engine = Engine(runner, default_tokenizer, max_batch_size=1, max_model_len=256)
     finished: list[str] = []
 

@@ -34,7 +34,7 @@ def reference_score(hf, prompt: list[int], choice: list[int]) -> float:
 
 def score(parts, choices, *, slots=8, temperature=0.0, seed=None, top_logprobs=0, neighbours=()):
     hf, tokenizer, compiler = parts
-    engine = Engine(ModelRunner(hf, max_slots=slots, max_len=256), tokenizer, max_batch_size=slots,
+    engine = Engine(ModelRunner.for_sequences(hf, slots, 256), tokenizer, max_batch_size=slots,
                     max_model_len=256)
     results: dict[str, dict] = {}
 
@@ -104,7 +104,7 @@ def test_more_choices_than_free_slots_and_neighbours_unchanged(parts):
     assert narrow["scored"]["last"].choice_logprobs == pytest.approx(wide["scored"]["last"].choice_logprobs, abs=1e-4)
     assert narrow["scored"]["tokens"] == wide["scored"]["tokens"]
     for i, prompt in enumerate(neighbours):
-        alone = Engine(ModelRunner(hf, max_slots=1, max_len=256), tokenizer, max_batch_size=1, max_model_len=256)
+        alone = Engine(ModelRunner.for_sequences(hf, 1, 256), tokenizer, max_batch_size=1, max_model_len=256)
         got = []
         alone.submit(GenerationRequest("a", prompt, SamplingParams(temperature=0.0), 12,
                                        lambda d: got.append(d)))

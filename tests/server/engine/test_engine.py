@@ -35,7 +35,7 @@ def real_parts(default_dir, default_tokenizer):
 
 
 def make_engine(hf, tokenizer, *, jump_forward: bool = True, slots: int = 8) -> Engine:
-    runner = ModelRunner(hf, max_slots=slots, max_len=1024)
+    runner = ModelRunner.for_sequences(hf, slots, 1024)
     return Engine(runner, tokenizer, max_batch_size=slots, max_model_len=1024, jump_forward=jump_forward)
 
 

@@ -26,7 +26,7 @@ def make_engine(tiny_hf, default_tokenizer):
     engines: list[Engine] = []
 
     def make(slots: int = 4, **kwargs) -> Engine:
-        runner = ModelRunner(tiny_hf, max_slots=slots, max_len=512)
+        runner = ModelRunner.for_sequences(tiny_hf, slots, 512)
         engine = Engine(runner, default_tokenizer, max_batch_size=slots, max_model_len=512, **kwargs)
         engines.append(engine)
         return engine

@@ -10,8 +10,9 @@ import torch
 from sampler import SamplingParams
 from server.engine.engine import Engine
 from server.engine.lora import LoraBank, LoraError, load_adapter, parse_lora_modules
-from server.engine.model import ModelRunner, StepBatch, load_hf_model
+from server.engine.model import ModelRunner, load_hf_model
 from server.engine.sequence import GenerationRequest
+from tests.server.engine.paged_util import step
 from tests.server.lora_util import make_adapter
 
 PROMPTS = [[1, 504, 3458, 314, 260, 3575, 30], [1, 2683, 457, 2114, 28], [1, 49, 50, 51, 52, 53, 54, 55, 56, 57]]
@@ -33,7 +34,7 @@ def cpu_model(directory):
 def engine_for(directory, modules=(), slots: int = 8) -> Engine:
     hf = cpu_model(directory)
     bank = LoraBank([load_adapter(name, path, hf) for name, path in modules]) if modules else None
-    runner = ModelRunner(hf, max_slots=slots, max_len=512, lora=bank)
+    runner = ModelRunner.for_sequences(hf, slots, 512, lora=bank)
     return Engine(runner, None, max_batch_size=slots, max_model_len=512)
 
 
@@ -71,19 +72,19 @@ def run(engine: Engine, requests: list[dict]) -> list[list[int]]:
 def test_adapter_logits_equal_merged_weights(tiny_model_dir, adapters):
     hf = cpu_model(tiny_model_dir)
     bank = LoraBank([load_adapter("a", adapters["a"], hf), load_adapter("b", adapters["b"], hf)])
-    runner = ModelRunner(hf, max_slots=4, max_len=128, lora=bank)
-    merged = {name: ModelRunner(cpu_model(adapters[f"{name}-merged"]), max_slots=4, max_len=128) for name in "ab"}
-    base = ModelRunner(cpu_model(tiny_model_dir), max_slots=4, max_len=128)
+    runner = ModelRunner.for_sequences(hf, 4, 128, lora=bank)
+    merged = {name: ModelRunner.for_sequences(cpu_model(adapters[f"{name}-merged"]), 4, 128) for name in "ab"}
+    base = ModelRunner.for_sequences(cpu_model(tiny_model_dir), 4, 128)
     rows = [(i, prompt, 0) for i, prompt in enumerate(PROMPTS)]
-    mixed = runner.forward(StepBatch.build(rows, 3, runner.device, row_adapters=[1, 0, 2]))
+    mixed = step(runner, rows, 128, row_adapters=[1, 0, 2])
     expected = [
-        merged["a"].forward(StepBatch.build(rows[:1], 1, runner.device))[0],
-        base.forward(StepBatch.build([(0, PROMPTS[1], 0)], 1, runner.device))[0],
-        merged["b"].forward(StepBatch.build([(0, PROMPTS[2], 0)], 1, runner.device))[0],
+        step(merged["a"], rows[:1], 128)[0],
+        step(base, [(0, PROMPTS[1], 0)], 128)[0],
+        step(merged["b"], [(0, PROMPTS[2], 0)], 128)[0],
     ]
     for got, want in zip(mixed, expected):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-    plain = base.forward(StepBatch.build(rows[:1], 1, runner.device))[0]
+    plain = step(base, rows[:1], 128)[0]
     assert (mixed[0] - plain).abs().max() > 1e-2  # the adapter changes the output
 
 

@@ -8,8 +8,9 @@ import torch
 from constraints import ConstraintCompiler, ConstraintSpec
 from sampler import SamplingParams
 from server.engine.engine import Engine
-from server.engine.model import ModelRunner, StepBatch, load_hf_model
+from server.engine.model import ModelRunner, load_hf_model
 from server.engine.sequence import GenerationRequest
+from tests.server.engine.paged_util import extend, step
 
 PROMPTS = [[1, 504, 3300, 28, 1012], [1, 77, 88, 99], [1, 2500, 314, 15, 16, 17, 18]]
 
@@ -20,7 +21,7 @@ def tiny_hf(tiny_model_dir):
 
 
 def make_engine(hf, tokenizer, slots: int = 8, **kwargs) -> Engine:
-    runner = ModelRunner(hf, max_slots=slots, max_len=512)
+    runner = ModelRunner.for_sequences(hf, slots, 512)
     return Engine(runner, tokenizer, max_batch_size=slots, max_model_len=512, **kwargs)
 
 
@@ -52,12 +53,12 @@ def request(prompt, max_tokens=24, temperature=0.0, seed=None, **extra) -> dict:
 
 
 def test_runner_returns_per_position_logits(tiny_hf):
-    runner = ModelRunner(tiny_hf, max_slots=3, max_len=64)
+    runner = ModelRunner.for_sequences(tiny_hf, 3, 64)
     a, b = [5, 17, 300, 42, 7, 9], [11, 12, 13]
-    runner.extend(0, torch.tensor(a[:3]), 0)
-    runner.extend(1, torch.tensor(b[:2]), 0)
+    extend(runner, 0, a[:3], 0)
+    extend(runner, 1, b[:2], 0)
     rows = [(1, b[2:], 2), (0, a[3:], 3)]  # a decode row and an extension asking for all 3 positions
-    logits = runner.forward(StepBatch.build(rows, 2, runner.device, logit_counts=[1, 3]))
+    logits = step(runner, rows, logit_counts=[1, 3])
     with torch.no_grad():
         ref_a, ref_b = tiny_hf(torch.tensor([a])).logits[0], tiny_hf(torch.tensor([b])).logits[0]
     assert logits.shape[0] == 4

@@ -29,7 +29,7 @@ def make_engine(tiny_hf, default_tokenizer):
     engines: list[Engine] = []
 
     def make(**kwargs) -> Engine:
-        runner = ModelRunner(tiny_hf, max_slots=4, max_len=512)
+        runner = ModelRunner.for_sequences(tiny_hf, 4, 512)
         engine = Engine(runner, default_tokenizer, max_batch_size=4, max_model_len=512, **kwargs)
         engines.append(engine)
         return engine
