@@ -15,8 +15,12 @@ softmax. The Triton kernel and the CPU fast path are tested against it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
+import torch.nn.functional as F
+
+from kernels._backend import select_backend
 
 
 @dataclass
@@ -136,6 +140,15 @@ def paged_attention_reference(
     return out
 
 
+def _triton_module() -> ModuleType | None:
+    """``kernels._paged_attention_triton``, or None when Triton cannot be imported."""
+    try:
+        from kernels import _paged_attention_triton
+    except Exception:  # ImportError, or a broken backend raising at import
+        return None
+    return _paged_attention_triton
+
+
 def paged_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -146,8 +159,212 @@ def paged_attention(
     sliding_window: int | None = None,
     sinks: torch.Tensor | None = None,
     softcap: float | None = None,
+    use_triton: bool | None = None,
 ) -> torch.Tensor:
-    """query [N, heads, head_dim] → [N, heads, head_dim] (see the module docstring)."""
-    return paged_attention_reference(
+    """query [N, heads, head_dim] → [N, heads, head_dim] (see the module docstring).
+
+    On CUDA with Triton: one kernel launch whose grid depends only on tensor shapes (CUDA-graph
+    capturable; the host lists in ``meta`` are not read). Elsewhere: the batched torch path
+    (:func:`paged_attention_torch`). ``use_triton`` follows :func:`kernels.select_backend`
+    (``True`` with ``TRITON_INTERPRET=1`` runs the kernel on CPU tensors, for tests).
+    """
+    _check_shapes(query, k_cache, v_cache, meta, sinks)
+    if select_backend(query, use_triton) == "triton":
+        mod = _triton_module()
+        if mod is not None:
+            return mod.paged_attention(
+                query,
+                k_cache,
+                v_cache,
+                meta.query_start,
+                meta.context_lens,
+                meta.block_tables,
+                scale=scale,
+                sliding_window=sliding_window,
+                sinks=sinks,
+                softcap=softcap,
+            )
+    return paged_attention_torch(
         query, k_cache, v_cache, meta, scale=scale, sliding_window=sliding_window, sinks=sinks, softcap=softcap
     )
+
+
+def _check_shapes(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: PagedAttentionMetadata,
+    sinks: torch.Tensor | None,
+) -> None:
+    """Shape agreement between query, caches, sinks and metadata (cheap; no device sync)."""
+    if query.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"query [N, heads, dim] and caches [blocks, block_size, kv_heads, dim] expected, "
+                         f"got {tuple(query.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+    heads, head_dim = query.shape[1:]
+    kv_heads = k_cache.shape[2]
+    if k_cache.shape[3] != head_dim or heads % kv_heads:
+        raise ValueError(f"{heads} query heads of dim {head_dim} cannot share {kv_heads} kv heads of dim {k_cache.shape[3]}")
+    if sinks is not None and sinks.shape != (heads,):
+        raise ValueError(f"sinks must be [{heads}], got {tuple(sinks.shape)}")
+    if meta.block_tables.shape[0] != meta.context_lens.shape[0] or meta.query_start.shape[0] != meta.context_lens.shape[0] + 1:
+        raise ValueError("metadata rows disagree: block_tables [R, B], context_lens [R], query_start [R + 1]")
+
+
+def paged_attention_torch(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: PagedAttentionMetadata,
+    *,
+    scale: float,
+    sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """The batched torch path (CPU, or a device without Triton); reads ``meta``'s host lists.
+
+    All decode rows (``q_len == 1``) attend together: their blocks gathered and padded to the
+    longest of their contexts, one batched matmul with a length mask. A multi-token row goes
+    through ``F.scaled_dot_product_attention`` (GQA, causal offset mask), or the same masked
+    matmul when it needs sinks or a softcap, which SDPA does not take.
+    """
+    out = torch.empty_like(query)
+    decode_rows = [r for r, q_len in enumerate(meta.query_lens_host) if q_len == 1]
+    if decode_rows:
+        starts = _query_starts(meta)
+        tokens = [starts[r] for r in decode_rows]
+        out[tokens] = _attend_decode_rows(
+            query[tokens], k_cache, v_cache, meta, decode_rows, scale, sliding_window, sinks, softcap
+        )
+    starts = None
+    for row, q_len in enumerate(meta.query_lens_host):
+        if q_len <= 1:
+            continue
+        if starts is None:
+            starts = _query_starts(meta)
+        begin = starts[row]
+        out[begin : begin + q_len] = _attend_one_row(
+            query[begin : begin + q_len], k_cache, v_cache, meta, row, scale, sliding_window, sinks, softcap
+        )
+    return out
+
+
+def _query_starts(meta: PagedAttentionMetadata) -> list[int]:
+    """Row start offsets into the query from the host lengths (no device read)."""
+    starts = [0]
+    for q_len in meta.query_lens_host:
+        starts.append(starts[-1] + q_len)
+    return starts
+
+
+def _gather_kv(
+    cache: torch.Tensor, block_tables: torch.Tensor, rows: list[int] | int, length: int
+) -> torch.Tensor:
+    """The first ``length`` cached positions of ``rows``: [len(rows), length, kv, d] (or one row)."""
+    block_size, kv_heads, head_dim = cache.shape[1:]
+    width = -(-length // block_size)
+    blocks = block_tables[rows, :width].long()
+    gathered = cache[blocks]  # [..., width, block_size, kv, d]
+    return gathered.reshape(*blocks.shape[:-1], width * block_size, kv_heads, head_dim)[..., :length, :, :]
+
+
+def _softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last dim of scores [.., kv, group, q, k]; ``sinks`` [kv*group] join the
+    denominator only. Rows with nothing visible and no sink come out as zeros."""
+    if sinks is None:
+        peak = scores.amax(dim=-1, keepdim=True)
+    else:
+        sink = sinks.float().view(*scores.shape[-4:-2], 1, 1)
+        peak = torch.maximum(scores.amax(dim=-1, keepdim=True), sink)
+    peak = peak.masked_fill(torch.isneginf(peak), 0.0)
+    weights = torch.exp(scores - peak)
+    denom = weights.sum(dim=-1, keepdim=True)
+    if sinks is not None:
+        denom = denom + torch.exp(sink - peak)
+    return weights / denom.clamp_min(torch.finfo(denom.dtype).tiny)
+
+
+def _masked_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    visible: torch.Tensor,
+    scale: float,
+    sinks: torch.Tensor | None,
+    softcap: float | None,
+) -> torch.Tensor:
+    """q [B, q, h, d], keys/values [B, k, kv, d], visible [B, q, k] → [B, q, h, d] in float32."""
+    batch, q_len, heads, head_dim = q.shape
+    kv_heads = keys.shape[2]
+    group = heads // kv_heads
+    qg = q.float().view(batch, q_len, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)  # [B, kv, g, q, d]
+    kt = keys.float().permute(0, 2, 3, 1).unsqueeze(2)  # [B, kv, 1, d, k]
+    vt = values.float().permute(0, 2, 1, 3).unsqueeze(2)  # [B, kv, 1, k, d]
+    scores = torch.matmul(qg, kt) * scale  # [B, kv, g, q, k]
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    scores = scores.masked_fill(~visible.view(batch, 1, 1, q_len, -1), float("-inf"))
+    probs = _softmax_with_sinks(scores, sinks)
+    out = torch.matmul(probs, vt)  # [B, kv, g, q, d]
+    return out.permute(0, 3, 1, 2, 4).reshape(batch, q_len, heads, head_dim)
+
+
+def _attend_decode_rows(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: PagedAttentionMetadata,
+    rows: list[int],
+    scale: float,
+    sliding_window: int | None,
+    sinks: torch.Tensor | None,
+    softcap: float | None,
+) -> torch.Tensor:
+    """One query token per row, [D, h, d]: all rows in one matmul padded to the longest context."""
+    ctx_host = [meta.context_lens_host[r] for r in rows]
+    longest = max(ctx_host)
+    keys = _gather_kv(k_cache, meta.block_tables, rows, longest)  # [D, L, kv, d]
+    values = _gather_kv(v_cache, meta.block_tables, rows, longest)
+    ctx = torch.tensor(ctx_host, device=q.device).view(-1, 1)
+    k_pos = torch.arange(longest, device=q.device).view(1, -1)
+    visible = k_pos < ctx  # the query sits at ctx - 1
+    if sliding_window is not None:
+        visible &= k_pos >= ctx - sliding_window
+    out = _masked_attention(q.unsqueeze(1), keys, values, visible.unsqueeze(1), scale, sinks, softcap)
+    return out.squeeze(1).to(q.dtype)
+
+
+def _attend_one_row(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: PagedAttentionMetadata,
+    row: int,
+    scale: float,
+    sliding_window: int | None,
+    sinks: torch.Tensor | None,
+    softcap: float | None,
+) -> torch.Tensor:
+    """A multi-token row [q, h, d] over its context: SDPA when it can, the masked matmul otherwise."""
+    q_len, ctx = q.shape[0], meta.context_lens_host[row]
+    keys = _gather_kv(k_cache, meta.block_tables, row, ctx)  # [ctx, kv, d]
+    values = _gather_kv(v_cache, meta.block_tables, row, ctx)
+    q_pos = torch.arange(ctx - q_len, ctx, device=q.device).view(-1, 1)
+    k_pos = torch.arange(ctx, device=q.device).view(1, -1)
+    visible = k_pos <= q_pos
+    if sliding_window is not None:
+        visible &= k_pos > q_pos - sliding_window
+    if sinks is not None or softcap:
+        out = _masked_attention(q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), visible.unsqueeze(0), scale, sinks, softcap)
+        return out.squeeze(0).to(q.dtype)
+    causal_only = sliding_window is None and q_len == ctx
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0),  # [1, h, q, d]
+        keys.to(q.dtype).transpose(0, 1).unsqueeze(0),  # [1, kv, ctx, d]
+        values.to(q.dtype).transpose(0, 1).unsqueeze(0),
+        attn_mask=None if causal_only else visible,
+        is_causal=causal_only,
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out.squeeze(0).transpose(0, 1)
