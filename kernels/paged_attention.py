@@ -224,9 +224,9 @@ def paged_attention_torch(
     """The batched torch path (CPU, or a device without Triton); reads ``meta``'s host lists.
 
     All decode rows (``q_len == 1``) attend together: their blocks gathered and padded to the
-    longest of their contexts, one batched matmul with a length mask. A multi-token row goes
-    through ``F.scaled_dot_product_attention`` (GQA, causal offset mask), or the same masked
-    matmul when it needs sinks or a softcap, which SDPA does not take.
+    longest of their contexts, one ``F.scaled_dot_product_attention`` call (GQA) with a length
+    mask. Each multi-token row is one SDPA call with its causal offset mask. Sinks ride along as
+    an extra key; a softcap (which SDPA cannot apply) takes a masked float32 matmul instead.
     """
     out = torch.empty_like(query)
     decode_rows = [r for r, q_len in enumerate(meta.query_lens_host) if q_len == 1]
@@ -268,45 +268,67 @@ def _gather_kv(
     return gathered.reshape(*blocks.shape[:-1], width * block_size, kv_heads, head_dim)[..., :length, :, :]
 
 
-def _softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
-    """Softmax over the last dim of scores [.., kv, group, q, k]; ``sinks`` [kv*group] join the
-    denominator only. Rows with nothing visible and no sink come out as zeros."""
-    if sinks is None:
-        peak = scores.amax(dim=-1, keepdim=True)
-    else:
-        sink = sinks.float().view(*scores.shape[-4:-2], 1, 1)
-        peak = torch.maximum(scores.amax(dim=-1, keepdim=True), sink)
-    peak = peak.masked_fill(torch.isneginf(peak), 0.0)
-    weights = torch.exp(scores - peak)
-    denom = weights.sum(dim=-1, keepdim=True)
-    if sinks is not None:
-        denom = denom + torch.exp(sink - peak)
-    return weights / denom.clamp_min(torch.finfo(denom.dtype).tiny)
-
-
-def _masked_attention(
+def _attend(
     q: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
-    visible: torch.Tensor,
+    visible: torch.Tensor | None,
     scale: float,
     sinks: torch.Tensor | None,
     softcap: float | None,
 ) -> torch.Tensor:
-    """q [B, q, h, d], keys/values [B, k, kv, d], visible [B, q, k] → [B, q, h, d] in float32."""
+    """q [B, q, h, d] over keys/values [B, k, kv, d] → [B, q, h, d] in q's dtype.
+
+    ``visible`` [B, q, k] (None: plain causal with q == k). SDPA does the work unless a softcap
+    is asked for; a sink rides along as one extra key of zeros whose additive mask is the sink
+    logit, so it joins the softmax denominator and adds nothing to the output.
+    """
+    if softcap:
+        return _softcapped_attention(q, keys, values, visible, scale, sinks, softcap)
+    batch, q_len, heads, _ = q.shape
+    keys, values = keys.to(q.dtype).transpose(1, 2), values.to(q.dtype).transpose(1, 2)  # [B, kv, k, d]
+    mask = None if visible is None else visible.unsqueeze(1)  # [B, 1, q, k]
+    if sinks is not None:
+        if mask is None:
+            mask = torch.ones(q_len, q_len, dtype=torch.bool, device=q.device).tril().expand(batch, 1, q_len, q_len)
+        mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
+        sink = sinks.to(q.dtype).view(1, heads, 1, 1).expand(batch, heads, q_len, 1)
+        mask = torch.cat([mask.expand(batch, heads, q_len, -1), sink], dim=-1)
+        keys = F.pad(keys, (0, 0, 0, 1))
+        values = F.pad(values, (0, 0, 0, 1))
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), keys, values, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True
+    )
+    return out.transpose(1, 2)
+
+
+def _softcapped_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    visible: torch.Tensor | None,
+    scale: float,
+    sinks: torch.Tensor | None,
+    softcap: float,
+) -> torch.Tensor:
+    """:func:`_attend` with ``softcap * tanh(scores / softcap)``: a batched masked matmul in float32."""
     batch, q_len, heads, head_dim = q.shape
-    kv_heads = keys.shape[2]
+    kv_heads, k_len = keys.shape[2], keys.shape[1]
     group = heads // kv_heads
+    if visible is None:
+        visible = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril().expand(batch, q_len, k_len)
     qg = q.float().view(batch, q_len, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)  # [B, kv, g, q, d]
     kt = keys.float().permute(0, 2, 3, 1).unsqueeze(2)  # [B, kv, 1, d, k]
     vt = values.float().permute(0, 2, 1, 3).unsqueeze(2)  # [B, kv, 1, k, d]
-    scores = torch.matmul(qg, kt) * scale  # [B, kv, g, q, k]
-    if softcap:
-        scores = softcap * torch.tanh(scores / softcap)
-    scores = scores.masked_fill(~visible.view(batch, 1, 1, q_len, -1), float("-inf"))
-    probs = _softmax_with_sinks(scores, sinks)
+    scores = softcap * torch.tanh(torch.matmul(qg, kt) * (scale / softcap))  # [B, kv, g, q, k]
+    scores = scores.masked_fill(~visible.view(batch, 1, 1, q_len, k_len), float("-inf"))
+    if sinks is not None:
+        sink = sinks.float().view(1, kv_heads, group, 1, 1).expand(batch, kv_heads, group, q_len, 1)
+        scores = torch.cat([scores, sink], dim=-1)
+        vt = F.pad(vt, (0, 0, 0, 1))
+    probs = torch.softmax(scores, dim=-1)
     out = torch.matmul(probs, vt)  # [B, kv, g, q, d]
-    return out.permute(0, 3, 1, 2, 4).reshape(batch, q_len, heads, head_dim)
+    return out.permute(0, 3, 1, 2, 4).reshape(batch, q_len, heads, head_dim).to(q.dtype)
 
 
 def _attend_decode_rows(
@@ -320,7 +342,7 @@ def _attend_decode_rows(
     sinks: torch.Tensor | None,
     softcap: float | None,
 ) -> torch.Tensor:
-    """One query token per row, [D, h, d]: all rows in one matmul padded to the longest context."""
+    """One query token per row, [D, h, d]: all rows in one call padded to the longest context."""
     ctx_host = [meta.context_lens_host[r] for r in rows]
     longest = max(ctx_host)
     keys = _gather_kv(k_cache, meta.block_tables, rows, longest)  # [D, L, kv, d]
@@ -330,8 +352,7 @@ def _attend_decode_rows(
     visible = k_pos < ctx  # the query sits at ctx - 1
     if sliding_window is not None:
         visible &= k_pos >= ctx - sliding_window
-    out = _masked_attention(q.unsqueeze(1), keys, values, visible.unsqueeze(1), scale, sinks, softcap)
-    return out.squeeze(1).to(q.dtype)
+    return _attend(q.unsqueeze(1), keys, values, visible.unsqueeze(1), scale, sinks, softcap).squeeze(1)
 
 
 def _attend_one_row(
@@ -345,26 +366,16 @@ def _attend_one_row(
     sinks: torch.Tensor | None,
     softcap: float | None,
 ) -> torch.Tensor:
-    """A multi-token row [q, h, d] over its context: SDPA when it can, the masked matmul otherwise."""
+    """A multi-token row [q, h, d] over its context (plain causal when it is a whole prefill)."""
     q_len, ctx = q.shape[0], meta.context_lens_host[row]
-    keys = _gather_kv(k_cache, meta.block_tables, row, ctx)  # [ctx, kv, d]
-    values = _gather_kv(v_cache, meta.block_tables, row, ctx)
-    q_pos = torch.arange(ctx - q_len, ctx, device=q.device).view(-1, 1)
-    k_pos = torch.arange(ctx, device=q.device).view(1, -1)
-    visible = k_pos <= q_pos
-    if sliding_window is not None:
-        visible &= k_pos > q_pos - sliding_window
-    if sinks is not None or softcap:
-        out = _masked_attention(q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), visible.unsqueeze(0), scale, sinks, softcap)
-        return out.squeeze(0).to(q.dtype)
-    causal_only = sliding_window is None and q_len == ctx
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0),  # [1, h, q, d]
-        keys.to(q.dtype).transpose(0, 1).unsqueeze(0),  # [1, kv, ctx, d]
-        values.to(q.dtype).transpose(0, 1).unsqueeze(0),
-        attn_mask=None if causal_only else visible,
-        is_causal=causal_only,
-        scale=scale,
-        enable_gqa=True,
-    )
-    return out.squeeze(0).transpose(0, 1)
+    keys = _gather_kv(k_cache, meta.block_tables, row, ctx).unsqueeze(0)  # [1, ctx, kv, d]
+    values = _gather_kv(v_cache, meta.block_tables, row, ctx).unsqueeze(0)
+    visible = None
+    if sliding_window is not None or q_len != ctx:
+        q_pos = torch.arange(ctx - q_len, ctx, device=q.device).view(-1, 1)
+        k_pos = torch.arange(ctx, device=q.device).view(1, -1)
+        visible = k_pos <= q_pos
+        if sliding_window is not None:
+            visible &= k_pos > q_pos - sliding_window
+        visible = visible.unsqueeze(0)
+    return _attend(q.unsqueeze(0), keys, values, visible, scale, sinks, softcap).squeeze(0)
