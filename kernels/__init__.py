@@ -1,4 +1,4 @@
-"""Token-level kernels for the sampler: Triton implementations + pure-torch references.
+"""Kernels for the sampler and the engine: Triton implementations + pure-torch references.
 
 Every public kernel dispatches on the tensor's device: Triton on CUDA (when importable),
 the Triton interpreter on CPU when ``TRITON_INTERPRET=1`` and ``use_triton=True``, and
@@ -12,9 +12,17 @@ from kernels.bitmask import (
     unpack_bitmask,
 )
 from kernels.dfa import dfa_advance, dfa_advance_reference, dfa_apply_mask_inplace
+from kernels.paged_attention import (
+    PagedAttentionMetadata,
+    paged_attention,
+    paged_attention_reference,
+    paged_attention_torch,
+    write_kv,
+)
 from kernels.penalties import apply_penalties_inplace, apply_penalties_reference
 
 __all__ = [
+    "PagedAttentionMetadata",
     "apply_penalties_inplace",
     "apply_penalties_reference",
     "apply_token_bitmask_inplace",
@@ -23,7 +31,11 @@ __all__ = [
     "dfa_advance_reference",
     "dfa_apply_mask_inplace",
     "interpreter_enabled",
+    "paged_attention",
+    "paged_attention_reference",
+    "paged_attention_torch",
     "select_backend",
     "triton_kernels",
     "unpack_bitmask",
+    "write_kv",
 ]

@@ -15,8 +15,12 @@ softmax. The Triton kernel and the CPU fast path are tested against it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
+import torch.nn.functional as F
+
+from kernels._backend import select_backend
 
 
 @dataclass
@@ -136,6 +140,15 @@ def paged_attention_reference(
     return out
 
 
+def _triton_module() -> ModuleType | None:
+    """``kernels._paged_attention_triton``, or None when Triton cannot be imported."""
+    try:
+        from kernels import _paged_attention_triton
+    except Exception:  # ImportError, or a broken backend raising at import
+        return None
+    return _paged_attention_triton
+
+
 def paged_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -146,8 +159,223 @@ def paged_attention(
     sliding_window: int | None = None,
     sinks: torch.Tensor | None = None,
     softcap: float | None = None,
+    use_triton: bool | None = None,
 ) -> torch.Tensor:
-    """query [N, heads, head_dim] → [N, heads, head_dim] (see the module docstring)."""
-    return paged_attention_reference(
+    """query [N, heads, head_dim] → [N, heads, head_dim] (see the module docstring).
+
+    On CUDA with Triton: one kernel launch whose grid depends only on tensor shapes (CUDA-graph
+    capturable; the host lists in ``meta`` are not read). Elsewhere: the batched torch path
+    (:func:`paged_attention_torch`). ``use_triton`` follows :func:`kernels.select_backend`
+    (``True`` with ``TRITON_INTERPRET=1`` runs the kernel on CPU tensors, for tests).
+    """
+    _check_shapes(query, k_cache, v_cache, meta, sinks)
+    if select_backend(query, use_triton) == "triton":
+        mod = _triton_module()
+        if mod is not None:
+            return mod.paged_attention(
+                query,
+                k_cache,
+                v_cache,
+                meta.query_start,
+                meta.context_lens,
+                meta.block_tables,
+                scale=scale,
+                sliding_window=sliding_window,
+                sinks=sinks,
+                softcap=softcap,
+            )
+    return paged_attention_torch(
         query, k_cache, v_cache, meta, scale=scale, sliding_window=sliding_window, sinks=sinks, softcap=softcap
     )
+
+
+def _check_shapes(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: PagedAttentionMetadata,
+    sinks: torch.Tensor | None,
+) -> None:
+    """Shape agreement between query, caches, sinks and metadata (cheap; no device sync)."""
+    if query.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"query [N, heads, dim] and caches [blocks, block_size, kv_heads, dim] expected, "
+                         f"got {tuple(query.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+    heads, head_dim = query.shape[1:]
+    kv_heads = k_cache.shape[2]
+    if k_cache.shape[3] != head_dim or heads % kv_heads:
+        raise ValueError(f"{heads} query heads of dim {head_dim} cannot share {kv_heads} kv heads of dim {k_cache.shape[3]}")
+    if sinks is not None and sinks.shape != (heads,):
+        raise ValueError(f"sinks must be [{heads}], got {tuple(sinks.shape)}")
+    if meta.block_tables.shape[0] != meta.context_lens.shape[0] or meta.query_start.shape[0] != meta.context_lens.shape[0] + 1:
+        raise ValueError("metadata rows disagree: block_tables [R, B], context_lens [R], query_start [R + 1]")
+
+
+def paged_attention_torch(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: PagedAttentionMetadata,
+    *,
+    scale: float,
+    sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """The batched torch path (CPU, or a device without Triton); reads ``meta``'s host lists.
+
+    All decode rows (``q_len == 1``) attend together: their blocks gathered and padded to the
+    longest of their contexts, one ``F.scaled_dot_product_attention`` call (GQA) with a length
+    mask. Each multi-token row is one SDPA call with its causal offset mask. Sinks ride along as
+    an extra key; a softcap (which SDPA cannot apply) takes a masked float32 matmul instead.
+    """
+    out = torch.empty_like(query)
+    decode_rows = [r for r, q_len in enumerate(meta.query_lens_host) if q_len == 1]
+    if decode_rows:
+        starts = _query_starts(meta)
+        tokens = [starts[r] for r in decode_rows]
+        out[tokens] = _attend_decode_rows(
+            query[tokens], k_cache, v_cache, meta, decode_rows, scale, sliding_window, sinks, softcap
+        )
+    starts = None
+    for row, q_len in enumerate(meta.query_lens_host):
+        if q_len <= 1:
+            continue
+        if starts is None:
+            starts = _query_starts(meta)
+        begin = starts[row]
+        out[begin : begin + q_len] = _attend_one_row(
+            query[begin : begin + q_len], k_cache, v_cache, meta, row, scale, sliding_window, sinks, softcap
+        )
+    return out
+
+
+def _query_starts(meta: PagedAttentionMetadata) -> list[int]:
+    """Row start offsets into the query from the host lengths (no device read)."""
+    starts = [0]
+    for q_len in meta.query_lens_host:
+        starts.append(starts[-1] + q_len)
+    return starts
+
+
+def _gather_kv(
+    cache: torch.Tensor, block_tables: torch.Tensor, rows: list[int] | int, length: int
+) -> torch.Tensor:
+    """The first ``length`` cached positions of ``rows``: [len(rows), length, kv, d] (or one row)."""
+    block_size, kv_heads, head_dim = cache.shape[1:]
+    width = -(-length // block_size)
+    blocks = block_tables[rows, :width].long()
+    gathered = cache[blocks]  # [..., width, block_size, kv, d]
+    return gathered.reshape(*blocks.shape[:-1], width * block_size, kv_heads, head_dim)[..., :length, :, :]
+
+
+def _attend(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    visible: torch.Tensor | None,
+    scale: float,
+    sinks: torch.Tensor | None,
+    softcap: float | None,
+) -> torch.Tensor:
+    """q [B, q, h, d] over keys/values [B, k, kv, d] → [B, q, h, d] in q's dtype.
+
+    ``visible`` [B, q, k] (None: plain causal with q == k). SDPA does the work unless a softcap
+    is asked for; a sink rides along as one extra key of zeros whose additive mask is the sink
+    logit, so it joins the softmax denominator and adds nothing to the output.
+    """
+    if softcap:
+        return _softcapped_attention(q, keys, values, visible, scale, sinks, softcap)
+    batch, q_len, heads, _ = q.shape
+    keys, values = keys.to(q.dtype).transpose(1, 2), values.to(q.dtype).transpose(1, 2)  # [B, kv, k, d]
+    mask = None if visible is None else visible.unsqueeze(1)  # [B, 1, q, k]
+    if sinks is not None:
+        if mask is None:
+            mask = torch.ones(q_len, q_len, dtype=torch.bool, device=q.device).tril().expand(batch, 1, q_len, q_len)
+        mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
+        sink = sinks.to(q.dtype).view(1, heads, 1, 1).expand(batch, heads, q_len, 1)
+        mask = torch.cat([mask.expand(batch, heads, q_len, -1), sink], dim=-1)
+        keys = F.pad(keys, (0, 0, 0, 1))
+        values = F.pad(values, (0, 0, 0, 1))
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), keys, values, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True
+    )
+    return out.transpose(1, 2)
+
+
+def _softcapped_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    visible: torch.Tensor | None,
+    scale: float,
+    sinks: torch.Tensor | None,
+    softcap: float,
+) -> torch.Tensor:
+    """:func:`_attend` with ``softcap * tanh(scores / softcap)``: a batched masked matmul in float32."""
+    batch, q_len, heads, head_dim = q.shape
+    kv_heads, k_len = keys.shape[2], keys.shape[1]
+    group = heads // kv_heads
+    if visible is None:
+        visible = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril().expand(batch, q_len, k_len)
+    qg = q.float().view(batch, q_len, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)  # [B, kv, g, q, d]
+    kt = keys.float().permute(0, 2, 3, 1).unsqueeze(2)  # [B, kv, 1, d, k]
+    vt = values.float().permute(0, 2, 1, 3).unsqueeze(2)  # [B, kv, 1, k, d]
+    scores = softcap * torch.tanh(torch.matmul(qg, kt) * (scale / softcap))  # [B, kv, g, q, k]
+    scores = scores.masked_fill(~visible.view(batch, 1, 1, q_len, k_len), float("-inf"))
+    if sinks is not None:
+        sink = sinks.float().view(1, kv_heads, group, 1, 1).expand(batch, kv_heads, group, q_len, 1)
+        scores = torch.cat([scores, sink], dim=-1)
+        vt = F.pad(vt, (0, 0, 0, 1))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.matmul(probs, vt)  # [B, kv, g, q, d]
+    return out.permute(0, 3, 1, 2, 4).reshape(batch, q_len, heads, head_dim).to(q.dtype)
+
+
+def _attend_decode_rows(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: PagedAttentionMetadata,
+    rows: list[int],
+    scale: float,
+    sliding_window: int | None,
+    sinks: torch.Tensor | None,
+    softcap: float | None,
+) -> torch.Tensor:
+    """One query token per row, [D, h, d]: all rows in one call padded to the longest context."""
+    ctx_host = [meta.context_lens_host[r] for r in rows]
+    longest = max(ctx_host)
+    keys = _gather_kv(k_cache, meta.block_tables, rows, longest)  # [D, L, kv, d]
+    values = _gather_kv(v_cache, meta.block_tables, rows, longest)
+    ctx = torch.tensor(ctx_host, device=q.device).view(-1, 1)
+    k_pos = torch.arange(longest, device=q.device).view(1, -1)
+    visible = k_pos < ctx  # the query sits at ctx - 1
+    if sliding_window is not None:
+        visible &= k_pos >= ctx - sliding_window
+    return _attend(q.unsqueeze(1), keys, values, visible.unsqueeze(1), scale, sinks, softcap).squeeze(1)
+
+
+def _attend_one_row(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: PagedAttentionMetadata,
+    row: int,
+    scale: float,
+    sliding_window: int | None,
+    sinks: torch.Tensor | None,
+    softcap: float | None,
+) -> torch.Tensor:
+    """A multi-token row [q, h, d] over its context (plain causal when it is a whole prefill)."""
+    q_len, ctx = q.shape[0], meta.context_lens_host[row]
+    keys = _gather_kv(k_cache, meta.block_tables, row, ctx).unsqueeze(0)  # [1, ctx, kv, d]
+    values = _gather_kv(v_cache, meta.block_tables, row, ctx).unsqueeze(0)
+    visible = None
+    if sliding_window is not None or q_len != ctx:
+        q_pos = torch.arange(ctx - q_len, ctx, device=q.device).view(-1, 1)
+        k_pos = torch.arange(ctx, device=q.device).view(1, -1)
+        visible = k_pos <= q_pos
+        if sliding_window is not None:
+            visible &= k_pos > q_pos - sliding_window
+        visible = visible.unsqueeze(0)
+    return _attend(q.unsqueeze(0), keys, values, visible, scale, sinks, softcap).squeeze(0)

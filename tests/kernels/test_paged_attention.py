@@ -1,0 +1,227 @@
+"""Paged attention: the torch oracle against SDPA, and the batched torch path and the Triton
+kernel (interpreter on CPU, compiled on CUDA) against the oracle on mixed steps."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.paged_attention import (
+    PagedAttentionMetadata,
+    paged_attention,
+    paged_attention_reference,
+    paged_attention_torch,
+    write_kv,
+)
+
+
+@dataclass
+class Step:
+    """One engine step's attention inputs over a freshly filled paged cache."""
+
+    query: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    meta: PagedAttentionMetadata
+    keys: list[torch.Tensor]  # per row, the row's whole context [ctx, kv, d] (for SDPA checks)
+    values: list[torch.Tensor]
+
+
+def make_step(
+    rows: list[tuple[int, int]],
+    *,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    block_size: int = 16,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> Step:
+    """Rows given as (q_len, context_len); blocks handed out in a shuffled order."""
+    gen = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    need = [-(-ctx // block_size) for _, ctx in rows]
+    num_blocks = sum(need) + 3  # a few blocks no row owns
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    tables = [[free.pop() for _ in range(n)] for n in need]
+    shape = (num_blocks, block_size, kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=gen).to(dtype)  # stale junk everywhere
+    v_cache = torch.randn(shape, generator=gen).to(dtype)
+    keys = [torch.randn(ctx, kv_heads, head_dim, generator=gen).to(dtype) for _, ctx in rows]
+    values = [torch.randn(ctx, kv_heads, head_dim, generator=gen).to(dtype) for _, ctx in rows]
+    # The cached prefix of each row goes in through the same write path as the new tokens.
+    prefix = PagedAttentionMetadata.build(tables, [ctx - q for q, ctx in rows], [ctx - q for q, ctx in rows], block_size, torch.device("cpu"))
+    if prefix.slot_mapping.numel():
+        write_kv(k_cache, v_cache, torch.cat([k[: ctx - q] for k, (q, ctx) in zip(keys, rows)]),
+                 torch.cat([v[: ctx - q] for v, (q, ctx) in zip(values, rows)]), prefix.slot_mapping)
+    meta = PagedAttentionMetadata.build(tables, [q for q, _ in rows], [ctx for _, ctx in rows], block_size, torch.device("cpu"))
+    write_kv(k_cache, v_cache, torch.cat([k[ctx - q :] for k, (q, ctx) in zip(keys, rows)]),
+             torch.cat([v[ctx - q :] for v, (q, ctx) in zip(values, rows)]), meta.slot_mapping)
+    query = torch.randn(sum(q for q, _ in rows), heads, head_dim, generator=gen).to(dtype)
+    device = torch.device(device)
+    if device.type != "cpu":
+        meta = PagedAttentionMetadata.build(tables, [q for q, _ in rows], [ctx for _, ctx in rows], block_size, device)
+        query, k_cache, v_cache = query.to(device), k_cache.to(device), v_cache.to(device)
+    return Step(query, k_cache, v_cache, meta, keys, values)
+
+
+# (q_len, context_len): decode rows, fresh prefills, continuations on a cached prefix, an idle row.
+MIXED = [(1, 37), (20, 20), (1, 1), (5, 70), (0, 9), (1, 16), (3, 33), (17, 17), (1, 64)]
+
+
+def tolerance(dtype: torch.dtype) -> dict[str, float]:
+    return {"atol": 2e-2, "rtol": 2e-2} if dtype in (torch.bfloat16, torch.float16) else {"atol": 2e-5, "rtol": 1e-4}
+
+
+# ---- the oracle itself ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 3), (8, 2)])
+def test_reference_matches_sdpa_on_contiguous_rows(heads: int, kv_heads: int) -> None:
+    step = make_step(MIXED, heads=heads, kv_heads=kv_heads, head_dim=32)
+    out = paged_attention_reference(step.query, step.k_cache, step.v_cache, step.meta, scale=0.2)
+    begin = 0
+    for (q_len, ctx), keys, values in zip(MIXED, step.keys, step.values):
+        q = step.query[begin : begin + q_len].transpose(0, 1).unsqueeze(0)
+        mask = torch.arange(ctx).view(1, -1) <= torch.arange(ctx - q_len, ctx).view(-1, 1)
+        want = F.scaled_dot_product_attention(
+            q, keys.transpose(0, 1).unsqueeze(0), values.transpose(0, 1).unsqueeze(0),
+            attn_mask=mask, scale=0.2, enable_gqa=True,
+        )[0].transpose(0, 1)
+        torch.testing.assert_close(out[begin : begin + q_len], want, atol=1e-5, rtol=1e-5)
+        begin += q_len
+
+
+def test_reference_window_sinks_softcap_by_hand() -> None:
+    """One decode row, written out: window keeps the last 3 keys, the sink joins the denominator."""
+    step = make_step([(1, 9)], heads=2, kv_heads=1, head_dim=16, block_size=4)
+    sinks = torch.tensor([0.5, -1.0])
+    out = paged_attention_reference(step.query, step.k_cache, step.v_cache, step.meta,
+                                    scale=0.3, sliding_window=3, sinks=sinks, softcap=2.0)
+    keys, values = step.keys[0][-3:, 0], step.values[0][-3:, 0]  # [3, d]
+    for h in range(2):
+        scores = 2.0 * torch.tanh(step.query[0, h] @ keys.T * 0.3 / 2.0)
+        probs = torch.softmax(torch.cat([scores, sinks[h : h + 1]]), dim=0)[:3]
+        torch.testing.assert_close(out[0, h], probs @ values, atol=1e-5, rtol=1e-5)
+
+
+# ---- the batched torch path ------------------------------------------------------------------
+
+VARIANTS = [
+    {},
+    {"sliding_window": 7},
+    {"sinks": True},
+    {"softcap": 5.0},
+    {"sliding_window": 12, "sinks": True, "softcap": 3.0},
+]
+
+
+def variant_kwargs(variant: dict, heads: int, device: torch.device | str = "cpu") -> dict:
+    kwargs = dict(variant)
+    if kwargs.get("sinks"):
+        kwargs["sinks"] = torch.linspace(-1.0, 2.0, heads, device=device)
+    return kwargs
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(v) or "plain")
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (8, 8, 128), (8, 2, 64), (6, 3, 32)])
+def test_torch_path_matches_reference(variant: dict, heads: int, kv_heads: int, head_dim: int) -> None:
+    step = make_step(MIXED, heads=heads, kv_heads=kv_heads, head_dim=head_dim, seed=heads)
+    kwargs = variant_kwargs(variant, heads)
+    want = paged_attention_reference(step.query, step.k_cache, step.v_cache, step.meta, scale=head_dim**-0.5, **kwargs)
+    got = paged_attention_torch(step.query, step.k_cache, step.v_cache, step.meta, scale=head_dim**-0.5, **kwargs)
+    torch.testing.assert_close(got, want, **tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_torch_path_half_precision(dtype: torch.dtype) -> None:
+    step = make_step(MIXED, heads=9, kv_heads=3, head_dim=64, dtype=dtype)
+    want = paged_attention_reference(step.query, step.k_cache, step.v_cache, step.meta, scale=0.125)
+    got = paged_attention(step.query, step.k_cache, step.v_cache, step.meta, scale=0.125, use_triton=False)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), want.float(), **tolerance(dtype))
+
+
+def test_torch_path_decode_only_and_prefill_only() -> None:
+    for rows in ([(1, 5), (1, 40), (1, 17)], [(12, 12), (30, 30)]):
+        step = make_step(rows, heads=4, kv_heads=2, head_dim=32, block_size=8)
+        want = paged_attention_reference(step.query, step.k_cache, step.v_cache, step.meta, scale=0.2)
+        got = paged_attention_torch(step.query, step.k_cache, step.v_cache, step.meta, scale=0.2)
+        torch.testing.assert_close(got, want, **tolerance(torch.float32))
+
+
+def test_bad_shapes_are_refused() -> None:
+    step = make_step([(1, 4)], heads=4, kv_heads=2, head_dim=16)
+    with pytest.raises(ValueError, match="kv heads"):
+        paged_attention(step.query[:, :3], step.k_cache, step.v_cache, step.meta, scale=1.0)
+    with pytest.raises(ValueError, match="sinks"):
+        paged_attention(step.query, step.k_cache, step.v_cache, step.meta, scale=1.0, sinks=torch.zeros(3))
+
+
+# ---- the Triton kernel (interpreter on CPU, compiled on CUDA) ------------------------------
+
+# Kept small: the interpreter runs every program in Python.
+TRITON_ROWS = [(1, 37), (18, 18), (1, 1), (0, 6), (5, 40), (3, 19)]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(v) or "plain")
+def test_triton_mixed_step(backend: torch.device, variant: dict) -> None:
+    step = make_step(TRITON_ROWS, heads=9, kv_heads=3, head_dim=64, device=backend, seed=3)
+    kwargs = variant_kwargs(variant, 9, backend)
+    want = paged_attention_reference(step.query, step.k_cache, step.v_cache, step.meta, scale=0.125, **kwargs)
+    got = paged_attention(step.query, step.k_cache, step.v_cache, step.meta, scale=0.125, use_triton=True, **kwargs)
+    torch.testing.assert_close(got, want, **tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 128), (4, 2, 64), (8, 2, 64)])
+def test_triton_gqa_groups_and_head_dims(backend: torch.device, heads: int, kv_heads: int, head_dim: int) -> None:
+    step = make_step([(1, 21), (6, 6), (2, 35)], heads=heads, kv_heads=kv_heads, head_dim=head_dim, device=backend)
+    want = paged_attention_reference(step.query, step.k_cache, step.v_cache, step.meta, scale=head_dim**-0.5)
+    got = paged_attention(step.query, step.k_cache, step.v_cache, step.meta, scale=head_dim**-0.5, use_triton=True)
+    torch.testing.assert_close(got, want, **tolerance(torch.float32))
+
+
+def test_triton_decode_only_step(backend: torch.device) -> None:
+    """N == R: one token per tile, no spare tiles; odd block size 5 and a padded head dim 40."""
+    step = make_step([(1, 9), (1, 23), (1, 1)], heads=6, kv_heads=2, head_dim=40, block_size=5, device=backend)
+    want = paged_attention_reference(step.query, step.k_cache, step.v_cache, step.meta, scale=0.15, sliding_window=10)
+    got = paged_attention(step.query, step.k_cache, step.v_cache, step.meta, scale=0.15, sliding_window=10, use_triton=True)
+    torch.testing.assert_close(got, want, **tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_triton_half_precision(backend: torch.device, dtype: torch.dtype) -> None:
+    step = make_step([(1, 30), (7, 20)], heads=4, kv_heads=2, head_dim=64, dtype=dtype, device=backend)
+    want = paged_attention_reference(step.query, step.k_cache, step.v_cache, step.meta, scale=0.125)
+    got = paged_attention(step.query, step.k_cache, step.v_cache, step.meta, scale=0.125, use_triton=True)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), want.float(), **tolerance(dtype))
+
+
+# ---- CUDA only ------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_default_dispatch_and_graph_capture() -> None:
+    """Default dispatch on CUDA is the kernel; a captured launch replays on new lengths."""
+    rows = [(1, 100), (1, 300), (1, 17), (1, 64)]
+    step = make_step(rows, heads=32, kv_heads=8, head_dim=64, dtype=torch.bfloat16, device="cuda")
+    want = paged_attention_reference(step.query, step.k_cache, step.v_cache, step.meta, scale=0.125)
+    torch.testing.assert_close(paged_attention(step.query, step.k_cache, step.v_cache, step.meta, scale=0.125).float(),
+                               want.float(), **tolerance(torch.bfloat16))
+    graph = torch.cuda.CUDAGraph()
+    paged_attention(step.query, step.k_cache, step.v_cache, step.meta, scale=0.125)  # warm-up compile
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        out = paged_attention(step.query, step.k_cache, step.v_cache, step.meta, scale=0.125)
+    step.meta.context_lens.copy_(torch.tensor([101, 5, 17, 60], dtype=torch.int32))
+    step.meta.context_lens_host[:] = [101, 5, 17, 60]
+    graph.replay()
+    want = paged_attention_reference(step.query, step.k_cache, step.v_cache, step.meta, scale=0.125)
+    torch.testing.assert_close(out.float(), want.float(), **tolerance(torch.bfloat16))
