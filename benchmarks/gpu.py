@@ -8,7 +8,7 @@ then for each shape:
 - decode: output tok/s and ms/step through the ``Engine`` at batch 1/8/64/256, free text and
   ``json_schema`` with jump-forward off and on (batch kept full, as ``benchmarks/decode.py``);
 - TTFT of a 4,000-token prompt: cold (no cached prefix) and a second request sharing the first
-  3,968 tokens (prefix cache);
+  3,984 tokens (whole 16-token blocks; the prefix cache);
 - HTTP: output tok/s through ``trellis serve`` at 1/16/64/256 streaming clients, free and
   ``json_schema`` (``benchmarks/serve.py``'s client).
 
@@ -437,7 +437,7 @@ def describe(device: torch.device) -> str:
 def make_plan(args: argparse.Namespace) -> Plan:
     if args.smoke:
         return Plan(device=torch.device("cpu"), dtype=torch.float32, shapes=["tiny"], parts=args.parts,
-                    batches=args.batches or [1, 4], clients=args.clients or [1, 2], steps=args.steps or 4,
+                    batches=args.batches or [2], clients=args.clients or [2], steps=args.steps or 3,
                     warmup=2, decode_len=256, prompt_tokens=args.prompt_tokens or 200, http_tokens=8,
                     enforce_eager=args.enforce_eager, bandwidth_bytes=16 << 20)
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
