@@ -242,7 +242,10 @@ def measure_ttft(hf_model, tokenizer, plan: Plan, shape: str) -> list[Row]:
     engine = build_engine(hf_model, tokenizer, max_batch_size=1, max_model_len=plan.prompt_tokens + 64,
                           jump_forward=False, enforce_eager=plan.enforce_eager)
     generator = torch.Generator().manual_seed(7)
-    random_ids = lambda count: torch.randint(1000, len(tokenizer) - 1000, (count,), generator=generator).tolist()  # noqa: E731
+
+    def random_ids(count: int) -> list[int]:
+        return torch.randint(1000, len(tokenizer) - 1000, (count,), generator=generator).tolist()
+
     shared = (plan.prompt_tokens - PREFIX_BLOCK) // PREFIX_BLOCK * PREFIX_BLOCK
     prefix = random_ids(shared)
     first_token_s(engine, random_ids(plan.prompt_tokens), plan.device)  # kernels warm, nothing shared
@@ -329,8 +332,9 @@ class served:
                    "--log-requests", "off", "--enforce-eager", "on" if self.plan.enforce_eager else "off"]
         if self.plan.device.type == "cuda":
             command += ["--dtype", "bfloat16" if self.plan.dtype == torch.bfloat16 else "float32"]
+        python_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         self.process = subprocess.Popen(command, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
-                                        env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+                                        env={**os.environ, "PYTHONPATH": python_path})
         base_url = f"http://127.0.0.1:{port}"
         wait_ready(base_url, self.process, self.log.name)
         for extra in (None, {"response_format": JSON_FORMAT}):  # compile the schema, warm both paths

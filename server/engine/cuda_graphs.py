@@ -30,7 +30,10 @@ from __future__ import annotations
 
 import bisect
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import Any, Protocol
 
 import torch
 
@@ -134,9 +137,25 @@ class DecodeInputs:
         return self.step_batch(bucket, list(batch.attn.context_lens_host) + [1] * (bucket - batch.num_rows))
 
 
+class Replayable(Protocol):
+    def replay(self) -> None: ...
+
+
+GraphFactory = Callable[[Callable[[], None], Any], tuple[Replayable, Any]]
+
+
+def capture_cuda_graph(run: Callable[[], None], pool: Any) -> tuple[Replayable, Any]:
+    """Capture ``run`` into a CUDA graph allocating from ``pool`` (None: a new pool); returns
+    the graph and the pool for the next capture."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        run()
+    return graph, pool if pool is not None else graph.pool()
+
+
 @dataclass
 class _Graph:
-    graph: torch.cuda.CUDAGraph
+    graph: Replayable
     batch: StepBatch  # keeps the captured views (and their host lists) alive
 
 
@@ -149,15 +168,19 @@ class GraphedRunner:
     The logits a replay returns are a view of a buffer the next forward overwrites: use them
     (sample) before the next forward, as the engine does.
 
-    ``pad_eagerly`` (tests, any device): plain-decode batches are padded to their bucket exactly
-    as for a replay and the padded batch runs eagerly, so the padding is checked on the CPU.
+    Test seams (any device): ``pad_eagerly`` pads plain-decode batches to their bucket exactly as
+    for a replay and runs the padded batch eagerly; ``graph_factory`` replaces
+    :func:`capture_cuda_graph` (e.g. a "graph" that re-runs the function on replay), so the
+    capture bookkeeping is checked on the CPU.
     """
 
     def __init__(self, runner, max_batch_size: int, max_blocks_per_seq: int, enforce_eager: bool = False,
-                 *, pad_eagerly: bool = False) -> None:
+                 *, pad_eagerly: bool = False, graph_factory: GraphFactory | None = None) -> None:
         self.runner = runner
         self.enforce_eager = enforce_eager
         self.pad_eagerly = pad_eagerly and not enforce_eager
+        self._on_cuda = runner.device.type == "cuda"
+        self._graph_factory = graph_factory or (capture_cuda_graph if self._on_cuda else None)
         self.buckets = decode_buckets(max_batch_size)
         self.inputs = DecodeInputs(self.buckets[-1], max_blocks_per_seq, runner.block_size, runner.device)
         self._graphs: dict[int, _Graph] = {}
@@ -182,7 +205,7 @@ class GraphedRunner:
 
     @property
     def uses_graphs(self) -> bool:
-        return not self.enforce_eager and self.runner.device.type == "cuda"
+        return not self.enforce_eager and self._graph_factory is not None
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
@@ -219,35 +242,43 @@ class GraphedRunner:
     @torch.inference_mode()
     def capture(self) -> None:
         """Capture one graph per bucket, largest first, sharing one memory pool (CUDA only;
-        a no-op with ``enforce_eager`` or on another device)."""
+        a no-op with ``enforce_eager`` or on another device unless a ``graph_factory`` was given)."""
         if not self.uses_graphs or self._graphs:
             return
         pool = None
         for bucket in reversed(self.buckets):
             batch = self.inputs.capture_batch(bucket)
             self._warm_up(batch)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._run_into_outputs(batch, bucket)
-            pool = pool if pool is not None else graph.pool()
+            graph, pool = self._graph_factory(partial(self._run_into_outputs, batch, bucket), pool)
             self._graphs[bucket] = _Graph(graph, batch)
-        torch.cuda.synchronize(self.runner.device)
+        self._synchronize()
         log.info("captured CUDA graphs for decode batches of %s rows", ", ".join(map(str, self.buckets)))
 
     def _warm_up(self, batch: StepBatch) -> None:
-        """Eager runs before a capture: compiles kernels, sets up cuBLAS workspaces, and (the
-        first time) allocates the shared outputs, sized by the largest bucket."""
-        stream = torch.cuda.Stream(self.runner.device)
-        stream.wait_stream(torch.cuda.current_stream(self.runner.device))
+        """Eager runs before a capture (on a side stream, as PyTorch's CUDA-graph notes ask):
+        compiles kernels, sets up cuBLAS workspaces, and (the first time) allocates the shared
+        outputs, sized by the largest bucket."""
+        if not self._on_cuda:
+            return self._warm_up_here(batch)
+        device = self.runner.device
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
-            for _ in range(WARMUP_STEPS):
-                logits = self.runner.forward(batch)
-            if self._logits is None:
-                self._logits = torch.empty_like(logits)
-                hidden = self.runner.last_hidden
-                self._hidden = torch.empty_like(hidden) if hidden is not None else None
-        torch.cuda.current_stream(self.runner.device).wait_stream(stream)
-        torch.cuda.synchronize(self.runner.device)
+            self._warm_up_here(batch)
+        torch.cuda.current_stream(device).wait_stream(stream)
+        self._synchronize()
+
+    def _warm_up_here(self, batch: StepBatch) -> None:
+        for _ in range(WARMUP_STEPS):
+            logits = self.runner.forward(batch)
+        if self._logits is None:
+            self._logits = torch.empty_like(logits)
+            hidden = self.runner.last_hidden
+            self._hidden = torch.empty_like(hidden) if hidden is not None else None
+
+    def _synchronize(self) -> None:
+        if self._on_cuda:
+            torch.cuda.synchronize(self.runner.device)
 
     def _run_into_outputs(self, batch: StepBatch, bucket: int) -> None:
         self._logits[:bucket].copy_(self.runner.forward(batch))

@@ -148,6 +148,43 @@ def test_interface_attributes_are_the_runners(hf_model):
     torch.testing.assert_close(graphed.forward(decode_batch(2, "cpu")), runner.forward(decode_batch(2, "cpu")))
 
 
+class ReplayByRerun:
+    """A stand-in for a CUDA graph: replay re-runs the captured function (inputs read by address
+    from the same static buffers), so the capture bookkeeping is checked on the CPU."""
+
+    def __init__(self, run) -> None:
+        self.run = run
+
+    def replay(self) -> None:
+        self.run()
+
+
+def test_captured_replays_give_the_eager_logits_with_a_stand_in_graph(hf_model):
+    runner = prefilled(hf_model, attention="dense_decode")  # lengths from tensors, as a graph needs
+    pools: list[object] = []
+
+    def factory(run, pool):
+        pools.append(pool)
+        run()  # a capture runs the function once
+        return ReplayByRerun(run), pool or "the pool"
+
+    recorder = Recorder(runner)
+    graphed = GraphedRunner(recorder, max_batch_size=8, max_blocks_per_seq=6, graph_factory=factory)
+    graphed.capture()
+    assert graphed.captured == (1, 2, 4, 8)
+    assert recorder.rows[::3] == [8, 4, 2, 1]  # largest first: two warm-up runs and the capture each
+    assert pools == [None, "the pool", "the pool", "the pool"]  # one pool, started by the largest
+    for rows in (3, 5, 1, 3):
+        batch = decode_batch(rows, "cpu")
+        logits = graphed.forward(batch).clone()
+        hidden = graphed.last_hidden.clone()
+        torch.testing.assert_close(logits, runner.forward(batch), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(hidden, runner.last_hidden, atol=1e-5, rtol=1e-5)
+    for row in range(5):
+        expected = hf_last_logits(hf_model, PROMPTS[row] + [NEXT[row]])
+        torch.testing.assert_close(graphed.forward(decode_batch(5, "cpu"))[row], expected, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_replayed_graphs_give_the_eager_logits_on_cuda(hf_model):
