@@ -4,8 +4,8 @@ A decode step of a small model is mostly kernel-launch overhead on a GPU (the 1B
 ~85% of its batch-1 step launching kernels). :class:`GraphedRunner` wraps a paged model runner:
 a decode-only batch (every row one new token, one logits row per row, no LoRA) of ``R`` rows
 is padded to the smallest bucket ``B >= R`` (1, 2, 4, 8, 16, 24, 32, … up to the largest
-batch), its inputs are copied into static buffers and the graph captured for ``B`` is replayed.
-Everything else (prefill chunks, jump-forward continuations, per-position logits, LoRA, a CPU
+batch, at most 512), its inputs are copied into static buffers and the graph captured for ``B``
+is replayed. Everything else (prefill chunks, jump-forward continuations, per-position logits, LoRA, a CPU
 device, ``--enforce-eager``) runs the wrapped runner eagerly.
 
 Padding rows feed token 0 at position 0, write their key/value into slot 0 of block 0 (the
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -45,18 +46,21 @@ log = logging.getLogger("trellis.engine")
 NULL_BLOCK = 0  # the block manager's scratch block: padding rows write and read only its slot 0
 SMALL_BUCKETS = (1, 2, 4, 8)
 BUCKET_STEP = 8  # above 8 rows: 16, 24, 32, … (vLLM and SGLang pad decode batches the same way)
+MAX_GRAPH_BATCH = 512  # larger decode batches are compute-bound: eager costs them little, capture a lot
 WARMUP_STEPS = 2
 
 
-def decode_buckets(max_batch_size: int) -> tuple[int, ...]:
+def decode_buckets(max_batch_size: int, max_graph_batch: int = MAX_GRAPH_BATCH) -> tuple[int, ...]:
     """Batch sizes a graph is captured for: 1, 2, 4, 8, then every multiple of 8 from 16, up to
-    ``max_batch_size`` (always included, so every batch the engine can form has a bucket)."""
+    ``max_batch_size`` (always included, so every batch the engine can form has a bucket) or
+    ``max_graph_batch``, whichever is smaller."""
     if max_batch_size < 1:
         raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-    sizes = [size for size in SMALL_BUCKETS if size <= max_batch_size]
-    sizes += range(2 * BUCKET_STEP, max_batch_size + 1, BUCKET_STEP)
-    if sizes[-1] != max_batch_size:
-        sizes.append(max_batch_size)
+    largest = min(max_batch_size, max_graph_batch)
+    sizes = [size for size in SMALL_BUCKETS if size <= largest]
+    sizes += range(2 * BUCKET_STEP, largest + 1, BUCKET_STEP)
+    if sizes[-1] != largest:
+        sizes.append(largest)
     return tuple(sizes)
 
 
@@ -245,6 +249,8 @@ class GraphedRunner:
         a no-op with ``enforce_eager`` or on another device unless a ``graph_factory`` was given)."""
         if not self.uses_graphs or self._graphs:
             return
+        started = time.perf_counter()
+        reserved = torch.cuda.memory_reserved(self.runner.device) if self._on_cuda else 0
         pool = None
         for bucket in reversed(self.buckets):
             batch = self.inputs.capture_batch(bucket)
@@ -252,7 +258,9 @@ class GraphedRunner:
             graph, pool = self._graph_factory(partial(self._run_into_outputs, batch, bucket), pool)
             self._graphs[bucket] = _Graph(graph, batch)
         self._synchronize()
-        log.info("captured CUDA graphs for decode batches of %s rows", ", ".join(map(str, self.buckets)))
+        grown = (torch.cuda.memory_reserved(self.runner.device) - reserved) / 2**20 if self._on_cuda else 0.0
+        log.info("captured %d decode graphs (batches %s) in %.1f s, %.0f MiB", len(self._graphs),
+                 ", ".join(map(str, self.buckets)), time.perf_counter() - started, grown)
 
     def _warm_up(self, batch: StepBatch) -> None:
         """Eager runs before a capture (on a side stream, as PyTorch's CUDA-graph notes ask):

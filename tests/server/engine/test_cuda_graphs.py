@@ -66,6 +66,7 @@ def test_buckets_are_powers_of_two_then_multiples_of_eight_up_to_the_batch():
     assert decode_buckets(20) == (1, 2, 4, 8, 16, 20)
     assert decode_buckets(32) == (1, 2, 4, 8, 16, 24, 32)
     assert decode_buckets(256)[-3:] == (240, 248, 256)
+    assert decode_buckets(1024)[-1] == 512 and decode_buckets(40, max_graph_batch=20)[-1] == 20
     with pytest.raises(ValueError):
         decode_buckets(0)
 
