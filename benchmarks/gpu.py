@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -82,6 +81,7 @@ class Plan:
     http_tokens: int  # max_tokens of each HTTP request
     enforce_eager: bool
     bandwidth_bytes: int
+    server_args: list[str] = field(default_factory=list)  # extra ``trellis serve`` flags
 
 
 @dataclass
@@ -116,10 +116,10 @@ def build_engine(hf_model, tokenizer, *, max_batch_size: int, max_model_len: int
 
     runner = ModelRunner(hf_model, max_slots=max_batch_size, max_len=max_model_len)
     if hasattr(runner, "kv") and hasattr(runner, "block_size"):  # a paged runner: decode steps graphed
-        from server.engine.cuda_graphs import GraphedRunner
+        from server.engine.cuda_graphs import graph_decode_steps
 
-        runner = GraphedRunner(runner, max_batch_size, math.ceil(max_model_len / runner.block_size), enforce_eager)
-        runner.capture()
+        runner = graph_decode_steps(runner, max_batch_size=max_batch_size, max_model_len=max_model_len,
+                                    enforce_eager=enforce_eager)
     return Engine(runner, tokenizer, max_batch_size=max_batch_size, max_model_len=max_model_len,
                   jump_forward=jump_forward)
 
@@ -329,7 +329,8 @@ class served:
         command = [sys.executable, "-m", "server.cli", "serve", "--model", str(self.model_dir),
                    "--served-model-name", "bench", "--port", str(port), "--device", self.plan.device.type,
                    "--max-batch-size", str(max(self.plan.clients)), "--max-model-len", str(self.plan.decode_len),
-                   "--log-requests", "off", "--enforce-eager", "on" if self.plan.enforce_eager else "off"]
+                   "--log-requests", "off", "--enforce-eager", "on" if self.plan.enforce_eager else "off",
+                   *self.plan.server_args]
         if self.plan.device.type == "cuda":
             command += ["--dtype", "bfloat16" if self.plan.dtype == torch.bfloat16 else "float32"]
         python_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
@@ -443,7 +444,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
         return Plan(device=torch.device("cpu"), dtype=torch.float32, shapes=["tiny"], parts=args.parts,
                     batches=args.batches or [2], clients=args.clients or [2], steps=args.steps or 3,
                     warmup=2, decode_len=256, prompt_tokens=args.prompt_tokens or 200, http_tokens=8,
-                    enforce_eager=args.enforce_eager, bandwidth_bytes=16 << 20)
+                    enforce_eager=args.enforce_eager, bandwidth_bytes=16 << 20,
+                    server_args=["--compile-workers", "1"])
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     return Plan(device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
                 shapes=args.shapes, parts=args.parts, batches=args.batches or [1, 8, 64, 256],

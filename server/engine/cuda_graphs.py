@@ -292,3 +292,14 @@ class GraphedRunner:
         self._logits[:bucket].copy_(self.runner.forward(batch))
         if self._hidden is not None:
             self._hidden[:bucket].copy_(self.runner.last_hidden)
+
+
+def graph_decode_steps(runner, *, max_batch_size: int, max_model_len: int,
+                       enforce_eager: bool = False) -> GraphedRunner:
+    """Wrap a paged runner for the engine and capture its decode graphs (CUDA, unless
+    ``enforce_eager``; elsewhere every step stays eager). Call after the KV cache is allocated
+    and before the engine thread starts."""
+    max_blocks_per_seq = -(-max_model_len // runner.block_size)
+    graphed = GraphedRunner(runner, max_batch_size, max_blocks_per_seq, enforce_eager)
+    graphed.capture()
+    return graphed

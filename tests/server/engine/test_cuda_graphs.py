@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from server.engine.cuda_graphs import DecodeInputs, GraphedRunner, bucket_for, decode_buckets
+from server.engine.cuda_graphs import DecodeInputs, GraphedRunner, bucket_for, decode_buckets, graph_decode_steps
 from server.engine.step_batch import StepBatch
 from tests.server.engine.paged_llama import PagedLlama
 
@@ -137,6 +137,13 @@ def test_everything_but_a_plain_decode_runs_unpadded(hf_model):
     eager.forward(decode_batch(3, "cpu"))
     assert recorder.rows == [2, 1, 3, 3, 3]
     assert eager.last_hidden.shape[0] == 3
+
+
+def test_graph_decode_steps_sizes_the_block_tables_from_the_context_length(hf_model):
+    runner = prefilled(hf_model)
+    graphed = graph_decode_steps(runner, max_batch_size=16, max_model_len=4 * BLOCK_SIZE + 1)
+    assert graphed.buckets == (1, 2, 4, 8, 16) and graphed.inputs.block_tables.shape == (16, 5)
+    assert graphed.captured == ()  # the CPU: nothing captured, every step eager
 
 
 def test_interface_attributes_are_the_runners(hf_model):
