@@ -37,7 +37,9 @@ class Sample:
     tokens: int
 
 
-async def one_request(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int) -> Sample:
+async def one_request(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int,
+                      extra: dict | None = None) -> Sample:
+    """One streamed chat request; ``extra`` adds body fields (e.g. a ``response_format``)."""
     body = {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
@@ -46,6 +48,7 @@ async def one_request(client: httpx.AsyncClient, model: str, prompt: str, max_to
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
+        **(extra or {}),
     }
     started = time.perf_counter()
     first = None
@@ -64,7 +67,8 @@ async def one_request(client: httpx.AsyncClient, model: str, prompt: str, max_to
     return Sample(ttft=(first or end) - started, total=end - started, tokens=tokens)
 
 
-async def run_level(base_url: str, model: str, concurrency: int, requests: int, max_tokens: int) -> dict:
+async def run_level(base_url: str, model: str, concurrency: int, requests: int, max_tokens: int,
+                    extra: dict | None = None) -> dict:
     async with httpx.AsyncClient(base_url=base_url, timeout=600) as client:
         queue = list(range(requests))
         samples: list[Sample] = []
@@ -72,7 +76,7 @@ async def run_level(base_url: str, model: str, concurrency: int, requests: int, 
         async def worker() -> None:
             while queue:
                 i = queue.pop()
-                samples.append(await one_request(client, model, PROMPTS[i % len(PROMPTS)], max_tokens))
+                samples.append(await one_request(client, model, PROMPTS[i % len(PROMPTS)], max_tokens, extra))
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))

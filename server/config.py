@@ -19,6 +19,7 @@ class Settings:
     max_model_len: int = 2048
     dtype: str = "auto"
     device: str = "auto"
+    enforce_eager: bool = False
     cpu_threads: int = 0
     prefill_budget: int = 1024
     block_size: int = 16
@@ -76,6 +77,7 @@ _HELP = {
     "max_model_len": "context length: prompt + completion tokens per sequence",
     "dtype": "weights dtype: auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16",
     "device": "auto (CUDA when available), cpu or cuda",
+    "enforce_eager": "run every step eagerly: no CUDA graphs for decode steps (on|off)",
     "cpu_threads": "torch CPU threads for the forward (0 = torch's default: one per core)",
     "prefill_budget": "most prompt tokens processed per engine step (chunked prefill)",
     "block_size": "tokens per KV-cache block (the unit of allocation and of prefix sharing)",

@@ -51,3 +51,11 @@ def test_api_key_flag_repeats_and_secrets_stay_out_of_help(monkeypatch):
     help_text = parser._subparsers._group_actions[0].choices["serve"].format_help()
     assert "sk-from-env" not in help_text and "very-secret" not in help_text
     assert "--database-url" in help_text and "--jwt-public-key" in help_text
+
+
+def test_enforce_eager_flag_and_env(monkeypatch):
+    assert settings_from_args(build_parser().parse_args(["serve"])).enforce_eager is False
+    assert settings_from_args(build_parser().parse_args(["serve", "--enforce-eager"])).enforce_eager is True
+    monkeypatch.setenv("TRELLIS_ENFORCE_EAGER", "on")
+    assert settings_from_args(build_parser().parse_args(["serve"])).enforce_eager is True
+    assert settings_from_args(build_parser().parse_args(["serve", "--enforce-eager", "off"])).enforce_eager is False
