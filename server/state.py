@@ -166,6 +166,11 @@ def build_state(settings: Settings, source: ModelSource | None = None) -> Server
     lora = load_lora_adapters(settings.lora_modules, hf_model)
     runner = ModelRunner(hf_model, num_blocks=kv_cache_blocks(settings, hf_model, dtype, device),
                          block_size=settings.block_size, lora=lora)
+    if device.type == "cuda" and not settings.enforce_eager:  # decode steps replayed from CUDA graphs
+        from server.engine.cuda_graphs import graph_decode_steps
+
+        runner = graph_decode_steps(runner, max_batch_size=settings.max_batch_size,
+                                    max_model_len=settings.max_model_len)
     engine = Engine(
         runner,
         tokenizer,

@@ -181,10 +181,11 @@ def test_cached_tokens_reported_from_the_prefix_cache(server, client):
     messages = [{"role": "user", "content": "a prompt seen once before " + "and long enough to fill blocks " * 8}]
     first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2,
                                            extra_body={"return_cached_tokens_details": True})
-    assert first.usage.prompt_tokens_details.cached_tokens == 0  # asked for: reported even when 0
+    before = first.usage.prompt_tokens_details.cached_tokens  # asked for: reported (the template's
+    assert before < first.usage.prompt_tokens - 16  # shared opening may already be cached)
     again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
     cached = again.usage.prompt_tokens_details.cached_tokens  # reported whenever a prefix was reused
-    assert 0 < cached < again.usage.prompt_tokens
+    assert before < cached < again.usage.prompt_tokens
     assert cached % 16 == 0  # whole blocks
 
 

@@ -275,7 +275,7 @@ def test_batch_failure_fails_only_that_steps_batch(make_engine, monkeypatch, whe
 
 def test_engine_thread_survives_a_bug_in_the_step(make_engine, monkeypatch):
     engine = make_engine()
-    fail_once(monkeypatch, engine, "_schedule", at_call=2, exc=RuntimeError("loop bug"))
+    fail_once(monkeypatch, engine, "_plan_drafts", at_call=2, exc=RuntimeError("loop bug"))
     hit = Collector()
     engine.submit_all([request("hit", hit)])
     engine.start()
@@ -395,12 +395,13 @@ def test_retry_after_follows_recent_throughput(make_engine):
     assert isinstance(refused.value.retry_after, int) and refused.value.retry_after >= 1
 
 
-def test_kv_usage_counts_cached_tokens(make_engine):
+def test_kv_usage_counts_blocks_held(make_engine):
     engine = make_engine(slots=2)
     assert engine.kv_usage == 0.0
     sinks = [Collector(), Collector()]
     engine.submit_all([request("a", sinks[0], max_tokens=3), request("a", sinks[1], prompt=PROMPT_B, max_tokens=3)])
     engine.step()
-    assert engine.kv_usage == pytest.approx((len(PROMPT_A) + len(PROMPT_B)) / (2 * 512))
+    held = engine.blocks.blocks_for(len(PROMPT_A)) + engine.blocks.blocks_for(len(PROMPT_B))
+    assert engine.kv_usage == pytest.approx(held / (engine.blocks.num_blocks - 1))  # blocks held / usable
     step_until_done(engine, sinks)
     assert engine.kv_usage == 0.0
