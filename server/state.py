@@ -150,6 +150,7 @@ def build_state(settings: Settings, source: ModelSource | None = None) -> Server
         jump_forward=settings.jump_forward,
         max_waiting_seqs=settings.max_waiting_seqs,
         max_waiting_tokens=settings.max_waiting_tokens,
+        mask_fill_threads=settings.mask_fill_threads,
     )
     engine.start()
     eos = eos_ids(tokenizer, source.directory)
