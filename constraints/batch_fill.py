@@ -2,10 +2,11 @@
 
 Rows are grouped by matcher class. A class that offers a batched fill (a ``fill_bitmask_batch``
 classmethod: xgrammar's ``BatchGrammarMatcher``, llguidance's ``LLExecutor``, both computing on
-their own native thread pools with the GIL released) fills its group in one call; every other
-matcher (the token DFA: one row copy) is filled inline, row by row. A group whose batched call
-raises is filled again row by row, so a failing matcher fails only its own row, with the same
-message the row-by-row fill gives.
+their own native thread pools with the GIL released) fills a group large enough for several
+threads in one call; smaller groups and every other matcher (the token DFA: one row copy) are
+filled on the calling thread, row by row. A group whose batched call raises is filled again
+row by row, so a failing matcher fails only its own row, with the message the row-by-row fill
+gives.
 """
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ import os
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Sequence
 
+import numpy as np
+
 if TYPE_CHECKING:
     import torch
 
-# rows each fill thread should have before one more thread is worth waking; below two such
-# shares the group is filled on the calling thread (benchmarks/mask_fill.py measures it)
+# rows each fill thread should have before one more thread is worth waking; a group that gets
+# one thread is filled row by row on the calling thread: llguidance's executor hands even a
+# one-thread batch to a pool thread, and that hand-off costs more than it saves
+# (benchmarks/mask_fill.py)
 ROWS_PER_THREAD = 4
-# a group of one row goes through the matcher's own fill: the batch APIs cost more for one row
-MIN_BATCH_ROWS = 2
 
 EMPTY_MASK = "constraint matcher failed: no token is allowed (empty mask)"
 
@@ -56,10 +59,10 @@ def fill_bitmasks(
     failures: dict[int, str] = {}
     for batch_fill, rows in _groups(matchers).items():
         group = [matchers[i] for i in rows]
-        if batch_fill is None or len(rows) < MIN_BATCH_ROWS or not _fill_group(batch_fill, group, bitmask, rows, threads):
+        if batch_fill is None or not _fill_group(batch_fill, group, bitmask, rows, threads):
             _fill_rows(matchers, bitmask, rows, failures)
     for i in failures:
-        bitmask[i] = -1
+        bitmask[i] = -1  # the row is dropped; a full mask keeps the sampler's math sane
     if valid_bits is not None:
         _fail_empty_rows(bitmask, valid_bits, failures)
     return failures
@@ -74,11 +77,14 @@ def _groups(matchers: Sequence[Any]) -> dict[Any, list[int]]:
 
 
 def _fill_group(batch_fill, group: list[Any], bitmask: "torch.Tensor", rows: list[int], threads: int) -> bool:
-    """One batched call for the group; False when it raised (the caller refills row by row)."""
-    if len({id(m) for m in group}) < len(group):
-        return False  # a matcher listed twice must not be filled by two threads at once
+    """One batched call for the group on several threads; False when the group is better
+    filled row by row: one thread would do, a matcher is listed twice (two threads must not
+    fill it at once), or the batched call raised."""
+    threads = fill_threads(len(rows), threads)
+    if threads == 1 or len({id(m) for m in group}) < len(group):
+        return False
     try:
-        batch_fill(group, bitmask, rows, fill_threads(len(rows), threads))
+        batch_fill(group, bitmask, rows, threads)
     except Exception:
         return False
     return True
@@ -93,8 +99,11 @@ def _fill_rows(matchers: Sequence[Any], bitmask: "torch.Tensor", rows: list[int]
 
 
 def _fail_empty_rows(bitmask: "torch.Tensor", valid_bits: "torch.Tensor", failures: dict[int, str]) -> None:
-    empty = (bitmask & valid_bits).eq(0).all(dim=1)
-    if bool(empty.any()):
-        for i in empty.nonzero().flatten().tolist():
-            failures[i] = EMPTY_MASK
-        bitmask[empty] = -1
+    # numpy, not torch: torch spreads a [64, W] reduction over its intra-op thread team, which
+    # the forward running beside this fill is using (measured: 100 ms instead of 0.1 ms on a
+    # loaded 2-core machine)
+    words = bitmask.numpy()
+    empty = np.flatnonzero(~(words & valid_bits.numpy()).any(axis=1)).tolist()
+    for i in empty:
+        failures[i] = EMPTY_MASK
+        words[i] = -1

@@ -120,7 +120,7 @@ def _position(matcher) -> int:
 
 
 def test_batched_groups_skip_the_row_by_row_fill(compiled, no_single_row_fill):
-    matchers = [advanced(compiled, name, k) for k in range(6) for name in ("xgrammar", "llguidance")]
+    matchers = [advanced(compiled, name, k) for k in range(8) for name in ("xgrammar", "llguidance")]
     mask = torch.zeros((len(matchers), WORDS), dtype=torch.int32)
     assert fill_bitmasks(matchers, mask, max_threads=2) == {}
     no_single_row_fill.undo()
@@ -143,14 +143,14 @@ def test_llguidance_accepts_by_the_batched_mask(compiled):
 def test_a_failing_row_fails_alone(compiled, tok):
     finished = advanced(compiled, "xgrammar", len(compiled["xgrammar"][1]))
     assert finished.accept_token(tok.eos_token_id)  # xgrammar raises when asked for a mask now
-    matchers = [advanced(compiled, "xgrammar", k) for k in range(5)] + [finished, _Raising()]
+    matchers = [advanced(compiled, "xgrammar", k) for k in range(8)] + [finished, _Raising()]
     matchers += [advanced(compiled, "llguidance", 3), advanced(compiled, "outlines", 1)]
     mask = torch.zeros((len(matchers), WORDS), dtype=torch.int32)
     failures = fill_bitmasks(matchers, mask, max_threads=2)
-    assert sorted(failures) == [5, 6]
-    assert failures[5].startswith("constraint matcher failed: RuntimeError")
-    assert failures[6] == "constraint matcher failed: ValueError: boom"
-    assert bool((mask[5:7] == -1).all())
+    assert sorted(failures) == [8, 9]
+    assert failures[8].startswith("constraint matcher failed: RuntimeError")
+    assert failures[9] == "constraint matcher failed: ValueError: boom"
+    assert bool((mask[8:10] == -1).all())
     healthy = [i for i in range(len(matchers)) if i not in failures]
     assert torch.equal(mask[healthy], row_by_row([matchers[i] for i in healthy]))
 
@@ -185,19 +185,19 @@ def test_llguidance_error_state_in_a_batch_matches_row_by_row(compiled, ctx):
         return LLGuidanceMatcher(ctx, inner, constraint)
 
     def rows():
-        return [advanced(compiled, "llguidance", k) for k in range(4)] + [broken()]
+        return [advanced(compiled, "llguidance", k) for k in range(7)] + [broken()]
 
     batched_rows, single_rows = rows(), rows()
-    batched = torch.zeros((5, WORDS), dtype=torch.int32)
+    batched = torch.zeros((8, WORDS), dtype=torch.int32)
     assert fill_bitmasks(batched_rows, batched, max_threads=2) == {}
     assert torch.equal(batched, row_by_row(single_rows))
-    assert batched_rows[4].accept_token(ids[0])  # the replayed matcher goes on
+    assert batched_rows[7].accept_token(ids[0])  # the replayed matcher goes on
 
 
 def test_a_matcher_listed_twice_is_filled_row_by_row(compiled):
     m = advanced(compiled, "xgrammar", 4)
-    matchers = [m, advanced(compiled, "xgrammar", 1), m]
-    mask = torch.zeros((3, WORDS), dtype=torch.int32)
+    matchers = [m] + [advanced(compiled, "xgrammar", k) for k in range(8)] + [m]
+    mask = torch.zeros((len(matchers), WORDS), dtype=torch.int32)
     assert fill_bitmasks(matchers, mask, max_threads=2) == {}
     assert torch.equal(mask, row_by_row(matchers))
 
