@@ -34,7 +34,12 @@ class TokenizerContext:
 
 
 class Matcher(ABC):
-    """Per-sequence automaton state; never shared between sequences."""
+    """Per-sequence automaton state; never shared between sequences.
+
+    A subclass whose library fills many rows at once may add a classmethod
+    ``fill_bitmask_batch(matchers, bitmask, rows, threads)`` that writes ``bitmask[rows[i]]`` for
+    ``matchers[i]`` exactly as ``fill_bitmask`` would; ``constraints.batch_fill`` then uses it.
+    """
 
     ctx: TokenizerContext
     close_on_length: bool = False  # set per sequence: the engine closes the output within budget

@@ -110,6 +110,35 @@ class LLGuidanceMatcher(Matcher):
         self._update_mask(ptr, size)
         ctypes.memmove(self._mask_ptr, ptr, min(size, self._mask.nbytes))  # kept for accept_token
 
+    @classmethod
+    def fill_bitmask_batch(
+        cls, matchers: "list[LLGuidanceMatcher]", bitmask: "torch.Tensor", rows: list[int], threads: int
+    ) -> None:
+        """Fill ``bitmask[rows[i]]`` for ``matchers[i]`` with llguidance's parallel fill on
+        ``threads`` threads (see ``constraints.batch_fill``); raises if any row fails."""
+        import torch
+
+        # what llguidance.torch.fill_next_token_bitmask_par does, without importing that module
+        # (it sets up torch.compile at import: seconds)
+        if bitmask.dtype != torch.int32 or not bitmask.is_cpu or bitmask.dim() != 2 or not bitmask.is_contiguous():
+            raise ValueError("the bitmask must be a contiguous 2-D int32 CPU tensor")
+        pairs = [(m._m, row) for m, row in zip(matchers, rows)]
+        batch, words = bitmask.shape
+        _executor(threads).unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), words * 4, batch)
+        for m, row in zip(matchers, rows):
+            m._adopt_mask(bitmask, row)
+
+    def _adopt_mask(self, bitmask: "torch.Tensor", row: int) -> None:
+        """Take ``bitmask[row]``, just computed for the current state by a batched fill, as
+        ``fill_bitmask`` would have written it: an error state goes through ``fill_bitmask``
+        (replay, stop tokens only), else the row is kept for ``accept_token``."""
+        if self._m.is_error():
+            self.fill_bitmask(bitmask, row)
+            return
+        v = bitmask[row]
+        ctypes.memmove(self._mask_ptr, v.data_ptr(), min(v.numel() * v.element_size(), self._mask.nbytes))
+        self._mask_at = len(self._history)
+
     def _update_mask(self, ptr: int | None = None, size: int = 0) -> None:
         """Compute the current state's mask into ``ptr`` (``size`` bytes), else into ``_mask``."""
         if ptr is None:
@@ -165,6 +194,19 @@ def _bit(t: int) -> int:
     """Bit ``t % 32`` as a signed int32 value."""
     b = 1 << (t & 31)
     return b - (1 << 32) if b >= 1 << 31 else b
+
+
+_EXECUTORS: dict[int, "llguidance.LLExecutor"] = {}
+_EXECUTORS_LOCK = threading.Lock()
+
+
+def _executor(threads: int) -> "llguidance.LLExecutor":
+    """The process's LLExecutor with ``threads`` threads (each owns a thread pool)."""
+    with _EXECUTORS_LOCK:
+        executor = _EXECUTORS.get(threads)
+        if executor is None:
+            executor = _EXECUTORS[threads] = llguidance.LLExecutor(threads)
+        return executor
 
 
 class LLGuidanceCompiled(CompiledConstraint):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from typing import TYPE_CHECKING, Any
 
 import xgrammar as xgr
@@ -76,6 +77,16 @@ class XGrammarMatcher(Matcher):
     def fill_bitmask(self, bitmask: "torch.Tensor", row: int) -> None:
         self._m.fill_next_token_bitmask(bitmask, row)
 
+    @classmethod
+    def fill_bitmask_batch(
+        cls, matchers: "list[XGrammarMatcher]", bitmask: "torch.Tensor", rows: list[int], threads: int
+    ) -> None:
+        """Fill ``bitmask[rows[i]]`` for ``matchers[i]`` with xgrammar's batched fill on
+        ``threads`` threads (see ``constraints.batch_fill``); raises if any row fails."""
+        batch, lock = _batch_matcher(threads)
+        with lock:  # one fill at a time per thread pool
+            batch.batch_fill_next_token_bitmask([m._m for m in matchers], bitmask, rows)
+
     def rollback(self, n: int) -> None:
         if n > 0:
             self._m.rollback(n)
@@ -88,6 +99,19 @@ class XGrammarMatcher(Matcher):
 
     def forced_text(self) -> str:
         return self._m.find_jump_forward_string()
+
+
+_BATCH_MATCHERS: dict[int, tuple["xgr.BatchGrammarMatcher", threading.Lock]] = {}
+_BATCH_LOCK = threading.Lock()
+
+
+def _batch_matcher(threads: int) -> tuple["xgr.BatchGrammarMatcher", threading.Lock]:
+    """The process's BatchGrammarMatcher with ``threads`` threads (each owns a thread pool)."""
+    with _BATCH_LOCK:
+        entry = _BATCH_MATCHERS.get(threads)
+        if entry is None:
+            entry = _BATCH_MATCHERS[threads] = (xgr.BatchGrammarMatcher(threads), threading.Lock())
+        return entry
 
 
 class XGrammarCompiled(CompiledConstraint):

@@ -29,6 +29,7 @@ class Settings:
     jump_forward: bool = True
     close_on_length: bool = False
     device_dfa: str = "auto"
+    mask_fill_threads: int = 0
     compile_timeout: float = 5.0
     compile_memory_mb: int = 4096
     compile_workers: int = 2
@@ -87,6 +88,7 @@ _HELP = {
     "jump_forward": "append tokens a constraint forces without sampling them (on|off)",
     "close_on_length": "constrained outputs close (parse and validate) before max_tokens ends, unless a request sets structured_outputs.close_on_length false (on|off)",
     "device_dfa": "regex/choice constraints as a device-resident DFA masked by a kernel: auto (on with CUDA), on, off",
+    "mask_fill_threads": "threads filling the constraint masks of one step, in xgrammar's and llguidance's batched fills (0 = with CUDA one per masked row up to one per core, on the CPU 1)",
     "compile_timeout": "seconds a constraint (schema, regex, grammar) may take to compile",
     "compile_memory_mb": "memory a constraint compile may add to its worker process, in MiB (0 = no cap)",
     "constraint_cache_dir": "compiled constraints on disk, shared by processes and restarts ('' = 'constraints' in the cache directory, 'off' = none)",

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from constraints.batch_fill import fill_bitmasks
 from sampler import Sampler, TokenLogprobs
 from server.engine.admission import AdmissionControl
 from server.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
@@ -88,6 +89,7 @@ class Engine:
         max_waiting_tokens: int = DEFAULT_MAX_WAITING_TOKENS,
         max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS,
         enable_prefix_caching: bool = True,
+        mask_fill_threads: int = 0,
     ) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
@@ -97,6 +99,9 @@ class Engine:
         self.prefill_budget = prefill_budget
         self.jump_forward = jump_forward
         self.max_draft_tokens = max_draft_tokens
+        # 0: one fill thread per masked row up to one per core beside a GPU; on the CPU the
+        # forward's torch threads already use every core, so the fill keeps to one thread
+        self.mask_fill_threads = mask_fill_threads or (0 if runner.device.type == "cuda" else 1)
         self.stats = EngineStats()
         self.last_step_at = time.monotonic()
         self._admission = AdmissionControl(max_waiting_seqs, max_waiting_tokens)
@@ -619,22 +624,15 @@ class Engine:
         if not masked:
             return None
         bitmask = torch.empty((len(masked), self._words), dtype=torch.int32)
+        matchers = [seq.matcher for seq in masked]
 
         @torch.inference_mode()  # the buffer was made in the step's inference mode
         def fill() -> tuple[torch.Tensor, dict[int, str]]:
             started = time.perf_counter()
-            failures: dict[int, str] = {}
-            for i, seq in enumerate(masked):
-                try:
-                    seq.matcher.fill_bitmask(bitmask, i)
-                except Exception as exc:
-                    failures[i] = f"constraint matcher failed: {_describe(exc)}"
-                    bitmask[i] = -1  # the row is dropped; a full mask keeps the sampler's math sane
-            empty = (bitmask & self._valid_bits).eq(0).all(dim=1)  # here, so it overlaps the forward
-            if bool(empty.any()):
-                for i in empty.nonzero().flatten().tolist():
-                    failures[i] = "constraint matcher failed: no token is allowed (empty mask)"
-                bitmask[empty] = -1
+            # batched and parallel per backend; the empty-mask check is here, so it overlaps the forward
+            failures = fill_bitmasks(
+                matchers, bitmask, max_threads=self.mask_fill_threads, valid_bits=self._valid_bits
+            )
             self.stats.mask_fill_s += time.perf_counter() - started
             return bitmask, failures
 
