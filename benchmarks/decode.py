@@ -123,7 +123,7 @@ def measure(runner, tokenizer, compiled, *, batch: int, jump: bool, steps: int, 
     elapsed = time.perf_counter() - started
     after = _snapshot(engine.stats)
     delta = {k: after[k] - before[k] for k in after}
-    for seq in list(engine._running):  # release the KV slots for the next workload
+    for seq in list(engine.scheduler.running):  # release the KV blocks for the next workload
         seq.finish("abort")
     engine._report_and_retire()
     return (workload.output_tokens - tokens) / elapsed, elapsed, delta

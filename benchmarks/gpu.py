@@ -112,12 +112,17 @@ def build_engine(hf_model, tokenizer, *, max_batch_size: int, max_model_len: int
                  enforce_eager: bool) -> Engine:
     """The benchmark's only construction of a runner and an engine: when the engine's
     constructor changes (paged KV cache, block manager), this is the one function to adjust."""
+    from server.config import Settings
+    from server.engine.cuda_graphs import graph_decode_steps
     from server.engine.model import ModelRunner
+    from server.state import kv_cache_blocks
 
-    runner = ModelRunner(hf_model, max_slots=max_batch_size, max_len=max_model_len)
-    if hasattr(runner, "kv") and hasattr(runner, "block_size"):  # a paged runner: decode steps graphed
-        from server.engine.cuda_graphs import graph_decode_steps
-
+    settings = Settings(max_batch_size=max_batch_size, max_model_len=max_model_len)  # sized as the server does
+    device = next(hf_model.parameters()).device
+    dtype = next(hf_model.parameters()).dtype
+    runner = ModelRunner(hf_model, num_blocks=kv_cache_blocks(settings, hf_model, dtype, device),
+                         block_size=settings.block_size)
+    if device.type == "cuda":  # decode steps graphed, as the server does
         runner = graph_decode_steps(runner, max_batch_size=max_batch_size, max_model_len=max_model_len,
                                     enforce_eager=enforce_eager)
     return Engine(runner, tokenizer, max_batch_size=max_batch_size, max_model_len=max_model_len,
@@ -126,7 +131,7 @@ def build_engine(hf_model, tokenizer, *, max_batch_size: int, max_model_len: int
 
 def release(engine: Engine) -> None:
     """Abort every running sequence so its KV space is free for the next measurement."""
-    for seq in list(engine._running):
+    for seq in list(engine.scheduler.running):
         seq.finish("abort")
     engine._report_and_retire()
 
