@@ -192,6 +192,10 @@ def paged_attention(
     When every row is a decode row by shape (``N == R``), or a kv head has 16+ query heads,
     a tile holds one token and needs no spare tile per row.
     """
+    if query.stride(-1) != 1:
+        query = query.contiguous()
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or block_tables.stride(-1) != 1:
+        raise ValueError("paged attention needs caches and block tables contiguous in their last dim")
     num_tokens, num_heads, head_dim = query.shape
     kv_heads = k_cache.shape[2]
     block_size = k_cache.shape[1]

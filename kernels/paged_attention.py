@@ -260,12 +260,16 @@ def _query_starts(meta: PagedAttentionMetadata) -> list[int]:
 def _gather_kv(
     cache: torch.Tensor, block_tables: torch.Tensor, rows: list[int] | int, length: int
 ) -> torch.Tensor:
-    """The first ``length`` cached positions of ``rows``: [len(rows), length, kv, d] (or one row)."""
-    block_size, kv_heads, head_dim = cache.shape[1:]
+    """The first ``length`` cached positions of ``rows``: [len(rows), length, kv, d] (or one row).
+
+    ``index_select`` on whole flattened blocks: several times faster on the CPU than advanced
+    indexing of the 4-d cache.
+    """
+    num_blocks, block_size, kv_heads, head_dim = cache.shape
     width = -(-length // block_size)
-    blocks = block_tables[rows, :width].long()
-    gathered = cache[blocks]  # [..., width, block_size, kv, d]
-    return gathered.reshape(*blocks.shape[:-1], width * block_size, kv_heads, head_dim)[..., :length, :, :]
+    blocks = block_tables[rows, :width]
+    gathered = cache.view(num_blocks, -1).index_select(0, blocks.reshape(-1).long())
+    return gathered.view(*blocks.shape[:-1], width * block_size, kv_heads, head_dim)[..., :length, :, :]
 
 
 def _attend(
