@@ -6,7 +6,9 @@ Two steps per attention shape (SmolLM2-135M: 9 heads / 3 kv heads / dim 64; Llam
 32 / 8 / 64): 16 decode rows at ``--context`` tokens each, and one ``--context``-token prefill
 beside 15 such decode rows. Blocks of 16 slots, handed out in a shuffled order. float32 on the
 CPU, bfloat16 on CUDA. Prints the median time of one call per implementation and the speed-up
-over the oracle; every implementation's output is checked against the oracle first.
+over the oracle; every implementation's output is checked against the oracle first. "unpaged
+SDPA" runs the same step over per-row contiguous keys (gathered before timing): what the torch
+path would cost without paging.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -49,6 +52,42 @@ def build_step(
     query = torch.randn(sum(q for q, _ in rows), heads, head_dim, dtype=dtype, device=device)
     meta = PagedAttentionMetadata.build(tables, [q for q, _ in rows], [c for _, c in rows], BLOCK_SIZE, device)
     return query, k_cache, v_cache, meta
+
+
+def contiguous_sdpa(
+    query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: PagedAttentionMetadata, scale: float
+) -> Callable[[], torch.Tensor]:
+    """The same step over keys/values already contiguous per row (no paging, no gather): the
+    decode rows in one SDPA call, each longer row in its own; the floor for the torch path."""
+    kv_heads, head_dim = k_cache.shape[2:]
+    rows = []
+    begin = 0
+    for row, (q_len, ctx) in enumerate(zip(meta.query_lens_host, meta.context_lens_host)):
+        blocks = meta.block_tables[row, : -(-ctx // BLOCK_SIZE)].long()
+        keys = k_cache[blocks].reshape(-1, kv_heads, head_dim)[:ctx].transpose(0, 1).contiguous()
+        values = v_cache[blocks].reshape(-1, kv_heads, head_dim)[:ctx].transpose(0, 1).contiguous()
+        rows.append((begin, q_len, keys, values))
+        begin += q_len
+    decode = [r for r in rows if r[1] == 1]
+    assert len({r[2].shape for r in decode}) <= 1, "decode rows of one length only"
+    dec_tokens = [r[0] for r in decode]
+    dec_keys = torch.stack([r[2] for r in decode]) if decode else None
+    dec_values = torch.stack([r[3] for r in decode]) if decode else None
+
+    def run() -> torch.Tensor:
+        out = torch.empty_like(query)
+        if decode:
+            q = query[dec_tokens].unsqueeze(2)  # [D, h, 1, d]
+            o = F.scaled_dot_product_attention(q, dec_keys, dec_values, scale=scale, enable_gqa=True)
+            out[dec_tokens] = o[:, :, 0]
+        for begin, q_len, keys, values in rows:
+            if q_len > 1:  # whole prefills in this benchmark: plain causal
+                q = query[begin : begin + q_len].transpose(0, 1)
+                o = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale, enable_gqa=True)
+                out[begin : begin + q_len] = o.transpose(0, 1)
+        return out
+
+    return run
 
 
 def median_us(impls: dict[str, Callable[[], object]], device: torch.device, iters: int) -> dict[str, float]:
@@ -93,6 +132,7 @@ def main() -> None:
             impls: dict[str, Callable[[], torch.Tensor]] = {
                 "oracle (rows)": lambda: paged_attention_reference(query, k_cache, v_cache, meta, scale=scale),
                 "torch batched": lambda: paged_attention_torch(query, k_cache, v_cache, meta, scale=scale),
+                "unpaged SDPA": contiguous_sdpa(query, k_cache, v_cache, meta, scale),
             }
             if select_backend(query) == "triton":
                 impls["triton"] = lambda: paged_attention(query, k_cache, v_cache, meta, scale=scale)

@@ -198,15 +198,20 @@ def _check_shapes(
 ) -> None:
     """Shape agreement between query, caches, sinks and metadata (cheap; no device sync)."""
     if query.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(f"query [N, heads, dim] and caches [blocks, block_size, kv_heads, dim] expected, "
-                         f"got {tuple(query.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+        raise ValueError(
+            "query [N, heads, dim] and caches [blocks, block_size, kv_heads, dim] expected, "
+            f"got {tuple(query.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}"
+        )
     heads, head_dim = query.shape[1:]
     kv_heads = k_cache.shape[2]
     if k_cache.shape[3] != head_dim or heads % kv_heads:
-        raise ValueError(f"{heads} query heads of dim {head_dim} cannot share {kv_heads} kv heads of dim {k_cache.shape[3]}")
+        raise ValueError(
+            f"{heads} query heads of dim {head_dim} cannot share {kv_heads} kv heads of dim {k_cache.shape[3]}"
+        )
     if sinks is not None and sinks.shape != (heads,):
         raise ValueError(f"sinks must be [{heads}], got {tuple(sinks.shape)}")
-    if meta.block_tables.shape[0] != meta.context_lens.shape[0] or meta.query_start.shape[0] != meta.context_lens.shape[0] + 1:
+    rows = meta.context_lens.shape[0]
+    if meta.block_tables.shape[0] != rows or meta.query_start.shape[0] != rows + 1:
         raise ValueError("metadata rows disagree: block_tables [R, B], context_lens [R], query_start [R + 1]")
 
 

@@ -60,17 +60,19 @@ def make_step(
     keys = [torch.randn(ctx, kv_heads, head_dim, generator=gen).to(dtype) for _, ctx in rows]
     values = [torch.randn(ctx, kv_heads, head_dim, generator=gen).to(dtype) for _, ctx in rows]
     # The cached prefix of each row goes in through the same write path as the new tokens.
-    prefix = PagedAttentionMetadata.build(tables, [ctx - q for q, ctx in rows], [ctx - q for q, ctx in rows], block_size, torch.device("cpu"))
+    cached = [ctx - q for q, ctx in rows]
+    prefix = PagedAttentionMetadata.build(tables, cached, cached, block_size, torch.device("cpu"))
     if prefix.slot_mapping.numel():
         write_kv(k_cache, v_cache, torch.cat([k[: ctx - q] for k, (q, ctx) in zip(keys, rows)]),
                  torch.cat([v[: ctx - q] for v, (q, ctx) in zip(values, rows)]), prefix.slot_mapping)
-    meta = PagedAttentionMetadata.build(tables, [q for q, _ in rows], [ctx for _, ctx in rows], block_size, torch.device("cpu"))
+    q_lens, ctx_lens = [q for q, _ in rows], [ctx for _, ctx in rows]
+    meta = PagedAttentionMetadata.build(tables, q_lens, ctx_lens, block_size, torch.device("cpu"))
     write_kv(k_cache, v_cache, torch.cat([k[ctx - q :] for k, (q, ctx) in zip(keys, rows)]),
              torch.cat([v[ctx - q :] for v, (q, ctx) in zip(values, rows)]), meta.slot_mapping)
     query = torch.randn(sum(q for q, _ in rows), heads, head_dim, generator=gen).to(dtype)
     device = torch.device(device)
     if device.type != "cpu":
-        meta = PagedAttentionMetadata.build(tables, [q for q, _ in rows], [ctx for _, ctx in rows], block_size, device)
+        meta = PagedAttentionMetadata.build(tables, q_lens, ctx_lens, block_size, device)
         query, k_cache, v_cache = query.to(device), k_cache.to(device), v_cache.to(device)
     return Step(query, k_cache, v_cache, meta, keys, values)
 
@@ -195,7 +197,22 @@ def test_triton_decode_only_step(backend: torch.device) -> None:
     """N == R: one token per tile, no spare tiles; odd block size 5 and a padded head dim 40."""
     step = make_step([(1, 9), (1, 23), (1, 1)], heads=6, kv_heads=2, head_dim=40, block_size=5, device=backend)
     want = paged_attention_reference(step.query, step.k_cache, step.v_cache, step.meta, scale=0.15, sliding_window=10)
-    got = paged_attention(step.query, step.k_cache, step.v_cache, step.meta, scale=0.15, sliding_window=10, use_triton=True)
+    got = paged_attention(
+        step.query, step.k_cache, step.v_cache, step.meta, scale=0.15, sliding_window=10, use_triton=True
+    )
+    torch.testing.assert_close(got, want, **tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_triton_padding_row_of_a_graph_bucket_is_zero(backend: torch.device, with_sinks: bool) -> None:
+    """A row padding a captured batch (one query, empty context) reads nothing and writes zeros."""
+    step = make_step([(1, 20), (1, 1), (1, 7)], heads=4, kv_heads=2, head_dim=32, device=backend)
+    step.meta.context_lens[1] = 0
+    step.meta.context_lens_host[1] = 0
+    sinks = torch.ones(4, device=backend) if with_sinks else None
+    got = paged_attention(step.query, step.k_cache, step.v_cache, step.meta, scale=0.2, sinks=sinks, use_triton=True)
+    want = paged_attention_reference(step.query, step.k_cache, step.v_cache, step.meta, scale=0.2, sinks=sinks)
+    assert torch.count_nonzero(got[1]) == 0
     torch.testing.assert_close(got, want, **tolerance(torch.float32))
 
 
@@ -272,7 +289,9 @@ def test_kernel_compiles_for_sm90_without_a_gpu() -> None:
         pytest.skip(f"Triton {triton.__version__} has no ahead-of-time compile API: {exc}")
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _COMPILE_SCRIPT], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
     if proc.returncode and "ptxas" in proc.stderr and "No such file" in proc.stderr:  # pragma: no cover
         pytest.skip("Triton's bundled ptxas is missing")
     assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
