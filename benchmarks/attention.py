@@ -64,15 +64,15 @@ def contiguous_sdpa(
     begin = 0
     for row, (q_len, ctx) in enumerate(zip(meta.query_lens_host, meta.context_lens_host)):
         blocks = meta.block_tables[row, : -(-ctx // BLOCK_SIZE)].long()
-        keys = k_cache[blocks].reshape(-1, kv_heads, head_dim)[:ctx].transpose(0, 1).contiguous()
-        values = v_cache[blocks].reshape(-1, kv_heads, head_dim)[:ctx].transpose(0, 1).contiguous()
+        keys = k_cache[blocks].reshape(-1, kv_heads, head_dim)[:ctx].transpose(0, 1).contiguous().unsqueeze(0)
+        values = v_cache[blocks].reshape(-1, kv_heads, head_dim)[:ctx].transpose(0, 1).contiguous().unsqueeze(0)
         rows.append((begin, q_len, keys, values))
         begin += q_len
     decode = [r for r in rows if r[1] == 1]
     assert len({r[2].shape for r in decode}) <= 1, "decode rows of one length only"
     dec_tokens = [r[0] for r in decode]
-    dec_keys = torch.stack([r[2] for r in decode]) if decode else None
-    dec_values = torch.stack([r[3] for r in decode]) if decode else None
+    dec_keys = torch.cat([r[2] for r in decode]) if decode else None
+    dec_values = torch.cat([r[3] for r in decode]) if decode else None
 
     def run() -> torch.Tensor:
         out = torch.empty_like(query)
@@ -82,9 +82,9 @@ def contiguous_sdpa(
             out[dec_tokens] = o[:, :, 0]
         for begin, q_len, keys, values in rows:
             if q_len > 1:  # whole prefills in this benchmark: plain causal
-                q = query[begin : begin + q_len].transpose(0, 1)
+                q = query[begin : begin + q_len].transpose(0, 1).unsqueeze(0)
                 o = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale, enable_gqa=True)
-                out[begin : begin + q_len] = o.transpose(0, 1)
+                out[begin : begin + q_len] = o[0].transpose(0, 1)
         return out
 
     return run

@@ -14,6 +14,7 @@ softmax. The Triton kernel and the CPU fast path are tested against it.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -262,18 +263,45 @@ def _query_starts(meta: PagedAttentionMetadata) -> list[int]:
     return starts
 
 
+_WORKSPACE_MAX_BYTES = 64 << 20  # gathers up to this size reuse one buffer per thread
+_workspace = threading.local()
+
+
+def _gather_buffer(slot: str, numel: int, like: torch.Tensor) -> torch.Tensor | None:
+    """A reusable [numel] buffer for gathered keys or values (``slot`` "k"/"v"), or None when
+    the gather is too large to keep. Reusing it spares the CPU the page faults of a fresh large
+    allocation on every layer of every step (several times the copy itself)."""
+    if numel * like.element_size() > _WORKSPACE_MAX_BYTES:
+        return None
+    buffers = getattr(_workspace, "buffers", None)
+    if buffers is None:
+        buffers = _workspace.buffers = {}
+    key = (slot, like.device, like.dtype)
+    buf = buffers.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = buffers[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
+    return buf[:numel]
+
+
 def _gather_kv(
-    cache: torch.Tensor, block_tables: torch.Tensor, rows: list[int] | int, length: int
+    cache: torch.Tensor, block_tables: torch.Tensor, rows: list[int] | int, length: int, slot: str
 ) -> torch.Tensor:
     """The first ``length`` cached positions of ``rows``: [len(rows), length, kv, d] (or one row).
 
-    ``index_select`` on whole flattened blocks: several times faster on the CPU than advanced
-    indexing of the 4-d cache.
+    ``index_select`` of whole flattened blocks (several times faster on the CPU than advanced
+    indexing of the 4-d cache) into a per-thread buffer that lives until the next gather of
+    the same ``slot``: use the result before gathering again.
     """
     num_blocks, block_size, kv_heads, head_dim = cache.shape
     width = -(-length // block_size)
     blocks = block_tables[rows, :width]
-    gathered = cache.view(num_blocks, -1).index_select(0, blocks.reshape(-1).long())
+    flat = cache.view(num_blocks, -1)
+    ids = blocks.reshape(-1).long()
+    buf = _gather_buffer(slot, ids.numel() * flat.shape[1], cache)
+    if buf is None:
+        gathered = flat.index_select(0, ids)
+    else:
+        gathered = torch.index_select(flat, 0, ids, out=buf.view(ids.numel(), flat.shape[1]))
     return gathered.view(*blocks.shape[:-1], width * block_size, kv_heads, head_dim)[..., :length, :, :]
 
 
@@ -354,8 +382,8 @@ def _attend_decode_rows(
     """One query token per row, [D, h, d]: all rows in one call padded to the longest context."""
     ctx_host = [meta.context_lens_host[r] for r in rows]
     longest = max(ctx_host)
-    keys = _gather_kv(k_cache, meta.block_tables, rows, longest)  # [D, L, kv, d]
-    values = _gather_kv(v_cache, meta.block_tables, rows, longest)
+    keys = _gather_kv(k_cache, meta.block_tables, rows, longest, "k")  # [D, L, kv, d]
+    values = _gather_kv(v_cache, meta.block_tables, rows, longest, "v")
     ctx = torch.tensor(ctx_host, device=q.device).view(-1, 1)
     k_pos = torch.arange(longest, device=q.device).view(1, -1)
     visible = k_pos < ctx  # the query sits at ctx - 1
@@ -377,8 +405,8 @@ def _attend_one_row(
 ) -> torch.Tensor:
     """A multi-token row [q, h, d] over its context (plain causal when it is a whole prefill)."""
     q_len, ctx = q.shape[0], meta.context_lens_host[row]
-    keys = _gather_kv(k_cache, meta.block_tables, row, ctx).unsqueeze(0)  # [1, ctx, kv, d]
-    values = _gather_kv(v_cache, meta.block_tables, row, ctx).unsqueeze(0)
+    keys = _gather_kv(k_cache, meta.block_tables, row, ctx, "k").unsqueeze(0)  # [1, ctx, kv, d]
+    values = _gather_kv(v_cache, meta.block_tables, row, ctx, "v").unsqueeze(0)
     visible = None
     if sliding_window is not None or q_len != ctx:
         q_pos = torch.arange(ctx - q_len, ctx, device=q.device).view(-1, 1)
