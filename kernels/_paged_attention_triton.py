@@ -196,12 +196,14 @@ def paged_attention(
         query = query.contiguous()
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or block_tables.stride(-1) != 1:
         raise ValueError("paged attention needs caches and block tables contiguous in their last dim")
+    out = torch.empty_like(query)  # in the query's dtype, whatever the cache holds
+    if query.dtype != k_cache.dtype:
+        query = query.to(k_cache.dtype)
     num_tokens, num_heads, head_dim = query.shape
     kv_heads = k_cache.shape[2]
     block_size = k_cache.shape[1]
     num_rows = block_tables.shape[0]
     group = num_heads // kv_heads
-    out = torch.empty_like(query)
     if num_tokens == 0 or num_rows == 0:
         return out
     block_m = max(16, triton.next_power_of_2(group))

@@ -14,6 +14,7 @@ softmax. The Triton kernel and the CPU fast path are tested against it.
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass
 from types import ModuleType
@@ -141,6 +142,7 @@ def paged_attention_reference(
     return out
 
 
+@functools.cache
 def _triton_module() -> ModuleType | None:
     """``kernels._paged_attention_triton``, or None when Triton cannot be imported."""
     try:

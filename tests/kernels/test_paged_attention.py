@@ -225,6 +225,15 @@ def test_triton_half_precision(backend: torch.device, dtype: torch.dtype) -> Non
     torch.testing.assert_close(got.float(), want.float(), **tolerance(dtype))
 
 
+def test_triton_float32_query_over_a_bfloat16_cache(backend: torch.device) -> None:
+    step = make_step([(1, 12), (4, 9)], heads=4, kv_heads=2, head_dim=32, dtype=torch.bfloat16, device=backend)
+    query = step.query.float()
+    want = paged_attention_reference(query, step.k_cache, step.v_cache, step.meta, scale=0.2)
+    got = paged_attention(query, step.k_cache, step.v_cache, step.meta, scale=0.2, use_triton=True)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, **tolerance(torch.bfloat16))
+
+
 # ---- CUDA only ------------------------------------------------------------------------------
 
 
