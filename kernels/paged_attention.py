@@ -163,6 +163,7 @@ def paged_attention(
     sinks: torch.Tensor | None = None,
     softcap: float | None = None,
     use_triton: bool | None = None,
+    num_kv_splits: int | None = None,
 ) -> torch.Tensor:
     """query [N, heads, head_dim] → [N, heads, head_dim] (see the module docstring).
 
@@ -170,6 +171,8 @@ def paged_attention(
     capturable; the host lists in ``meta`` are not read). Elsewhere: the batched torch path
     (:func:`paged_attention_torch`). ``use_triton`` follows :func:`kernels.select_backend`
     (``True`` with ``TRITON_INTERPRET=1`` runs the kernel on CPU tensors, for tests).
+    ``num_kv_splits`` (Triton only; a power of two): split each row's keys over that many
+    programs and merge (flash-decoding); None picks from shapes (small decode-only steps split).
     """
     _check_shapes(query, k_cache, v_cache, meta, sinks)
     if select_backend(query, use_triton) == "triton":
@@ -186,6 +189,7 @@ def paged_attention(
                 sliding_window=sliding_window,
                 sinks=sinks,
                 softcap=softcap,
+                num_kv_splits=num_kv_splits,
             )
     return paged_attention_torch(
         query, k_cache, v_cache, meta, scale=scale, sliding_window=sliding_window, sinks=sinks, softcap=softcap

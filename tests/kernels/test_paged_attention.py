@@ -210,10 +210,12 @@ def test_triton_padding_row_of_a_graph_bucket_is_zero(backend: torch.device, wit
     step.meta.context_lens[1] = 0
     step.meta.context_lens_host[1] = 0
     sinks = torch.ones(4, device=backend) if with_sinks else None
-    got = paged_attention(step.query, step.k_cache, step.v_cache, step.meta, scale=0.2, sinks=sinks, use_triton=True)
     want = paged_attention_reference(step.query, step.k_cache, step.v_cache, step.meta, scale=0.2, sinks=sinks)
-    assert torch.count_nonzero(got[1]) == 0
-    torch.testing.assert_close(got, want, **tolerance(torch.float32))
+    for splits in (1, 2):
+        got = paged_attention(step.query, step.k_cache, step.v_cache, step.meta, scale=0.2, sinks=sinks,
+                              use_triton=True, num_kv_splits=splits)
+        assert torch.count_nonzero(got[1]) == 0
+        torch.testing.assert_close(got, want, **tolerance(torch.float32))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -223,6 +225,27 @@ def test_triton_half_precision(backend: torch.device, dtype: torch.dtype) -> Non
     got = paged_attention(step.query, step.k_cache, step.v_cache, step.meta, scale=0.125, use_triton=True)
     assert got.dtype == dtype
     torch.testing.assert_close(got.float(), want.float(), **tolerance(dtype))
+
+
+@pytest.mark.parametrize("variant", [{}, {"sliding_window": 9, "sinks": True}, {"softcap": 4.0}],
+                         ids=lambda v: "-".join(v) or "plain")
+@pytest.mark.parametrize("rows", [[(1, 70), (1, 5), (1, 33)], TRITON_ROWS], ids=["decode", "mixed"])
+def test_triton_split_keys(backend: torch.device, rows: list, variant: dict) -> None:
+    """Flash-decoding: keys split over 4 programs, partial softmax states merged (empty splits
+    included: a 5-token context leaves three of them nothing)."""
+    step = make_step(rows, heads=6, kv_heads=2, head_dim=64, device=backend, seed=5)
+    kwargs = variant_kwargs(variant, 6, backend)
+    want = paged_attention_reference(step.query, step.k_cache, step.v_cache, step.meta, scale=0.125, **kwargs)
+    got = paged_attention(
+        step.query, step.k_cache, step.v_cache, step.meta, scale=0.125, use_triton=True, num_kv_splits=4, **kwargs
+    )
+    torch.testing.assert_close(got, want, **tolerance(torch.float32))
+
+
+def test_triton_split_count_must_be_a_power_of_two(backend: torch.device) -> None:
+    step = make_step([(1, 8)], heads=2, kv_heads=1, head_dim=16, device=backend)
+    with pytest.raises(ValueError, match="power of two"):
+        paged_attention(step.query, step.k_cache, step.v_cache, step.meta, scale=1.0, use_triton=True, num_kv_splits=3)
 
 
 def test_triton_float32_query_over_a_bfloat16_cache(backend: torch.device) -> None:
@@ -267,8 +290,14 @@ from kernels import _paged_attention_triton as mod
 
 fn = mod._paged_attention_kernel
 names = list(fn.arg_names)
-pointers = {"sinks_ptr": "*fp32", "block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "query_start_ptr": "*i32"}
-for dtype, flags in (("bf16", (True, True, True)), ("fp32", (False, False, False))):
+pointers = {"sinks_ptr": "*fp32", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
+            "block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "query_start_ptr": "*i32"}
+def constexprs(fn, constants):
+    names = list(fn.arg_names)
+    return {(names.index(k),): v for k, v in constants.items()}
+
+cases = (("bf16", (True, True, True), 1), ("fp32", (False, False, False), 1), ("fp16", (True, False, True), 8))
+for dtype, flags, splits in cases:
     signature = {}
     for name in names:
         if name.isupper():
@@ -278,11 +307,19 @@ for dtype, flags in (("bf16", (True, True, True)), ("fp32", (False, False, False
         else:
             signature[name] = "fp32" if name in ("scale", "softcap") else "i32"
     constants = dict(GROUP=3, BLOCK_Q=5, BLOCK_M=16, TILE_N=32, HEAD_DIM=64, HAS_SINKS=flags[0], HAS_SOFTCAP=flags[1],
-                     HAS_WINDOW=flags[2], IEEE_DOT=dtype == "fp32", FP32_OPERANDS=False)
-    source = ASTSource(fn, signature, constexprs={(names.index(k),): v for k, v in constants.items()})
+                     HAS_WINDOW=flags[2], IEEE_DOT=dtype == "fp32", FP32_OPERANDS=False, NUM_SPLITS=splits)
+    source = ASTSource(fn, signature, constexprs=constexprs(fn, constants))
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
     if dtype == "bf16":  # fp32 runs IEEE (no TF32), which stays on the FMA units
         assert "mma.sync" in compiled.asm["ptx"], "tl.dot did not lower to tensor-core MMA"
+merge = mod._merge_splits_kernel
+def merge_type(name):
+    if name.isupper():
+        return "constexpr"
+    return ("*bf16" if name == "out_ptr" else "*fp32") if name.endswith("_ptr") else "i32"
+signature = {name: merge_type(name) for name in merge.arg_names}
+constants = dict(NUM_SPLITS=8, HEAD_DIM=64, HAS_SINKS=True)
+triton.compile(ASTSource(merge, signature, constexprs=constexprs(merge, constants)), target=GPUTarget("cuda", 90, 32))
 print("compiled")
 """
 
