@@ -227,9 +227,15 @@ def test_triton_half_precision(backend: torch.device, dtype: torch.dtype) -> Non
     torch.testing.assert_close(got.float(), want.float(), **tolerance(dtype))
 
 
-@pytest.mark.parametrize("variant", [{}, {"sliding_window": 9, "sinks": True}, {"softcap": 4.0}],
-                         ids=lambda v: "-".join(v) or "plain")
-@pytest.mark.parametrize("rows", [[(1, 70), (1, 5), (1, 33)], TRITON_ROWS], ids=["decode", "mixed"])
+SPLIT_CASES = [
+    pytest.param([(1, 70), (1, 5), (1, 33)], {}, id="decode"),
+    pytest.param([(1, 70), (1, 5), (1, 33)], {"sliding_window": 9, "sinks": True}, id="decode-window-sinks"),
+    pytest.param([(1, 70), (1, 5), (1, 33)], {"softcap": 4.0}, id="decode-softcap"),
+    pytest.param([(1, 37), (9, 9), (0, 6), (3, 19)], {"sinks": True}, id="mixed-sinks"),
+]
+
+
+@pytest.mark.parametrize("rows,variant", SPLIT_CASES)
 def test_triton_split_keys(backend: torch.device, rows: list, variant: dict) -> None:
     """Flash-decoding: keys split over 4 programs, partial softmax states merged (empty splits
     included: a 5-token context leaves three of them nothing)."""
