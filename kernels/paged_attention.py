@@ -240,8 +240,10 @@ def paged_attention_torch(
     mask. Each multi-token row is one SDPA call with its causal offset mask. Sinks ride along as
     an extra key; a softcap (which SDPA cannot apply) takes a masked float32 matmul instead.
     """
-    out = torch.empty_like(query)
     decode_rows = [r for r, q_len in enumerate(meta.query_lens_host) if q_len == 1]
+    if len(decode_rows) == query.shape[0] == meta.num_rows:  # a decode-only step: no indexing
+        return _attend_decode_rows(query, k_cache, v_cache, meta, slice(None), scale, sliding_window, sinks, softcap)
+    out = torch.empty_like(query)
     if decode_rows:
         starts = _query_starts(meta)
         tokens = [starts[r] for r in decode_rows]
@@ -290,9 +292,9 @@ def _gather_buffer(slot: str, numel: int, like: torch.Tensor) -> torch.Tensor | 
 
 
 def _gather_kv(
-    cache: torch.Tensor, block_tables: torch.Tensor, rows: list[int] | int, length: int, slot: str
+    cache: torch.Tensor, block_tables: torch.Tensor, rows: list[int] | slice | int, length: int, slot: str
 ) -> torch.Tensor:
-    """The first ``length`` cached positions of ``rows``: [len(rows), length, kv, d] (or one row).
+    """The first ``length`` cached positions of ``rows``: [rows, length, kv, d] (or one row).
 
     ``index_select`` of whole flattened blocks (several times faster on the CPU than advanced
     indexing of the 4-d cache) into a per-thread buffer that lives until the next gather of
@@ -319,30 +321,38 @@ def _attend(
     scale: float,
     sinks: torch.Tensor | None,
     softcap: float | None,
+    causal: bool = False,
 ) -> torch.Tensor:
     """q [B, q, h, d] over keys/values [B, k, kv, d] → [B, q, h, d] in q's dtype.
 
-    ``visible`` [B, q, k] (None: plain causal with q == k). SDPA does the work unless a softcap
-    is asked for; a sink rides along as one extra key of zeros whose additive mask is the sink
-    logit, so it joins the softmax denominator and adds nothing to the output.
+    ``visible`` [B, q, k]; None: every key, or plain causal (q == k) with ``causal``. SDPA does
+    the work unless a softcap is asked for; a sink rides along as one extra key of zeros whose
+    additive mask is the sink logit, so it joins the softmax denominator and adds nothing to the
+    output.
     """
     if softcap:
-        return _softcapped_attention(q, keys, values, visible, scale, sinks, softcap)
+        return _softcapped_attention(q, keys, values, visible, scale, sinks, softcap, causal)
     batch, q_len, heads, _ = q.shape
     keys, values = keys.to(q.dtype).transpose(1, 2), values.to(q.dtype).transpose(1, 2)  # [B, kv, k, d]
     mask = None if visible is None else visible.unsqueeze(1)  # [B, 1, q, k]
     if sinks is not None:
         if mask is None:
-            mask = torch.ones(q_len, q_len, dtype=torch.bool, device=q.device).tril().expand(batch, 1, q_len, q_len)
+            mask = _default_visible(batch, q_len, keys.shape[2], causal, q.device).unsqueeze(1)
         mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
         sink = sinks.to(q.dtype).view(1, heads, 1, 1).expand(batch, heads, q_len, 1)
         mask = torch.cat([mask.expand(batch, heads, q_len, -1), sink], dim=-1)
         keys = F.pad(keys, (0, 0, 0, 1))
         values = F.pad(values, (0, 0, 0, 1))
     out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), keys, values, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True
+        q.transpose(1, 2), keys, values, attn_mask=mask, is_causal=causal and mask is None, scale=scale, enable_gqa=True
     )
     return out.transpose(1, 2)
+
+
+def _default_visible(batch: int, q_len: int, k_len: int, causal: bool, device: torch.device) -> torch.Tensor:
+    """[B, q, k] bool: lower-triangular when ``causal`` (q == k), else all True."""
+    visible = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
+    return (visible.tril() if causal else visible).expand(batch, q_len, k_len)
 
 
 def _softcapped_attention(
@@ -353,13 +363,14 @@ def _softcapped_attention(
     scale: float,
     sinks: torch.Tensor | None,
     softcap: float,
+    causal: bool,
 ) -> torch.Tensor:
     """:func:`_attend` with ``softcap * tanh(scores / softcap)``: a batched masked matmul in float32."""
     batch, q_len, heads, head_dim = q.shape
     kv_heads, k_len = keys.shape[2], keys.shape[1]
     group = heads // kv_heads
     if visible is None:
-        visible = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril().expand(batch, q_len, k_len)
+        visible = _default_visible(batch, q_len, k_len, causal, q.device)
     qg = q.float().view(batch, q_len, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)  # [B, kv, g, q, d]
     kt = keys.float().permute(0, 2, 3, 1).unsqueeze(2)  # [B, kv, 1, d, k]
     vt = values.float().permute(0, 2, 1, 3).unsqueeze(2)  # [B, kv, 1, k, d]
@@ -379,23 +390,26 @@ def _attend_decode_rows(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     meta: PagedAttentionMetadata,
-    rows: list[int],
+    rows: list[int] | slice,
     scale: float,
     sliding_window: int | None,
     sinks: torch.Tensor | None,
     softcap: float | None,
 ) -> torch.Tensor:
     """One query token per row, [D, h, d]: all rows in one call padded to the longest context."""
-    ctx_host = [meta.context_lens_host[r] for r in rows]
+    ctx_host = meta.context_lens_host[rows] if isinstance(rows, slice) else [meta.context_lens_host[r] for r in rows]
     longest = max(ctx_host)
     keys = _gather_kv(k_cache, meta.block_tables, rows, longest, "k")  # [D, L, kv, d]
     values = _gather_kv(v_cache, meta.block_tables, rows, longest, "v")
-    ctx = torch.tensor(ctx_host, device=q.device).view(-1, 1)
-    k_pos = torch.arange(longest, device=q.device).view(1, -1)
-    visible = k_pos < ctx  # the query sits at ctx - 1
-    if sliding_window is not None:
-        visible &= k_pos >= ctx - sliding_window
-    return _attend(q.unsqueeze(1), keys, values, visible.unsqueeze(1), scale, sinks, softcap).squeeze(1)
+    visible = None  # every row sees all `longest` keys
+    if sliding_window is not None or min(ctx_host) < longest:
+        ctx = torch.tensor(ctx_host, device=q.device).view(-1, 1)
+        k_pos = torch.arange(longest, device=q.device).view(1, -1)
+        visible = k_pos < ctx  # the query sits at ctx - 1
+        if sliding_window is not None:
+            visible &= k_pos >= ctx - sliding_window
+        visible = visible.unsqueeze(1)
+    return _attend(q.unsqueeze(1), keys, values, visible, scale, sinks, softcap).squeeze(1)
 
 
 def _attend_one_row(
@@ -421,4 +435,4 @@ def _attend_one_row(
         if sliding_window is not None:
             visible &= k_pos > q_pos - sliding_window
         visible = visible.unsqueeze(0)
-    return _attend(q.unsqueeze(0), keys, values, visible, scale, sinks, softcap).squeeze(0)
+    return _attend(q.unsqueeze(0), keys, values, visible, scale, sinks, softcap, causal=True).squeeze(0)

@@ -154,12 +154,18 @@ def test_torch_path_half_precision(dtype: torch.dtype) -> None:
     torch.testing.assert_close(got.float(), want.float(), **tolerance(dtype))
 
 
-def test_torch_path_decode_only_and_prefill_only() -> None:
-    for rows in ([(1, 5), (1, 40), (1, 17)], [(12, 12), (30, 30)]):
-        step = make_step(rows, heads=4, kv_heads=2, head_dim=32, block_size=8)
-        want = paged_attention_reference(step.query, step.k_cache, step.v_cache, step.meta, scale=0.2)
-        got = paged_attention_torch(step.query, step.k_cache, step.v_cache, step.meta, scale=0.2)
-        torch.testing.assert_close(got, want, **tolerance(torch.float32))
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(v) or "plain")
+@pytest.mark.parametrize(
+    "rows",
+    [[(1, 5), (1, 40), (1, 17)], [(1, 24), (1, 24)], [(12, 12), (30, 30)]],
+    ids=["decode", "decode-equal-lengths", "prefill"],
+)
+def test_torch_path_decode_only_and_prefill_only(rows: list, variant: dict) -> None:
+    step = make_step(rows, heads=4, kv_heads=2, head_dim=32, block_size=8)
+    kwargs = variant_kwargs(variant, 4)
+    want = paged_attention_reference(step.query, step.k_cache, step.v_cache, step.meta, scale=0.2, **kwargs)
+    got = paged_attention_torch(step.query, step.k_cache, step.v_cache, step.meta, scale=0.2, **kwargs)
+    torch.testing.assert_close(got, want, **tolerance(torch.float32))
 
 
 def test_bad_shapes_are_refused() -> None:
