@@ -167,8 +167,8 @@ def paged_attention(
 ) -> torch.Tensor:
     """query [N, heads, head_dim] → [N, heads, head_dim] (see the module docstring).
 
-    On CUDA with Triton: one kernel launch whose grid depends only on tensor shapes (CUDA-graph
-    capturable; the host lists in ``meta`` are not read). Elsewhere: the batched torch path
+    On CUDA with Triton: one kernel launch (a second merges split keys) whose grid depends only
+    on tensor shapes (CUDA-graph capturable; the host lists in ``meta`` are not read). Elsewhere: the batched torch path
     (:func:`paged_attention_torch`). ``use_triton`` follows :func:`kernels.select_backend`
     (``True`` with ``TRITON_INTERPRET=1`` runs the kernel on CPU tensors, for tests).
     ``num_kv_splits`` (Triton only; a power of two): split each row's keys over that many
