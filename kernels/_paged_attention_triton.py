@@ -9,6 +9,10 @@ search over ``query_start`` and exits when its tile lies past the row's queries.
 walked ``TILE_N`` positions at a time with an online softmax; loop bounds come from
 ``context_lens`` inside the kernel, so the launch depends only on tensor shapes and can be
 captured in a CUDA graph. The same tiling is used by vLLM's unified Triton attention.
+
+Small decode-only steps also split each tile's keys over ``NUM_SPLITS`` programs (grid axis 2;
+flash-decoding): each stores its unnormalised partial state and ``_merge_splits_kernel``
+rescales them to one maximum, adds the sink and normalises.
 """
 
 from __future__ import annotations
