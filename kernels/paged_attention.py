@@ -14,6 +14,8 @@ softmax. The Triton kernel and the CPU fast path are tested against it.
 
 from __future__ import annotations
 
+import functools
+import threading
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -140,6 +142,7 @@ def paged_attention_reference(
     return out
 
 
+@functools.cache
 def _triton_module() -> ModuleType | None:
     """``kernels._paged_attention_triton``, or None when Triton cannot be imported."""
     try:
@@ -160,13 +163,16 @@ def paged_attention(
     sinks: torch.Tensor | None = None,
     softcap: float | None = None,
     use_triton: bool | None = None,
+    num_kv_splits: int | None = None,
 ) -> torch.Tensor:
     """query [N, heads, head_dim] → [N, heads, head_dim] (see the module docstring).
 
-    On CUDA with Triton: one kernel launch whose grid depends only on tensor shapes (CUDA-graph
-    capturable; the host lists in ``meta`` are not read). Elsewhere: the batched torch path
+    On CUDA with Triton: one kernel launch (a second merges split keys) whose grid depends only
+    on tensor shapes (CUDA-graph capturable; the host lists in ``meta`` are not read). Elsewhere: the batched torch path
     (:func:`paged_attention_torch`). ``use_triton`` follows :func:`kernels.select_backend`
     (``True`` with ``TRITON_INTERPRET=1`` runs the kernel on CPU tensors, for tests).
+    ``num_kv_splits`` (Triton only; a power of two): split each row's keys over that many
+    programs and merge (flash-decoding); None picks from shapes (small decode-only steps split).
     """
     _check_shapes(query, k_cache, v_cache, meta, sinks)
     if select_backend(query, use_triton) == "triton":
@@ -183,6 +189,7 @@ def paged_attention(
                 sliding_window=sliding_window,
                 sinks=sinks,
                 softcap=softcap,
+                num_kv_splits=num_kv_splits,
             )
     return paged_attention_torch(
         query, k_cache, v_cache, meta, scale=scale, sliding_window=sliding_window, sinks=sinks, softcap=softcap
@@ -198,15 +205,20 @@ def _check_shapes(
 ) -> None:
     """Shape agreement between query, caches, sinks and metadata (cheap; no device sync)."""
     if query.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(f"query [N, heads, dim] and caches [blocks, block_size, kv_heads, dim] expected, "
-                         f"got {tuple(query.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+        raise ValueError(
+            "query [N, heads, dim] and caches [blocks, block_size, kv_heads, dim] expected, "
+            f"got {tuple(query.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}"
+        )
     heads, head_dim = query.shape[1:]
     kv_heads = k_cache.shape[2]
     if k_cache.shape[3] != head_dim or heads % kv_heads:
-        raise ValueError(f"{heads} query heads of dim {head_dim} cannot share {kv_heads} kv heads of dim {k_cache.shape[3]}")
+        raise ValueError(
+            f"{heads} query heads of dim {head_dim} cannot share {kv_heads} kv heads of dim {k_cache.shape[3]}"
+        )
     if sinks is not None and sinks.shape != (heads,):
         raise ValueError(f"sinks must be [{heads}], got {tuple(sinks.shape)}")
-    if meta.block_tables.shape[0] != meta.context_lens.shape[0] or meta.query_start.shape[0] != meta.context_lens.shape[0] + 1:
+    rows = meta.context_lens.shape[0]
+    if meta.block_tables.shape[0] != rows or meta.query_start.shape[0] != rows + 1:
         raise ValueError("metadata rows disagree: block_tables [R, B], context_lens [R], query_start [R + 1]")
 
 
@@ -228,8 +240,10 @@ def paged_attention_torch(
     mask. Each multi-token row is one SDPA call with its causal offset mask. Sinks ride along as
     an extra key; a softcap (which SDPA cannot apply) takes a masked float32 matmul instead.
     """
-    out = torch.empty_like(query)
     decode_rows = [r for r, q_len in enumerate(meta.query_lens_host) if q_len == 1]
+    if len(decode_rows) == query.shape[0] == meta.num_rows:  # a decode-only step: no indexing
+        return _attend_decode_rows(query, k_cache, v_cache, meta, slice(None), scale, sliding_window, sinks, softcap)
+    out = torch.empty_like(query)
     if decode_rows:
         starts = _query_starts(meta)
         tokens = [starts[r] for r in decode_rows]
@@ -257,15 +271,46 @@ def _query_starts(meta: PagedAttentionMetadata) -> list[int]:
     return starts
 
 
+_WORKSPACE_MAX_BYTES = 64 << 20  # gathers up to this size reuse one buffer per thread
+_workspace = threading.local()
+
+
+def _gather_buffer(slot: str, numel: int, like: torch.Tensor) -> torch.Tensor | None:
+    """A reusable [numel] buffer for gathered keys or values (``slot`` "k"/"v"), or None when
+    the gather is too large to keep. Reusing it spares the CPU the page faults of a fresh large
+    allocation on every layer of every step (several times the copy itself)."""
+    if numel * like.element_size() > _WORKSPACE_MAX_BYTES:
+        return None
+    buffers = getattr(_workspace, "buffers", None)
+    if buffers is None:
+        buffers = _workspace.buffers = {}
+    key = (slot, like.device, like.dtype)
+    buf = buffers.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = buffers[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
+    return buf[:numel]
+
+
 def _gather_kv(
-    cache: torch.Tensor, block_tables: torch.Tensor, rows: list[int] | int, length: int
+    cache: torch.Tensor, block_tables: torch.Tensor, rows: list[int] | slice | int, length: int, slot: str
 ) -> torch.Tensor:
-    """The first ``length`` cached positions of ``rows``: [len(rows), length, kv, d] (or one row)."""
-    block_size, kv_heads, head_dim = cache.shape[1:]
+    """The first ``length`` cached positions of ``rows``: [rows, length, kv, d] (or one row).
+
+    ``index_select`` of whole flattened blocks (several times faster on the CPU than advanced
+    indexing of the 4-d cache) into a per-thread buffer that lives until the next gather of
+    the same ``slot``: use the result before gathering again.
+    """
+    num_blocks, block_size, kv_heads, head_dim = cache.shape
     width = -(-length // block_size)
-    blocks = block_tables[rows, :width].long()
-    gathered = cache[blocks]  # [..., width, block_size, kv, d]
-    return gathered.reshape(*blocks.shape[:-1], width * block_size, kv_heads, head_dim)[..., :length, :, :]
+    blocks = block_tables[rows, :width]
+    flat = cache.view(num_blocks, -1)
+    ids = blocks.reshape(-1).long()
+    buf = _gather_buffer(slot, ids.numel() * flat.shape[1], cache)
+    if buf is None:
+        gathered = flat.index_select(0, ids)
+    else:
+        gathered = torch.index_select(flat, 0, ids, out=buf.view(ids.numel(), flat.shape[1]))
+    return gathered.view(*blocks.shape[:-1], width * block_size, kv_heads, head_dim)[..., :length, :, :]
 
 
 def _attend(
@@ -276,30 +321,38 @@ def _attend(
     scale: float,
     sinks: torch.Tensor | None,
     softcap: float | None,
+    causal: bool = False,
 ) -> torch.Tensor:
     """q [B, q, h, d] over keys/values [B, k, kv, d] → [B, q, h, d] in q's dtype.
 
-    ``visible`` [B, q, k] (None: plain causal with q == k). SDPA does the work unless a softcap
-    is asked for; a sink rides along as one extra key of zeros whose additive mask is the sink
-    logit, so it joins the softmax denominator and adds nothing to the output.
+    ``visible`` [B, q, k]; None: every key, or plain causal (q == k) with ``causal``. SDPA does
+    the work unless a softcap is asked for; a sink rides along as one extra key of zeros whose
+    additive mask is the sink logit, so it joins the softmax denominator and adds nothing to the
+    output.
     """
     if softcap:
-        return _softcapped_attention(q, keys, values, visible, scale, sinks, softcap)
+        return _softcapped_attention(q, keys, values, visible, scale, sinks, softcap, causal)
     batch, q_len, heads, _ = q.shape
     keys, values = keys.to(q.dtype).transpose(1, 2), values.to(q.dtype).transpose(1, 2)  # [B, kv, k, d]
     mask = None if visible is None else visible.unsqueeze(1)  # [B, 1, q, k]
     if sinks is not None:
         if mask is None:
-            mask = torch.ones(q_len, q_len, dtype=torch.bool, device=q.device).tril().expand(batch, 1, q_len, q_len)
+            mask = _default_visible(batch, q_len, keys.shape[2], causal, q.device).unsqueeze(1)
         mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
         sink = sinks.to(q.dtype).view(1, heads, 1, 1).expand(batch, heads, q_len, 1)
         mask = torch.cat([mask.expand(batch, heads, q_len, -1), sink], dim=-1)
         keys = F.pad(keys, (0, 0, 0, 1))
         values = F.pad(values, (0, 0, 0, 1))
     out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), keys, values, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True
+        q.transpose(1, 2), keys, values, attn_mask=mask, is_causal=causal and mask is None, scale=scale, enable_gqa=True
     )
     return out.transpose(1, 2)
+
+
+def _default_visible(batch: int, q_len: int, k_len: int, causal: bool, device: torch.device) -> torch.Tensor:
+    """[B, q, k] bool: lower-triangular when ``causal`` (q == k), else all True."""
+    visible = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
+    return (visible.tril() if causal else visible).expand(batch, q_len, k_len)
 
 
 def _softcapped_attention(
@@ -310,13 +363,14 @@ def _softcapped_attention(
     scale: float,
     sinks: torch.Tensor | None,
     softcap: float,
+    causal: bool,
 ) -> torch.Tensor:
     """:func:`_attend` with ``softcap * tanh(scores / softcap)``: a batched masked matmul in float32."""
     batch, q_len, heads, head_dim = q.shape
     kv_heads, k_len = keys.shape[2], keys.shape[1]
     group = heads // kv_heads
     if visible is None:
-        visible = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril().expand(batch, q_len, k_len)
+        visible = _default_visible(batch, q_len, k_len, causal, q.device)
     qg = q.float().view(batch, q_len, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)  # [B, kv, g, q, d]
     kt = keys.float().permute(0, 2, 3, 1).unsqueeze(2)  # [B, kv, 1, d, k]
     vt = values.float().permute(0, 2, 1, 3).unsqueeze(2)  # [B, kv, 1, k, d]
@@ -336,23 +390,26 @@ def _attend_decode_rows(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     meta: PagedAttentionMetadata,
-    rows: list[int],
+    rows: list[int] | slice,
     scale: float,
     sliding_window: int | None,
     sinks: torch.Tensor | None,
     softcap: float | None,
 ) -> torch.Tensor:
     """One query token per row, [D, h, d]: all rows in one call padded to the longest context."""
-    ctx_host = [meta.context_lens_host[r] for r in rows]
+    ctx_host = meta.context_lens_host[rows] if isinstance(rows, slice) else [meta.context_lens_host[r] for r in rows]
     longest = max(ctx_host)
-    keys = _gather_kv(k_cache, meta.block_tables, rows, longest)  # [D, L, kv, d]
-    values = _gather_kv(v_cache, meta.block_tables, rows, longest)
-    ctx = torch.tensor(ctx_host, device=q.device).view(-1, 1)
-    k_pos = torch.arange(longest, device=q.device).view(1, -1)
-    visible = k_pos < ctx  # the query sits at ctx - 1
-    if sliding_window is not None:
-        visible &= k_pos >= ctx - sliding_window
-    return _attend(q.unsqueeze(1), keys, values, visible.unsqueeze(1), scale, sinks, softcap).squeeze(1)
+    keys = _gather_kv(k_cache, meta.block_tables, rows, longest, "k")  # [D, L, kv, d]
+    values = _gather_kv(v_cache, meta.block_tables, rows, longest, "v")
+    visible = None  # every row sees all `longest` keys
+    if sliding_window is not None or min(ctx_host) < longest:
+        ctx = torch.tensor(ctx_host, device=q.device).view(-1, 1)
+        k_pos = torch.arange(longest, device=q.device).view(1, -1)
+        visible = k_pos < ctx  # the query sits at ctx - 1
+        if sliding_window is not None:
+            visible &= k_pos >= ctx - sliding_window
+        visible = visible.unsqueeze(1)
+    return _attend(q.unsqueeze(1), keys, values, visible, scale, sinks, softcap).squeeze(1)
 
 
 def _attend_one_row(
@@ -368,8 +425,8 @@ def _attend_one_row(
 ) -> torch.Tensor:
     """A multi-token row [q, h, d] over its context (plain causal when it is a whole prefill)."""
     q_len, ctx = q.shape[0], meta.context_lens_host[row]
-    keys = _gather_kv(k_cache, meta.block_tables, row, ctx).unsqueeze(0)  # [1, ctx, kv, d]
-    values = _gather_kv(v_cache, meta.block_tables, row, ctx).unsqueeze(0)
+    keys = _gather_kv(k_cache, meta.block_tables, row, ctx, "k").unsqueeze(0)  # [1, ctx, kv, d]
+    values = _gather_kv(v_cache, meta.block_tables, row, ctx, "v").unsqueeze(0)
     visible = None
     if sliding_window is not None or q_len != ctx:
         q_pos = torch.arange(ctx - q_len, ctx, device=q.device).view(-1, 1)
@@ -378,4 +435,4 @@ def _attend_one_row(
         if sliding_window is not None:
             visible &= k_pos > q_pos - sliding_window
         visible = visible.unsqueeze(0)
-    return _attend(q.unsqueeze(0), keys, values, visible, scale, sinks, softcap).squeeze(0)
+    return _attend(q.unsqueeze(0), keys, values, visible, scale, sinks, softcap, causal=True).squeeze(0)

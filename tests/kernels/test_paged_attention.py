@@ -3,8 +3,12 @@ kernel (interpreter on CPU, compiled on CUDA) against the oracle on mixed steps.
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,17 +60,19 @@ def make_step(
     keys = [torch.randn(ctx, kv_heads, head_dim, generator=gen).to(dtype) for _, ctx in rows]
     values = [torch.randn(ctx, kv_heads, head_dim, generator=gen).to(dtype) for _, ctx in rows]
     # The cached prefix of each row goes in through the same write path as the new tokens.
-    prefix = PagedAttentionMetadata.build(tables, [ctx - q for q, ctx in rows], [ctx - q for q, ctx in rows], block_size, torch.device("cpu"))
+    cached = [ctx - q for q, ctx in rows]
+    prefix = PagedAttentionMetadata.build(tables, cached, cached, block_size, torch.device("cpu"))
     if prefix.slot_mapping.numel():
         write_kv(k_cache, v_cache, torch.cat([k[: ctx - q] for k, (q, ctx) in zip(keys, rows)]),
                  torch.cat([v[: ctx - q] for v, (q, ctx) in zip(values, rows)]), prefix.slot_mapping)
-    meta = PagedAttentionMetadata.build(tables, [q for q, _ in rows], [ctx for _, ctx in rows], block_size, torch.device("cpu"))
+    q_lens, ctx_lens = [q for q, _ in rows], [ctx for _, ctx in rows]
+    meta = PagedAttentionMetadata.build(tables, q_lens, ctx_lens, block_size, torch.device("cpu"))
     write_kv(k_cache, v_cache, torch.cat([k[ctx - q :] for k, (q, ctx) in zip(keys, rows)]),
              torch.cat([v[ctx - q :] for v, (q, ctx) in zip(values, rows)]), meta.slot_mapping)
     query = torch.randn(sum(q for q, _ in rows), heads, head_dim, generator=gen).to(dtype)
     device = torch.device(device)
     if device.type != "cpu":
-        meta = PagedAttentionMetadata.build(tables, [q for q, _ in rows], [ctx for _, ctx in rows], block_size, device)
+        meta = PagedAttentionMetadata.build(tables, q_lens, ctx_lens, block_size, device)
         query, k_cache, v_cache = query.to(device), k_cache.to(device), v_cache.to(device)
     return Step(query, k_cache, v_cache, meta, keys, values)
 
@@ -148,12 +154,18 @@ def test_torch_path_half_precision(dtype: torch.dtype) -> None:
     torch.testing.assert_close(got.float(), want.float(), **tolerance(dtype))
 
 
-def test_torch_path_decode_only_and_prefill_only() -> None:
-    for rows in ([(1, 5), (1, 40), (1, 17)], [(12, 12), (30, 30)]):
-        step = make_step(rows, heads=4, kv_heads=2, head_dim=32, block_size=8)
-        want = paged_attention_reference(step.query, step.k_cache, step.v_cache, step.meta, scale=0.2)
-        got = paged_attention_torch(step.query, step.k_cache, step.v_cache, step.meta, scale=0.2)
-        torch.testing.assert_close(got, want, **tolerance(torch.float32))
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(v) or "plain")
+@pytest.mark.parametrize(
+    "rows",
+    [[(1, 5), (1, 40), (1, 17)], [(1, 24), (1, 24)], [(12, 12), (30, 30)]],
+    ids=["decode", "decode-equal-lengths", "prefill"],
+)
+def test_torch_path_decode_only_and_prefill_only(rows: list, variant: dict) -> None:
+    step = make_step(rows, heads=4, kv_heads=2, head_dim=32, block_size=8)
+    kwargs = variant_kwargs(variant, 4)
+    want = paged_attention_reference(step.query, step.k_cache, step.v_cache, step.meta, scale=0.2, **kwargs)
+    got = paged_attention_torch(step.query, step.k_cache, step.v_cache, step.meta, scale=0.2, **kwargs)
+    torch.testing.assert_close(got, want, **tolerance(torch.float32))
 
 
 def test_bad_shapes_are_refused() -> None:
@@ -191,8 +203,25 @@ def test_triton_decode_only_step(backend: torch.device) -> None:
     """N == R: one token per tile, no spare tiles; odd block size 5 and a padded head dim 40."""
     step = make_step([(1, 9), (1, 23), (1, 1)], heads=6, kv_heads=2, head_dim=40, block_size=5, device=backend)
     want = paged_attention_reference(step.query, step.k_cache, step.v_cache, step.meta, scale=0.15, sliding_window=10)
-    got = paged_attention(step.query, step.k_cache, step.v_cache, step.meta, scale=0.15, sliding_window=10, use_triton=True)
+    got = paged_attention(
+        step.query, step.k_cache, step.v_cache, step.meta, scale=0.15, sliding_window=10, use_triton=True
+    )
     torch.testing.assert_close(got, want, **tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_triton_padding_row_of_a_graph_bucket_is_zero(backend: torch.device, with_sinks: bool) -> None:
+    """A row padding a captured batch (one query, empty context) reads nothing and writes zeros."""
+    step = make_step([(1, 20), (1, 1), (1, 7)], heads=4, kv_heads=2, head_dim=32, device=backend)
+    step.meta.context_lens[1] = 0
+    step.meta.context_lens_host[1] = 0
+    sinks = torch.ones(4, device=backend) if with_sinks else None
+    want = paged_attention_reference(step.query, step.k_cache, step.v_cache, step.meta, scale=0.2, sinks=sinks)
+    for splits in (1, 2):
+        got = paged_attention(step.query, step.k_cache, step.v_cache, step.meta, scale=0.2, sinks=sinks,
+                              use_triton=True, num_kv_splits=splits)
+        assert torch.count_nonzero(got[1]) == 0
+        torch.testing.assert_close(got, want, **tolerance(torch.float32))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -202,6 +231,42 @@ def test_triton_half_precision(backend: torch.device, dtype: torch.dtype) -> Non
     got = paged_attention(step.query, step.k_cache, step.v_cache, step.meta, scale=0.125, use_triton=True)
     assert got.dtype == dtype
     torch.testing.assert_close(got.float(), want.float(), **tolerance(dtype))
+
+
+SPLIT_CASES = [
+    pytest.param([(1, 70), (1, 5), (1, 33)], {}, id="decode"),
+    pytest.param([(1, 70), (1, 5), (1, 33)], {"sliding_window": 9, "sinks": True}, id="decode-window-sinks"),
+    pytest.param([(1, 70), (1, 5), (1, 33)], {"softcap": 4.0}, id="decode-softcap"),
+    pytest.param([(1, 37), (9, 9), (0, 6), (3, 19)], {"sinks": True}, id="mixed-sinks"),
+]
+
+
+@pytest.mark.parametrize("rows,variant", SPLIT_CASES)
+def test_triton_split_keys(backend: torch.device, rows: list, variant: dict) -> None:
+    """Flash-decoding: keys split over 4 programs, partial softmax states merged (empty splits
+    included: a 5-token context leaves three of them nothing)."""
+    step = make_step(rows, heads=6, kv_heads=2, head_dim=64, device=backend, seed=5)
+    kwargs = variant_kwargs(variant, 6, backend)
+    want = paged_attention_reference(step.query, step.k_cache, step.v_cache, step.meta, scale=0.125, **kwargs)
+    got = paged_attention(
+        step.query, step.k_cache, step.v_cache, step.meta, scale=0.125, use_triton=True, num_kv_splits=4, **kwargs
+    )
+    torch.testing.assert_close(got, want, **tolerance(torch.float32))
+
+
+def test_triton_split_count_must_be_a_power_of_two(backend: torch.device) -> None:
+    step = make_step([(1, 8)], heads=2, kv_heads=1, head_dim=16, device=backend)
+    with pytest.raises(ValueError, match="power of two"):
+        paged_attention(step.query, step.k_cache, step.v_cache, step.meta, scale=1.0, use_triton=True, num_kv_splits=3)
+
+
+def test_triton_float32_query_over_a_bfloat16_cache(backend: torch.device) -> None:
+    step = make_step([(1, 12), (4, 9)], heads=4, kv_heads=2, head_dim=32, dtype=torch.bfloat16, device=backend)
+    query = step.query.float()
+    want = paged_attention_reference(query, step.k_cache, step.v_cache, step.meta, scale=0.2)
+    got = paged_attention(query, step.k_cache, step.v_cache, step.meta, scale=0.2, use_triton=True)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, **tolerance(torch.bfloat16))
 
 
 # ---- CUDA only ------------------------------------------------------------------------------
@@ -225,3 +290,66 @@ def test_cuda_default_dispatch_and_graph_capture() -> None:
     graph.replay()
     want = paged_attention_reference(step.query, step.k_cache, step.v_cache, step.meta, scale=0.125)
     torch.testing.assert_close(out.float(), want.float(), **tolerance(torch.bfloat16))
+
+
+# ---- compiled for a GPU without one -----------------------------------------------------------
+
+_COMPILE_SCRIPT = r"""
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernels import _paged_attention_triton as mod
+
+fn = mod._paged_attention_kernel
+names = list(fn.arg_names)
+pointers = {"sinks_ptr": "*fp32", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
+            "block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "query_start_ptr": "*i32"}
+def constexprs(fn, constants):
+    names = list(fn.arg_names)
+    return {(names.index(k),): v for k, v in constants.items()}
+
+cases = (("bf16", (True, True, True), 1), ("fp32", (False, False, False), 1), ("fp16", (True, False, True), 8))
+for dtype, flags, splits in cases:
+    signature = {}
+    for name in names:
+        if name.isupper():
+            signature[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            signature[name] = pointers.get(name, "*" + dtype)
+        else:
+            signature[name] = "fp32" if name in ("scale", "softcap") else "i32"
+    constants = dict(GROUP=3, BLOCK_Q=5, BLOCK_M=16, TILE_N=32, HEAD_DIM=64, HAS_SINKS=flags[0], HAS_SOFTCAP=flags[1],
+                     HAS_WINDOW=flags[2], IEEE_DOT=dtype == "fp32", FP32_OPERANDS=False, NUM_SPLITS=splits)
+    source = ASTSource(fn, signature, constexprs=constexprs(fn, constants))
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+    if dtype == "bf16":  # fp32 runs IEEE (no TF32), which stays on the FMA units
+        assert "mma.sync" in compiled.asm["ptx"], "tl.dot did not lower to tensor-core MMA"
+merge = mod._merge_splits_kernel
+def merge_type(name):
+    if name.isupper():
+        return "constexpr"
+    return ("*bf16" if name == "out_ptr" else "*fp32") if name.endswith("_ptr") else "i32"
+signature = {name: merge_type(name) for name in merge.arg_names}
+constants = dict(NUM_SPLITS=8, HEAD_DIM=64, HAS_SINKS=True)
+triton.compile(ASTSource(merge, signature, constexprs=constexprs(merge, constants)), target=GPUTarget("cuda", 90, 32))
+print("compiled")
+"""
+
+
+def test_kernel_compiles_for_sm90_without_a_gpu() -> None:
+    """Lower the kernel through Triton's NVIDIA backend and ptxas for an H100 (sm_90): catches
+    what the interpreter forgives (types across loop iterations, dot shapes, constexpr misuse)."""
+    triton = pytest.importorskip("triton")
+    try:
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+        from triton.compiler import ASTSource  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - depends on the Triton version
+        pytest.skip(f"Triton {triton.__version__} has no ahead-of-time compile API: {exc}")
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", _COMPILE_SCRIPT], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
+    if proc.returncode and "ptxas" in proc.stderr and "No such file" in proc.stderr:  # pragma: no cover
+        pytest.skip("Triton's bundled ptxas is missing")
+    assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
