@@ -64,7 +64,7 @@ def fill_bitmasks(
     for i in failures:
         bitmask[i] = -1  # the row is dropped; a full mask keeps the sampler's math sane
     if valid_bits is not None:
-        _fail_empty_rows(bitmask, valid_bits, failures)
+        fail_empty_rows(bitmask, valid_bits, failures)
     return failures
 
 
@@ -98,7 +98,8 @@ def _fill_rows(matchers: Sequence[Any], bitmask: "torch.Tensor", rows: list[int]
             failures[i] = f"constraint matcher failed: {type(exc).__name__}: {exc}"
 
 
-def _fail_empty_rows(bitmask: "torch.Tensor", valid_bits: "torch.Tensor", failures: dict[int, str]) -> None:
+def fail_empty_rows(bitmask: "torch.Tensor", valid_bits: "torch.Tensor", failures: dict[int, str]) -> None:
+    """Record rows that allow no token (of the ``valid_bits``) in ``failures`` and set them full."""
     # numpy, not torch: torch spreads a [64, W] reduction over its intra-op thread team, which
     # the forward running beside this fill is using (measured: 100 ms instead of 0.1 ms on a
     # loaded 2-core machine)

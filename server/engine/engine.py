@@ -101,7 +101,7 @@ class Engine:
         self.max_draft_tokens = max_draft_tokens
         # 0: one fill thread per masked row up to one per core beside a GPU; on the CPU the
         # forward's torch threads already use every core, so the fill keeps to one thread
-        self.mask_fill_threads = mask_fill_threads or (0 if runner.device.type == "cuda" else 1)
+        self.mask_fill_threads = mask_fill_threads if mask_fill_threads > 0 else int(runner.device.type != "cuda")
         self.stats = EngineStats()
         self.last_step_at = time.monotonic()
         self._admission = AdmissionControl(max_waiting_seqs, max_waiting_tokens)
