@@ -169,6 +169,14 @@ class LoraLinear(nn.Module):
     def weight(self) -> torch.Tensor:
         return self.base.weight
 
+    @property
+    def in_features(self) -> int:
+        return self.base.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.base.out_features
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
         runner = self._runner[0]

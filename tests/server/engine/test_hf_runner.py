@@ -208,3 +208,34 @@ def test_unsupported_architectures_are_refused_in_one_line(tmp_path, config, nam
     with pytest.raises(UnsupportedModelError, match=named) as info:
         load_model(directory, torch.float32, torch.device("cpu"))
     assert "\n" not in str(info.value)
+
+
+def test_lora_rows_equal_their_merged_models_in_one_step(tiny_model_dir, tmp_path_factory):
+    """Per-row adapters (two adapters and the base model in one step) equal peft's merged weights."""
+    from server.engine.lora import LoraBank, load_adapter
+    from tests.server.lora_util import make_adapter
+
+    root = tmp_path_factory.mktemp("hf-lora")
+    a = make_adapter(tiny_model_dir, root / "a", seed=1, merged_dir=root / "a-merged")
+    b = make_adapter(tiny_model_dir, root / "b", seed=2, targets=["q_proj", "v_proj", "down_proj"], rank=8, alpha=4.0,
+                     use_rslora=True, merged_dir=root / "b-merged")
+    cpu = torch.device("cpu")
+    hf = load_model(tiny_model_dir, torch.float32, cpu)
+    bank = LoraBank([load_adapter("a", a, hf), load_adapter("b", b, hf)])
+    runner = TransformersRunner(hf, num_blocks=32, block_size=BLOCK, lora=bank)
+    prompts = [PROMPT_A, PROMPT_C, PROMPT_B]
+
+    def logits_of(model_runner, chosen, adapters=None):
+        allocator = Blocks(32)
+        rows = [(allocator.grow([], len(prompts[i])), prompts[i], 0) for i in chosen]
+        return model_runner.forward(StepBatch.build(rows, BLOCK, cpu, row_adapters=adapters))
+
+    mixed = logits_of(runner, [0, 1, 2], adapters=[1, 0, 2])
+    base = TransformersRunner(load_model(tiny_model_dir, torch.float32, cpu), num_blocks=32, block_size=BLOCK)
+    merged = {n: TransformersRunner(load_model(root / f"{n}-merged", torch.float32, cpu), 32, BLOCK) for n in "ab"}
+    torch.testing.assert_close(mixed[0], logits_of(merged["a"], [0])[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(mixed[1], logits_of(base, [1])[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(mixed[2], logits_of(merged["b"], [2])[0], atol=1e-4, rtol=1e-4)
+    assert (mixed[0] - logits_of(base, [0])[0]).abs().max() > 1e-2  # the adapter changes the output
+    assert runner.step_lora is None  # the step's groups do not leak into the next forward
+    torch.testing.assert_close(logits_of(runner, [0])[0], logits_of(base, [0])[0], atol=1e-5, rtol=1e-5)
