@@ -48,6 +48,7 @@ SUPPORTED_MODEL_TYPES: dict[str, str] = {
     "gpt_oss": "gpt-oss",
     "glm": "GLM-4 (GLM-4-9B-chat-hf)",
     "glm4": "GLM-4-0414",
+    "glm4_moe": "GLM-4.5 / GLM-4.6 (MoE; multi-token-prediction layers are not run)",
 }
 
 # Refusals with a reason more useful than "not in the list".
