@@ -145,7 +145,8 @@ def main() -> None:
         blocks = batch * -(-capacity // args.block_size)
         drivers = {
             "hand-written (model.py)": SlotDriver(slot_model.ModelRunner(slot_hf, batch, capacity + 1), prompts),
-            "transformers + paged": PagedDriver(TransformersRunner(paged_hf, blocks, args.block_size), prompts, capacity),
+            "transformers + paged": PagedDriver(TransformersRunner(paged_hf, blocks, args.block_size), prompts,
+                                                capacity),
         }
         timed_rounds(drivers, args.warmup, args.warmup, device)
         if clock:

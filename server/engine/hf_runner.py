@@ -58,7 +58,7 @@ _REFUSED_MODEL_TYPES: dict[str, str] = {
     "deepseek_v32": "multi-head latent attention with sparse indexing is not implemented",
     "kimi_linear": "linear-attention layers keep a recurrent state, not a paged KV cache",
     "qwen3_next": "linear-attention (gated DeltaNet) layers keep a recurrent state, not a paged KV cache",
-    "gemma3": "a multimodal Gemma 3 checkpoint (Gemma3ForConditionalGeneration); serve a text-only export (gemma3_text)",
+    "gemma3": "a multimodal Gemma 3 checkpoint (Gemma3ForConditionalGeneration); serve a text-only gemma3_text export",
 }
 
 

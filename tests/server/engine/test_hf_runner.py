@@ -23,7 +23,8 @@ VOCAB = 320
 BLOCK = 4
 WINDOW = 5  # sliding window of the sliding layers: shorter than every context below
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=None)  # no EOS: generate runs to max_new_tokens
+              num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
+              eos_token_id=None)  # no EOS: generate runs to max_new_tokens, as the paged side does
 
 
 def _configs():
