@@ -242,3 +242,23 @@ def test_lora_rows_equal_their_merged_models_in_one_step(tiny_model_dir, tmp_pat
     assert (mixed[0] - logits_of(base, [0])[0]).abs().max() > 1e-2  # the adapter changes the output
     assert runner.step_lora is None  # the step's groups do not leak into the next forward
     torch.testing.assert_close(logits_of(runner, [0])[0], logits_of(base, [0])[0], atol=1e-5, rtol=1e-5)
+
+
+def test_no_dense_mask_reaches_the_attention(arch, monkeypatch):
+    """transformers builds no mask for the paged implementation: every attention call gets None."""
+    from transformers import AttentionInterface
+
+    from server.engine import hf_runner
+
+    _, paged, _ = arch
+    masks = []
+
+    def recording(module, query, key, value, attention_mask, **kwargs):
+        masks.append(attention_mask)
+        return hf_runner.paged_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    runner = TransformersRunner(paged, num_blocks=16, block_size=BLOCK)  # registers the real function
+    monkeypatch.setitem(AttentionInterface._global_mapping, hf_runner.ATTN_IMPLEMENTATION, recording)
+    blocks = Blocks(16)
+    step(runner, blocks, [Seq(PROMPT_A), Seq(PROMPT_C)])
+    assert len(masks) == paged.config.num_hidden_layers and all(mask is None for mask in masks)
