@@ -41,6 +41,7 @@ STEP_KWARG = "trellis_step"
 SUPPORTED_MODEL_TYPES: dict[str, str] = {
     "llama": "Llama 2/3.x (and DeepSeek-R1 Llama distills)",
     "mistral": "Mistral 7B / Mistral Small (dense; per-config sliding window)",
+    "mixtral": "Mixtral 8x7B / 8x22B (MoE)",
     "qwen2": "Qwen2 / Qwen2.5 (and DeepSeek-R1 Qwen distills)",
     "qwen3": "Qwen3 dense",
     "qwen3_moe": "Qwen3 MoE",

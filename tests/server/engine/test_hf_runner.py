@@ -36,6 +36,7 @@ def _configs():
         GptOssConfig,
         LlamaConfig,
         MistralConfig,
+        MixtralConfig,
         Qwen2Config,
         Qwen3Config,
         Qwen3MoeConfig,
@@ -45,6 +46,7 @@ def _configs():
     return {
         "llama": lambda: LlamaConfig(**COMMON),
         "mistral": lambda: MistralConfig(**COMMON, sliding_window=WINDOW),
+        "mixtral": lambda: MixtralConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW),
         "qwen2": lambda: Qwen2Config(**COMMON, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1,
                                      layer_types=["full_attention", "sliding_attention"]),
         "qwen3": lambda: Qwen3Config(**COMMON, head_dim=16),
