@@ -120,7 +120,7 @@ def build_engine(hf_model, tokenizer, *, max_batch_size: int, max_model_len: int
     settings = Settings(max_batch_size=max_batch_size, max_model_len=max_model_len)  # sized as the server does
     device = next(hf_model.parameters()).device
     dtype = next(hf_model.parameters()).dtype
-    runner = ModelRunner(hf_model, num_blocks=kv_cache_blocks(settings, hf_model, dtype, device),
+    runner = ModelRunner(hf_model, num_blocks=kv_cache_blocks(settings, ModelRunner.kv_shape(hf_model), dtype, device),
                          block_size=settings.block_size)
     if device.type == "cuda":  # decode steps graphed, as the server does
         runner = graph_decode_steps(runner, max_batch_size=max_batch_size, max_model_len=max_model_len,

@@ -11,8 +11,8 @@ import torch
 from server.config import Settings
 from server.context import request_log
 from server.engine.engine import Engine
-from server.engine.kv_cache import plan_num_blocks
-from server.engine.model import ModelRunner, load_hf_model, resolve_dtype
+from server.engine.kv_cache import KVShape, plan_num_blocks
+from server.engine.model import ModelRunner, load_hf_model, resolve_dtype, runs_hand_written
 from server.generation import GenerationStream, GenerationTiming, TokenTexts, start_generation
 from server.metrics import Metrics
 from server.render import PromptRenderer
@@ -131,7 +131,26 @@ def eos_ids(tokenizer, directory) -> frozenset[int]:
     return frozenset(ids)
 
 
-def kv_cache_blocks(settings: Settings, hf_model, dtype: torch.dtype, device: torch.device) -> int:
+def load_runner(settings: Settings, directory, dtype: torch.dtype, device: torch.device):
+    """The model runner and its LoRA bank: the hand-written Llama-family forward where it applies,
+    else transformers' own modelling code over the paged cache (:mod:`server.engine.hf_runner`);
+    an architecture neither can run is refused here in one line."""
+    from transformers import AutoConfig
+
+    from server.engine import hf_runner
+
+    if runs_hand_written(AutoConfig.from_pretrained(directory)):
+        hf_model = load_hf_model(directory, dtype, device)
+        runner_class, shape = ModelRunner, ModelRunner.kv_shape(hf_model)
+    else:
+        hf_model = hf_runner.load_model(directory, dtype, device)
+        runner_class, shape = hf_runner.TransformersRunner, hf_runner.kv_shape(hf_model)
+    lora = load_lora_adapters(settings.lora_modules, hf_model)
+    blocks = kv_cache_blocks(settings, shape, dtype, device)
+    return runner_class(hf_model, num_blocks=blocks, block_size=settings.block_size, lora=lora), lora
+
+
+def kv_cache_blocks(settings: Settings, shape: KVShape, dtype: torch.dtype, device: torch.device) -> int:
     """KV-cache blocks for the settings: what the GPU has left, or the CPU byte budget (by
     default room for ``max_batch_size`` sequences of ``max_model_len`` tokens). One sequence of
     ``max_model_len`` tokens must fit, or the server refuses to start."""
@@ -139,7 +158,6 @@ def kv_cache_blocks(settings: Settings, hf_model, dtype: torch.dtype, device: to
         raise ValueError(f"--block-size must be between 1 and 1024, got {settings.block_size}")
     if not 0.0 < settings.gpu_memory_utilization <= 1.0:
         raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {settings.gpu_memory_utilization}")
-    shape = ModelRunner.kv_shape(hf_model)
     per_sequence = -(-settings.max_model_len // settings.block_size)
     per_block = shape.bytes_per_block(settings.block_size, dtype)
     cpu_bytes = settings.kv_cache_memory_mb * 2**20 or (settings.max_batch_size * per_sequence + 1) * per_block
@@ -162,10 +180,7 @@ def build_state(settings: Settings, source: ModelSource | None = None) -> Server
         torch.set_num_threads(settings.cpu_threads)
     dtype = resolve_dtype(settings.dtype, device)
     tokenizer = load_tokenizer(source.directory)
-    hf_model = load_hf_model(source.directory, dtype, device)
-    lora = load_lora_adapters(settings.lora_modules, hf_model)
-    runner = ModelRunner(hf_model, num_blocks=kv_cache_blocks(settings, hf_model, dtype, device),
-                         block_size=settings.block_size, lora=lora)
+    runner, lora = load_runner(settings, source.directory, dtype, device)
     if device.type == "cuda" and not settings.enforce_eager:  # decode steps replayed from CUDA graphs
         from server.engine.cuda_graphs import graph_decode_steps
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from kernels.paged_attention import paged_attention, write_kv
+from server.engine.hf_runner import UnsupportedModelError
 from server.engine.kv_cache import KVShape, PagedKVCache
 from server.engine.lora import LoraBank, LoraGroups, add_lora
 from server.engine.step_batch import StepBatch
@@ -25,8 +26,14 @@ from server.engine.step_batch import StepBatch
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
-class UnsupportedModelError(RuntimeError):
-    """The model's architecture is not one the runner implements."""
+def runs_hand_written(config) -> bool:
+    """This runner serves the config: a Llama-family model type with full attention in every
+    layer (other architectures, and sliding windows, run in :mod:`server.engine.hf_runner`)."""
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        return False
+    window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
+    layer_types = getattr(config, "layer_types", None) or ()
+    return not window and all(kind == "full_attention" for kind in layer_types)
 
 
 @dataclass(frozen=True)

@@ -264,3 +264,42 @@ def test_no_dense_mask_reaches_the_attention(arch, monkeypatch):
     blocks = Blocks(16)
     step(runner, blocks, [Seq(PROMPT_A), Seq(PROMPT_C)])
     assert len(masks) == paged.config.num_hidden_layers and all(mask is None for mask in masks)
+
+
+def test_engine_generates_like_transformers_with_a_cached_prefix(arch, default_tokenizer):
+    """Through the engine: block manager, scheduler, prefix cache, mixed prefill/decode steps."""
+    from sampler import SamplingParams
+    from server.engine.engine import Engine
+    from server.engine.sequence import GenerationRequest
+
+    _, paged, reference = arch
+    engine = Engine(TransformersRunner(paged, num_blocks=48, block_size=BLOCK), default_tokenizer,
+                    max_batch_size=4, max_model_len=64)
+    outputs: dict[str, list[int]] = {}
+    cached: dict[str, int] = {}
+
+    def submit(name: str, prompt: list[int]) -> None:
+        outputs[name] = []
+
+        def sink(delta) -> None:
+            outputs[name] += delta.token_ids
+            cached[name] = delta.cached_tokens
+
+        engine.submit(GenerationRequest(request_id=name, sink=sink, prompt_token_ids=prompt, max_tokens=NEW,
+                                        params=SamplingParams(temperature=0.0), ignore_eos=True))
+
+    def run_until(names) -> None:
+        for _ in range(200):
+            if all(len(outputs[n]) == NEW for n in names) and not engine.num_running:
+                return
+            engine.step()
+        raise AssertionError("engine did not finish")
+
+    submit("a", PROMPT_A)
+    run_until(["a"])
+    submit("b", PROMPT_B)  # reuses A's first two blocks, batched with C's prefill
+    submit("c", PROMPT_C)
+    run_until(["b", "c"])
+    assert cached["b"] == 8 and cached["c"] == 0
+    for name, prompt in (("a", PROMPT_A), ("b", PROMPT_B), ("c", PROMPT_C)):
+        assert outputs[name] == hf_greedy(reference, prompt, NEW), name
