@@ -31,9 +31,7 @@ STRATEGIES = [ChunkStrategy("one"), ChunkStrategy("special"), ChunkStrategy("tok
 
 KNOWN_GAPS: dict[str, str] = {
     'gemma4/vllm-text-before-call': 'content policy conflict: sglang-text-before-call expects the space before the call kept, this fixture expects it stripped',
-    'gpt-oss/harmony-marker-in-reasoning': "needs token ids: '<|call|>' written as text in reasoning is indistinguishable from the special token in text",
     'gpt-oss/llamacpp-builtin-python-recipient': "built-in 'python' recipient (not a functions.* call) is not supported",
-    'kimi/k3-control-marker-text-in-value': 'needs token ids: marker text inside a value is indistinguishable from the special tokens in text',
 }
 
 
