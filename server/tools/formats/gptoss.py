@@ -117,20 +117,26 @@ class HarmonyParser(SteppingParser):
         output, and a header marker (``<|start|>``, ``<|channel|>``) only when a header
         (``<|message|>``) follows it before the body could end otherwise: anything else is the
         model writing marker text in its message. None: undecided until more text arrives."""
-        hits = []
-        for marker in _TERMINATORS:
+        hits = [(pos, m) for m in _TERMINATORS if (pos := self.buf.find(m)) >= 0]
+        if self.mode != "body":
+            return hits
+        definite = min((pos for pos, m in hits if m in (END, RETURN)), default=len(self.buf))
+        kept = [(pos, m) for pos, m in hits if m in (END, RETURN)]
+        for marker in (CALL, START, CHANNEL):
             pos = self.buf.find(marker)
-            while pos >= 0 and self.mode == "body" and marker in (CALL, START, CHANNEL):
+            while 0 <= pos < definite:
                 rest = self.buf[pos + len(marker) :]
-                verdict = (not rest.strip() if rest.strip() or final else None) if marker == CALL else _opens_header(self.buf[pos:], final)
+                if marker == CALL:
+                    verdict = not rest.strip() if rest.strip() or final else None
+                else:
+                    verdict = _opens_header(self.buf[pos:], final)
                 if verdict is None:
                     return None
                 if verdict:
+                    kept.append((pos, marker))
                     break
                 pos = self.buf.find(marker, pos + len(marker))
-            if pos >= 0:
-                hits.append((pos, marker))
-        return hits
+        return kept
 
     def _close_call(self, body: str, out: list[Event], complete: bool) -> None:
         arguments = loads_object(body.strip())
