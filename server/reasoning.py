@@ -229,8 +229,10 @@ def engine_phase(
     def encode(text: str) -> tuple[int, ...]:
         return tuple(tokenizer.encode(text, add_special_tokens=False)) if text else ()
 
+    end_ids = encode(fmt.end)
     return ReasoningPhase(
-        end_ids=encode(fmt.end),
+        end_ids=end_ids,
+        end_text=fmt.end if len(end_ids) > 1 else "",  # no single token: match the text too
         start_ids=() if setup.starts_inside else encode(fmt.start),
         answer_prefix_ids=encode(answer_prefix),
         budget=setup.budget,

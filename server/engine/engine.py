@@ -39,7 +39,7 @@ from server.engine.errors import EngineDead, EngineOverloaded, EngineUnavailable
 from server.engine.block_manager import BlockManager, BlockTable
 from server.engine.model import ModelRunner
 from server.engine.scheduler import Scheduler
-from server.engine.sequence import GenerationRequest, Sequence, SequenceDelta, error_delta
+from server.engine.sequence import GenerationRequest, ReasoningPhase, Sequence, SequenceDelta, error_delta
 from server.engine.step_batch import StepBatch
 
 __all__ = ["Engine", "EngineDead", "EngineOverloaded", "EngineStats", "EngineUnavailable"]
@@ -757,12 +757,25 @@ class Engine:
             return
         seq.pending = [token]
         phase = seq.reasoning
-        if seq.output_ids[-len(phase.end_ids):] == list(phase.end_ids):
+        if seq.output_ids[-len(phase.end_ids):] == list(phase.end_ids) or self._wrote_end_text(seq, phase):
             self._end_reasoning(seq, force_end=False)
             return
         seq.reasoning_tokens += 1
         if phase.budget is not None and seq.reasoning_tokens >= phase.budget:
             self._end_reasoning(seq, force_end=True)
+
+    def _wrote_end_text(self, seq: Sequence, phase: ReasoningPhase) -> bool:
+        """Whether the last token completed the end marker's text (a marker split over tokens,
+        whichever tokens the model wrote it in). Every token decodes to at least one character,
+        so the marker lies within the last ``len(end_text)`` tokens."""
+        if not phase.end_text:
+            return False
+        window = seq.output_ids[-len(phase.end_text) - 1 :]
+
+        def text(ids: list[int]) -> str:
+            return _guarded("detokenizer", lambda: self.tokenizer.decode(ids, skip_special_tokens=False)) or ""
+
+        return phase.end_text in text(window) and phase.end_text not in text(window[:-1])
 
     def _end_reasoning(self, seq: Sequence, *, force_end: bool) -> None:
         """Leave the segment (forcing its end marker when the model did not write it), force the

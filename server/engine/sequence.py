@@ -28,6 +28,10 @@ class ReasoningPhase:
     start_ids: tuple[int, ...] = ()  # forced first when the prompt does not open the segment
     answer_prefix_ids: tuple[int, ...] = ()
     budget: int | None = None  # reasoning tokens (markers not counted); None = bounded by max_tokens
+    #: The end marker as text, where the tokenizer has no single token for it: the model may then
+    #: write it in other tokens than ``end_ids`` (or end it inside a longer token), so the decoded
+    #: output is matched too.
+    end_text: str = ""
 
     def __post_init__(self) -> None:
         if not self.end_ids:

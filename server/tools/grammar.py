@@ -83,6 +83,16 @@ def _family_structural_tag(plan: ToolPlan) -> dict[str, Any] | None:
         if fmt.argument_style == "json":
             return {"type": "grammar", "grammar": _arguments_grammar(tool, param)}
         schema = _enforceable_schema(tool, param)
+        try:
+            own = fmt.argument_grammar(schema)
+        except ValueError as exc:
+            raise bad_request(
+                f"Schema for function '{tool.name}' cannot be enforced in the '{fmt.name}' tool-call format: {exc}",
+                param,
+                code="unsupported_constraint",
+            ) from None
+        if own is not None:
+            return {"type": "grammar", "grammar": own}
         # bounded whitespace: the XML styles allow it between and around values, and a model
         # must not be able to spend its tokens on it
         return {"type": "json_schema", "json_schema": schema, "style": fmt.argument_style, "max_whitespace_cnt": 1}

@@ -11,6 +11,8 @@ format descriptions these follow):
 * glm: GLM-4.5 chat template (https://huggingface.co/zai-org/GLM-4.5)
 * deepseek: DeepSeek-V3.1 chat template (https://huggingface.co/deepseek-ai/DeepSeek-V3.1)
 * kimi: Kimi-K2 tool-call guide (https://huggingface.co/moonshotai/Kimi-K2-Instruct, docs/tool_call_guidance.md)
+* gemma4: Gemma 4 chat template (https://huggingface.co/google/gemma-4-31B-it) and
+  https://ai.google.dev/gemma/docs/capabilities/function-calling (object notation, ``<|"|>`` strings)
 """
 
 from __future__ import annotations
@@ -93,6 +95,17 @@ DEEPSEEK = """<｜begin▁of▁sentence｜>{% if tools %}## Tools
 
 KIMI = """{% if tools %}<|im_system|>tool_declare<|im_middle|>{{ tools | tojson }}<|im_end|>{% endif %}{% for m in messages %}{% if m.role == 'assistant' %}<|im_assistant|>assistant<|im_middle|>{{ m.content or '' }}{% if m.tool_calls %}<|tool_calls_section_begin|>{% for c in m.tool_calls %}<|tool_call_begin|>functions.{{ c.function.name }}:{{ loop.index0 }}<|tool_call_argument_begin|>{{ c.function.arguments | tojson }}<|tool_call_end|>{% endfor %}<|tool_calls_section_end|>{% endif %}<|im_end|>{% elif m.role == 'tool' %}<|im_system|>tool<|im_middle|>{{ m.content }}<|im_end|>{% else %}<|im_{{ m.role }}|>{{ m.role }}<|im_middle|>{{ m.content }}<|im_end|>{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_assistant|>assistant<|im_middle|>{% endif %}"""
 
+GEMMA4 = """<bos>{% if tools %}<|turn>system
+{% for t in tools %}<|tool>declaration:{{ t.function.name }}{{ t.function | tojson }}<tool|>{% endfor %}<turn|>
+{% endif %}{% for m in messages %}{% if m.role == 'assistant' %}<|turn>model
+{{ m.content or '' }}{% for c in m.tool_calls or [] %}<|tool_call>call:{{ c.function.name }}{{ '{' }}{% for k, v in c.function.arguments.items() %}{{ k }}:{% if v is string %}<|"|>{{ v }}<|"|>{% else %}{{ v | tojson }}{% endif %}{{ ',' if not loop.last }}{% endfor %}{{ '}' }}<tool_call|>{% endfor %}<turn|>
+{% elif m.role == 'tool' %}<|turn>user
+<|tool_response>response:{{ m.name or 'tool' }}{value:<|"|>{{ m.content }}<|"|>}<tool_response|><turn|>
+{% else %}<|turn>{{ m.role }}
+{{ m.content }}<turn|>
+{% endif %}{% endfor %}{% if add_generation_prompt %}<|turn>model
+{% endif %}"""
+
 TEMPLATES = {
     "qwen3-hermes": HERMES,
     "qwen3-xml": QWEN3_XML,
@@ -102,9 +115,11 @@ TEMPLATES = {
     "glm": GLM,
     "deepseek": DEEPSEEK,
     "kimi": KIMI,
+    "gemma4": GEMMA4,
 }
 
 #: Marker strings each family's tokenizer has as special tokens (added to a tiny model's tokenizer).
 SPECIAL_TOKENS = {
     "mistral": ["[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_CALLS]", "[ARGS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[INST]", "[/INST]"],
+    "gemma4": ["<|turn>", "<turn|>", "<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>", '<|"|>'],
 }

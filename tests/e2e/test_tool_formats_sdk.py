@@ -172,9 +172,9 @@ def test_auto_after_a_tool_result(answers, family: str) -> None:
 # --------------------------------------------------------------------------- detected at start-up
 
 
-@pytest.fixture(scope="module")
-def mistral_server(tiny_model_dir, tmp_path_factory):
-    """A tiny model whose tokenizer has Mistral's markers as special tokens and its template."""
+@pytest.fixture(scope="module", params=["mistral", "gemma4"])
+def detected_server(request, tiny_model_dir, tmp_path_factory):
+    """A tiny model whose tokenizer has the family's markers as special tokens and its template."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -182,31 +182,38 @@ def mistral_server(tiny_model_dir, tmp_path_factory):
     from server.model_loader import ModelSource
     from tests.conftest import start_server
 
-    directory: Path = tmp_path_factory.mktemp("tiny-mistral")
+    family = request.param
+    directory: Path = tmp_path_factory.mktemp(f"tiny-{family}")
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS["mistral"]})
-    tokenizer.chat_template = TEMPLATES["mistral"]
+    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[family]})
+    tokenizer.chat_template = TEMPLATES[family]
     config = LlamaConfig.from_pretrained(tiny_model_dir)
     config.vocab_size = len(tokenizer)
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
-    settings = Settings(model=str(directory), served_model_name="tiny-mistral", max_batch_size=4, max_model_len=2048)
-    running, stop = start_server(settings, ModelSource(directory, name="tiny-mistral"))
-    yield running
+    name = f"tiny-{family}"
+    settings = Settings(model=str(directory), served_model_name=name, max_batch_size=4, max_model_len=2048)
+    running, stop = start_server(settings, ModelSource(directory, name=name))
+    yield family, running
     stop()
 
 
-def test_format_detected_from_the_models_template(mistral_server) -> None:
+def test_format_detected_from_the_models_template(detected_server) -> None:
+    """Detected at start-up; markers are single special tokens, and the grammar still forces
+    exactly one valid call in the family's format (streamed the same)."""
     from server.tools.select import server_format
 
-    fmt, how = server_format(mistral_server.state)
-    assert (fmt.name, how) == ("mistral", "detected")
-    client = mistral_server.client(timeout=600)
-    client._model = "tiny-mistral"
+    family, server = detected_server
+    fmt, how = server_format(server.state)
+    assert (fmt.name, how) == (family, "detected")
+    client = server.client(timeout=600)
+    client._model = f"tiny-{family}"
     reply = _create(client, None, tool_choice="required", parallel_tool_calls=False)
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice.message.content
     assert len(choice.message.tool_calls) == 1 and _problems(_calls(choice.message)) == []
     streamed = _collect(_create(client, None, stream=True, tool_choice="required", parallel_tool_calls=False))
     assert streamed["calls"] == _calls(choice.message)
+    named = _create(client, None, tool_choice=NAMED).choices[0]
+    assert {c["name"] for c in _calls(named.message)} == {"set_alarm"} and _problems(_calls(named.message)) == []

@@ -165,6 +165,18 @@ def test_prompt_state_open_closed_or_left_to_the_model(think_dir):
     assert state("<think>\n\n</think>\n\n") == "closed"  # Qwen3 with enable_thinking=false
 
 
+def test_end_marker_text_is_matched_where_the_tokenizer_splits_it(think_dir, default_tokenizer):
+    """The engine matches ``</think>`` as text only where it is no single token (the default
+    tokenizer splits it; the think model's tokenizer has it as a special token)."""
+    from server.reasoning import ReasoningSetup, engine_phase
+
+    own = load_tokenizer(think_dir)
+    fmt = detect_reasoning(own)
+    for tokenizer, text in ((own, ""), (default_tokenizer, "</think>")):
+        phase = engine_phase(ReasoningSetup(fmt, "model", None), tokenizer, constrained=True)
+        assert phase.end_text == text
+
+
 @pytest.mark.parametrize("starts_inside, text, expected", [
     (False, "<think>\nhmm</think>\n\n{\"a\": 1}", ("\nhmm", "{\"a\": 1}")),
     (True, "hmm</think>answer", ("hmm", "answer")),

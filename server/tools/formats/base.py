@@ -145,9 +145,16 @@ class ToolFormat(ABC):
         content constraining its arguments (see :attr:`argument_style`)."""
 
     #: How arguments are written: "json" (a JSON object, constrained by a grammar in ``json.dumps``
-    #: layout), an xgrammar XML style ("qwen_xml", "glm_xml": typed by the parameters schema), or
-    #: "" (not constrainable: "auto" runs free, forced calls are refused).
+    #: layout), an xgrammar XML style ("qwen_xml", "glm_xml": typed by the parameters schema), a
+    #: notation of the family's own (:meth:`argument_grammar` writes its grammar), or "" (not
+    #: constrainable: "auto" runs free, forced calls are refused).
     argument_style: str = "json"
+
+    def argument_grammar(self, schema: dict[str, Any]) -> str | None:
+        """EBNF for arguments valid against ``schema`` (rewritten into enforceable keywords), for a
+        family whose notation xgrammar has no style for; None: the style is xgrammar's. Raises
+        ValueError (with the reason) for a schema the notation cannot enforce."""
+        return None
     #: The marker that opens a call with tool_choice "auto" (the structural tag's trigger).
     trigger: str = ""
     #: Written before a call's ``begin`` under "auto" (where the trigger is not part of the call).

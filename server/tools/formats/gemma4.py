@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from server.tools.formats.base import BlockParser, OutputParser, ParserOptions, ToolFormat
+from server.tools.formats.gemma4_grammar import arguments_grammar, notation
 
 CALL_OPEN, CALL_CLOSE, QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
 THOUGHT_OPEN, THOUGHT_CLOSE = "<|channel>thought", "<channel|>"
@@ -84,21 +85,14 @@ class Gemma4Format(ToolFormat):
     def parser(self, options: ParserOptions) -> OutputParser:
         return Gemma4Parser(options)
 
-    argument_style = ""  # Gemma's object notation has no xgrammar style (yet)
+    #: Gemma's object notation has no xgrammar style: :mod:`.gemma4_grammar` writes the grammar.
+    argument_style = "gemma4"
+
+    def argument_grammar(self, schema: dict[str, Any]) -> str:
+        return arguments_grammar(schema)
 
     def call_tag(self, name: str, content: dict[str, Any]) -> dict[str, Any]:
-        raise NotImplementedError
+        return {"type": "tag", "begin": f"{CALL_OPEN}call:{name}", "content": content, "end": CALL_CLOSE}
 
     def call_text(self, name: str, arguments: str) -> str:
-        return f"{CALL_OPEN}call:{name}{_notation(json.loads(arguments or '{}'))}{CALL_CLOSE}"
-
-
-def _notation(value: Any) -> str:
-    """A value in Gemma's object notation (bare keys, ``<|"|>`` around strings)."""
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{k}:{_notation(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, list):
-        return "[" + ",".join(_notation(v) for v in value) + "]"
-    if isinstance(value, str):
-        return QUOTE + value + QUOTE
-    return json.dumps(value)
+        return f"{CALL_OPEN}call:{name}{notation(json.loads(arguments or '{}'))}{CALL_CLOSE}"

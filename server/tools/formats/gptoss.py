@@ -87,7 +87,9 @@ class HarmonyParser(SteppingParser):
                 self.buf = self.buf[consumed:] if stop else ""
                 self.mode = "header"
                 return True
-        hits = [(self.buf.find(t), t) for t in _TERMINATORS if self.buf.find(t) >= 0]
+        hits = self._terminators(final)
+        if hits is None:
+            return False  # a marker that may or may not end the body: wait for more text
         if not hits:
             if self.mode == "call":
                 if final:
@@ -109,6 +111,33 @@ class HarmonyParser(SteppingParser):
         self.mode = "header"
         return True
 
+    def _terminators(self, final: bool) -> list[tuple[int, str]] | None:
+        """Markers in ``buf`` that end the current body. Inside a message that is not a call,
+        ``<|call|>`` (a stop token: nothing follows it) only ends the body when it ends the
+        output, and a header marker (``<|start|>``, ``<|channel|>``) only when a header
+        (``<|message|>``) follows it before the body could end otherwise: anything else is the
+        model writing marker text in its message. None: undecided until more text arrives."""
+        hits = [(pos, m) for m in _TERMINATORS if (pos := self.buf.find(m)) >= 0]
+        if self.mode != "body":
+            return hits
+        definite = min((pos for pos, m in hits if m in (END, RETURN)), default=len(self.buf))
+        kept = [(pos, m) for pos, m in hits if m in (END, RETURN)]
+        for marker in (CALL, START, CHANNEL):
+            pos = self.buf.find(marker)
+            while 0 <= pos < definite:
+                rest = self.buf[pos + len(marker) :]
+                if marker == CALL:
+                    verdict = not rest.strip() if rest.strip() or final else None
+                else:
+                    verdict = _opens_header(self.buf[pos:], final)
+                if verdict is None:
+                    return None
+                if verdict:
+                    kept.append((pos, marker))
+                    break
+                pos = self.buf.find(marker, pos + len(marker))
+        return kept
+
     def _close_call(self, body: str, out: list[Event], complete: bool) -> None:
         arguments = loads_object(body.strip())
         if arguments is not None and self.options.allows(self.recipient):
@@ -129,6 +158,15 @@ class HarmonyParser(SteppingParser):
         if body:
             self.started[kind] = True
             out.append(Event(kind, body))  # type: ignore[arg-type]
+
+
+def _opens_header(text: str, final: bool) -> bool | None:
+    """Whether ``text`` (starting with a header marker) is a message header: ``<|message|>``
+    comes before any end marker. None: not known until more text arrives."""
+    found = [i for i in (text.find(m) for m in (MESSAGE, END, CALL, RETURN)) if i >= 0]
+    if not found:
+        return False if final else None
+    return min(found) == text.find(MESSAGE)
 
 
 def _may_be_header(buf: str) -> bool:

@@ -86,8 +86,17 @@ class KimiParser(BlockParser):
 
 
 OPEN, CLOSE, SEP = "<|open|>", "<|close|>", "<|sep|>"
-_K3_CALL = re.compile(r'<\|open\|>call\s+tool="([^"]*)"[^<]*?<\|sep\|>(.*?)<\|close\|>call<\|sep\|>', re.S)
-_K3_ARG = re.compile(r'<\|open\|>argument\s+key="([^"]*)"(?:\s+type="([^"]*)")?\s*<\|sep\|>(.*?)<\|close\|>argument<\|sep\|>', re.S)
+# An element closes at the closing marker after which the structure goes on (the next sibling or
+# the parent's end): marker text the model writes inside a value is then part of the value, the
+# only reading under which the output is well-formed.
+_K3_CALL = re.compile(
+    r'<\|open\|>call\s+tool="([^"]*)"[^<]*?<\|sep\|>(.*?)<\|close\|>call<\|sep\|>(?=\s*(?:<\|open\|>call\b|\Z))', re.S
+)
+_K3_ARG = re.compile(
+    r'<\|open\|>argument\s+key="([^"]*)"(?:\s+type="([^"]*)")?\s*<\|sep\|>(.*?)<\|close\|>argument<\|sep\|>'
+    r'(?=\s*(?:<\|open\|>argument\b|\Z))',
+    re.S,
+)
 _K3_TOOLS_END = CLOSE + "tools" + SEP
 
 

@@ -205,3 +205,43 @@ def test_max_tokens_spent_on_the_forced_opening(make_engine, ids):
     out = run(make_engine(), prompt_token_ids=PROMPT, params=SamplingParams(temperature=1.0, seed=1),
               max_tokens=len(start), matcher=DigitsMatcher(digits(ids), length=2), reasoning=phase)
     assert out["finish"] == "length" and tuple(out["tokens"]) == start
+
+
+class Script:
+    """A client logit processor writing ``tokens`` first (one per step), then leaving the logits be."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens
+
+    def __call__(self, logits, custom_param_list=None):
+        for row, params in enumerate(custom_param_list):
+            done = len(params["__req__"].output_ids)
+            if done < len(self.tokens):
+                logits[row, :] = -float("inf")
+                logits[row, self.tokens[done]] = 0.0
+        return logits
+
+
+@pytest.mark.parametrize("with_text", [True, False])
+def test_end_marker_written_in_other_tokens_ends_the_reasoning(make_engine, ids, with_text):
+    """``</think>`` is no single token of this tokenizer: written one character per token (not its
+    ``end_ids``), the reasoning still ends by its text and the constraint starts; without
+    ``end_text`` (token ids only) the answer would never be constrained."""
+    end = ids("</think>")
+    assert len(end) > 1
+    chars = [ids(c) for c in "</think>"]
+    assert all(len(c) == 1 for c in chars)
+    script = list(ids("Hmm.")) + [c[0] for c in chars]
+    assert script[-len(end):] != list(end)
+    matcher = DigitsMatcher(digits(ids), length=4)
+    phase = ReasoningPhase(end_ids=end, answer_prefix_ids=ids("\n\n"), end_text="</think>" if with_text else "")
+    params = SamplingParams(temperature=0.0, custom_processor=Script(script))
+    out = run(make_engine(), prompt_token_ids=PROMPT, params=params, max_tokens=30, matcher=matcher, reasoning=phase)
+    assert out["tokens"][: len(script)] == script
+    if not with_text:
+        assert matcher.fills == 0 and out["finish"] == "length"
+        return
+    assert out["finish"] == "stop", out
+    rest = out["tokens"][len(script):]
+    assert rest[: len(phase.answer_prefix_ids)] == list(phase.answer_prefix_ids)
+    assert matcher.accepted == rest[len(phase.answer_prefix_ids):] and len(matcher.accepted) == 4

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from server.errors import APIError
 from server.tools import tool_structural_tag
 from server.tools.formats import detect_format, format_names, get_format
 from server.tools.output import ChoiceStreamer, parse_choice
@@ -98,13 +97,6 @@ def test_auto_grammar_is_free_until_the_trigger(compiler: Any, tokenizer: Any, f
     assert matches(compiler, tokenizer, tag, "The weather is fine.")
     call = get_format(family).auto_prefix + _call_text(family, "get_weather", PARIS)
     assert matches(compiler, tokenizer, tag, "Let me see. " + call)
-
-
-def test_gemma4_runs_auto_free_and_refuses_forced_calls() -> None:
-    assert tool_structural_tag(_plan("gemma4", tool_choice="auto")) is None
-    with pytest.raises(APIError) as err:
-        tool_structural_tag(_plan("gemma4", tool_choice="required"))
-    assert err.value.param == "tool_choice"
 
 
 XML_CALLS = {
