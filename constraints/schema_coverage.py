@@ -97,8 +97,7 @@ def _unique_items(node: dict) -> Any:
     if count == 0:
         return False
     arrays = [list(p) for k in range(lo, hi + 1) for p in itertools.permutations(domain, k)]
-    node.pop("uniqueItems")
-    return _and(node, {"enum": arrays})
+    return _and(node, {"enum": arrays}, ("uniqueItems",))
 
 
 def _contains(node: dict, root: dict, negate: Callable[[Any, dict], Any]) -> Any:
@@ -120,9 +119,7 @@ def _contains(node: dict, root: dict, negate: Callable[[Any, dict], Any]) -> Any
                 prefix = [match if i in where else miss for i in range(k)]
                 if not any(p is False for p in prefix):
                     branches.append({"prefixItems": prefix, "minItems": k, "maxItems": k})
-    for key in ("contains", "minContains", "maxContains"):
-        node.pop(key, None)
-    return _and(node, {"anyOf": branches} if branches else False)
+    return _and(node, {"anyOf": branches} if branches else False, ("contains", "minContains", "maxContains"))
 
 
 def _property_names(node: dict) -> Any:
@@ -170,9 +167,7 @@ def _property_count(node: dict) -> Any:
         {"required": [*required, *chosen], "properties": {k: False for k in optional if k not in chosen}}
         for j in counts for chosen in itertools.combinations(optional, j)
     ]
-    node.pop("minProperties", None)
-    node.pop("maxProperties", None)
-    return _and(node, {"anyOf": branches} if branches else False)
+    return _and(node, {"anyOf": branches} if branches else False, ("minProperties", "maxProperties"))
 
 
 def _name_values(names: dict) -> list[str] | None:
@@ -188,8 +183,9 @@ def _name_values(names: dict) -> list[str] | None:
     return [v for v in values if isinstance(v, str)]
 
 
-def _and(node: dict, extra: Any) -> Any:
-    if extra is False:
-        return False
-    node["allOf"] = [*node.get("allOf", []), extra]
-    return node
+def _and(node: dict, extra: Any, replacing: tuple[str, ...]) -> Any:
+    """``node`` and ``extra``, in the place of the keywords ``extra`` replaces (see
+    :func:`constraints.schema_analysis.conjoin`)."""
+    from .schema_analysis import conjoin
+
+    return conjoin(node, extra, replacing)
