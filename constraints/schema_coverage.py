@@ -27,11 +27,55 @@ _NAME_KEYS = frozenset({"type", "title", "description", "$comment", "examples"})
 
 def rewrite_coverage(node: dict, root: dict, negate: Callable[[Any, dict], Any]) -> Any:
     """``node`` with the rewritable keywords above replaced (node | False)."""
+    node = _finite_domain(node, root)
+    if not isinstance(node, dict):
+        return node
     for step in (_unique_items, _property_names, _property_count):
         node = step(node)
         if node is False:
             return False
     return _contains(node, root, negate)
+
+
+# keywords every backend enforces beside an enum: a node with only these needs no filtering
+_PLAIN_ENUM_KEYS = frozenset({"enum", "const", "type", "$schema", "$id", "id", "definitions", "$defs"}) | _NAME_KEYS
+
+
+def _finite_domain(node: dict, root: dict) -> Any:
+    """A node whose instances are among a few listed values (its ``enum`` / ``const``, or those
+    of an ``allOf`` member) becomes the enum of the values that satisfy the whole node, checked
+    with jsonschema; whatever else the node says (``not``, ``multipleOf``, …) is then enforced
+    exactly. Left alone when the node holds a ``$ref`` or a ``format``, or has too many values."""
+    values = _listed_values(node)
+    if values is None or len(values) > MAX_ENUMERATED or not set(node) - _PLAIN_ENUM_KEYS:
+        return node
+    from .schema_analysis import subschemas
+
+    if any(isinstance(sub, dict) and "format" in sub for _, sub in subschemas(node)):
+        return node
+    draft = root.get("$schema") if isinstance(root.get("$schema"), str) else None
+    valid = _validator({**node, "$schema": draft} if draft and "$schema" not in node else node)
+    if valid is None:
+        return node
+    kept: list[Any] = []
+    try:
+        for v in values:
+            if valid(v) and not any(_same(v, w) for w in kept):
+                kept.append(v)
+    except Exception:  # e.g. an overflow in multipleOf: leave the node to the backends
+        return node
+    if not kept:
+        return False
+    return {k: node[k] for k in node if k in ("definitions", "$defs")} | {"enum": kept}
+
+
+def _listed_values(node: dict) -> list[Any] | None:
+    for part in (node, *(b for b in node.get("allOf", []) if isinstance(b, dict))):
+        if "const" in part:
+            return [part["const"]]
+        if isinstance(part.get("enum"), list):
+            return list(part["enum"])
+    return None
 
 
 def _validator(schema: Any) -> Callable[[Any], bool] | None:
