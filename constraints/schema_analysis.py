@@ -397,6 +397,8 @@ class _Rewriter:
         live = [b for b in branches if b is not False]
         if len(live) <= 1 or pairwise_disjoint(live, self.root):
             return conjoin(node, {"anyOf": live} if live else False, ("oneOf",))
+        if objects_only_disjoint(live, self.root):
+            return conjoin(node, {"type": "object", "anyOf": live}, ("oneOf",))
         exclusive = exactly_one(live, self.root)
         if exclusive is not None:
             return conjoin(node, exclusive, ("oneOf",))
@@ -795,6 +797,24 @@ def _closed_exclusion(a: dict, b: dict, root: dict) -> bool:
         return False
     allowed = set((b.get("properties") or {}).keys())
     return any(name not in allowed for name in a.get("required") or [])
+
+
+OBJECT_KEYWORDS = frozenset(
+    {"properties", "required", "additionalProperties", "patternProperties", "minProperties",
+     "maxProperties", "dependencies", "dependentRequired", "dependentSchemas", "propertyNames"}
+)
+
+
+def objects_only_disjoint(branches: list[Any], root: dict) -> bool:
+    """True when every branch (two or more) constrains objects only, with no ``type``, and no
+    object can match two of them: a non-object then matches every branch, so ``oneOf`` means
+    "an object matching one branch" (a discriminated union written without ``type``)."""
+    typed = []
+    for branch in branches:
+        if not isinstance(branch, dict) or not set(_meaningful(branch)) <= OBJECT_KEYWORDS:
+            return False
+        typed.append({**branch, "type": "object"})
+    return len(typed) >= 2 and pairwise_disjoint(typed, root)
 
 
 def pairwise_disjoint(branches: list[Any], root: dict) -> bool:

@@ -47,6 +47,15 @@ CASES = [
     (_ref_with_sibling(DRAFT_07), [{"s": {"v": 1}}, {"s": {"v": 1, "w": 2}}], [{"s": {"w": 2}}, {"s": 1}]),
     # ... while from 2019-09 on (and with no $schema: the latest draft) they apply
     (_ref_with_sibling(None), [{"s": {"v": 1, "w": 2}}], [{"s": {"v": 1}}, {"s": {"w": 2}}]),
+    # MaskBench Github_trivial o51159: a oneOf discriminated on objects, written without "type"
+    # (a non-object matches both branches, so it matches no oneOf)
+    ({"properties": {"card": {"oneOf": [
+        {"additionalProperties": False, "properties": {"provider": {"enum": ["mastercard"]}},
+         "required": ["provider"]},
+        {"additionalProperties": False, "properties": {"provider": {"enum": ["visa"]}, "code": {"type": "integer"}},
+         "required": ["provider", "code"]}]}}},
+     [{"card": {"provider": "mastercard"}}, {"card": {"provider": "visa", "code": 1}}, {}],
+     [{"card": "visa"}, {"card": 1}, {"card": {"provider": "visa"}}, {"card": {"provider": "amex"}}]),
 ]
 
 
