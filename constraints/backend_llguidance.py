@@ -36,6 +36,11 @@ def parser_limits() -> "llguidance.LLParserLimits":
     return llguidance.LLParserLimits(**LIMITS)
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \["([^"]+)"')
 _FORMAT = re.compile(r"Unknown format: (\S+)")
+# llguidance refusals that concern one keyword: the planner then names where it is
+_KEYWORD_LIMITS = (
+    ("oneOf constraints are not supported", "oneOf"),
+    ("min/maxProperties only supported", "minProperties"),
+)
 
 
 def _tokenizer(ctx: TokenizerContext) -> "llguidance.LLTokenizer":
@@ -307,6 +312,13 @@ class LLGuidanceBackend(Backend):
             return UnsupportedConstraintError(
                 f"keyword {m.group(1)!r} is not supported for enforcement", keyword=m.group(1)
             )
+        for text, keyword in _KEYWORD_LIMITS:
+            if text in err:
+                if keyword == "minProperties" and "minProperties" not in err and "maxProperties" in err:
+                    keyword = "maxProperties"
+                return UnsupportedConstraintError(
+                    f"keyword {keyword!r} is not supported for enforcement", keyword=keyword
+                )
         if m := _FORMAT.search(err):
             return UnsupportedConstraintError(
                 f"format {m.group(1)!r} is not supported for enforcement", keyword="format"

@@ -87,6 +87,22 @@ def test_beyond_the_exact_forms_is_still_refused(compiler, schema, keyword):
     assert keyword in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("schema", "pointer", "reason"),
+    [
+        ({"properties": {"x": {"oneOf": [{"type": "integer"}, {"minimum": 2}]}}}, "/properties/x",
+         "mutually exclusive"),
+        ({"type": "object", "properties": {"a": {}, "b": {}}, "minProperties": 1}, "/", "all required"),
+        ({"type": "array", "contains": {"type": "integer"}}, "/", "at most 5 items"),
+    ],
+)
+def test_a_refusal_names_the_keyword_where_it_is_and_why(compiler, schema, pointer, reason):
+    with pytest.raises(UnsupportedConstraintError) as err:
+        compiler.compile(ConstraintSpec("json_schema", schema))
+    assert err.value.pointer == pointer and f"at {pointer} " in str(err.value)
+    assert reason in str(err.value)
+
+
 # MaskBench Synthesized "…_not_2": a listed value set intersected with a keyword no backend
 # enforces (not, multipleOf, patternProperties): the values that satisfy the whole node
 FINITE_CASES = [
