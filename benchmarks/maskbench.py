@@ -74,6 +74,9 @@ class _Trellis(_Engine):
         from constraints import ConstraintCompiler
 
         self.compiler = ConstraintCompiler(tok, self.vocab, compile_timeout_s=5.0, max_workers=1)
+        # its compile worker starts here, before any per-schema timeout runs (on a loaded machine
+        # a start counted against the first schema timed it out)
+        self.compiler.wait_ready()
 
     def compile(self, schema: dict) -> Any:
         from constraints import ConstraintSpec

@@ -36,6 +36,11 @@ def parser_limits() -> "llguidance.LLParserLimits":
     return llguidance.LLParserLimits(**LIMITS)
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \["([^"]+)"')
 _FORMAT = re.compile(r"Unknown format: (\S+)")
+# llguidance refusals that concern one keyword: the planner then names where it is
+_KEYWORD_LIMITS = (
+    ("oneOf constraints are not supported", "oneOf"),
+    ("min/maxProperties only supported", "minProperties"),
+)
 
 
 def _tokenizer(ctx: TokenizerContext) -> "llguidance.LLTokenizer":
@@ -155,7 +160,31 @@ class LLGuidanceMatcher(Matcher):
             words = (ctypes.c_int32 * (size // 4)).from_address(ptr)
             for t in self._stops:
                 words[t >> 5] |= _bit(t)
+        else:
+            self._allow_forced_prefixes(ptr, size)
         self._mask_at = len(self._history)
+
+    def _allow_forced_prefixes(self, ptr: int, size: int) -> None:
+        """Add to the mask every token spelling a prefix of the bytes the grammar forces here.
+
+        llguidance allows only the canonical tokenization of the forced bytes taken alone: with
+        ``": "`` forced and a pattern ``^#!`` next, ``Ġ"#!`` tokenizes as ``Ġ"`` ``#!``, so
+        ``Ġ"#`` is refused although ``{"p": "#!"}`` tokenizes as ``… Ġ"# !"}``. Every token
+        that spells a prefix of the forced bytes is grammatical; each is checked with
+        ``try_consume_tokens`` before it is allowed, so mask and acceptance still agree.
+        """
+        forced = self._m.compute_ff_bytes()
+        if not forced:
+            return
+        by_bytes, longest = _token_bytes_index(self.ctx)
+        words = (ctypes.c_int32 * (size // 4)).from_address(ptr)
+        for end in range(1, min(len(forced), longest) + 1):
+            t = by_bytes.get(forced[:end])
+            if t is None or 32 * (t >> 5) >= 8 * size or words[t >> 5] & _bit(t):
+                continue
+            if self._m.try_consume_tokens([t]) == 1:
+                self._m.rollback(1)
+                words[t >> 5] |= _bit(t)
 
     def _replay(self) -> "llguidance.LLMatcher":
         fresh = self._compiled.fresh_matcher()
@@ -188,6 +217,22 @@ class LLGuidanceMatcher(Matcher):
             return ""
         raw = self._m.compute_ff_bytes()
         return raw.decode("utf-8", errors="ignore") if raw else ""
+
+
+def _token_bytes_index(ctx: TokenizerContext) -> tuple[dict[bytes, int], int]:
+    """(bytes -> token id for the ordinary tokens, longest token in bytes), built once."""
+    index = ctx.cache.get("llguidance_bytes")
+    if index is None:
+        tok = _tokenizer(ctx)
+        special = set(getattr(ctx.tokenizer, "all_special_ids", ())) | set(ctx.stop_token_ids)
+        by_bytes: dict[bytes, int] = {}
+        for t in range(ctx.tokenizer_vocab):
+            if t not in special:
+                by_bytes.setdefault(tok.decode_bytes([t]), t)
+        by_bytes.pop(b"", None)
+        index = (by_bytes, max(map(len, by_bytes), default=0))
+        ctx.cache["llguidance_bytes"] = index
+    return index
 
 
 def _bit(t: int) -> int:
@@ -309,6 +354,13 @@ class LLGuidanceBackend(Backend):
             return UnsupportedConstraintError(
                 f"keyword {m.group(1)!r} is not supported for enforcement", keyword=m.group(1)
             )
+        for text, keyword in _KEYWORD_LIMITS:
+            if text in err:
+                if keyword == "minProperties" and "minProperties" not in err and "maxProperties" in err:
+                    keyword = "maxProperties"
+                return UnsupportedConstraintError(
+                    f"keyword {keyword!r} is not supported for enforcement", keyword=keyword
+                )
         if m := _FORMAT.search(err):
             return UnsupportedConstraintError(
                 f"format {m.group(1)!r} is not supported for enforcement", keyword="format"

@@ -16,6 +16,21 @@ from .regex_dialect import ecma_lark, ecma_regex
 from .spec import ConstraintSpec
 
 
+# why a keyword left after the schema rewrites cannot be enforced exactly
+LIMIT_REASONS = {
+    "oneOf": ": its branches could not be proven mutually exclusive, and oneOf is enforced only as"
+             " anyOf over exclusive branches or over branches whose negations have an exact form",
+    "not": ": the negated schema has no exact enforceable complement",
+    "minProperties": ": property counts are enforced only over objects whose properties are all"
+                     " listed (additionalProperties: false) and all required, or few enough to enumerate",
+    "maxProperties": ": property counts are enforced only over objects whose properties are all"
+                     " listed (additionalProperties: false) and all required, or few enough to enumerate",
+    "contains": ": contains is enforced only on arrays of at most 5 items (maxItems) whose contains"
+                " schema has an exact complement",
+    "uniqueItems": ": uniqueItems is enforced only over small finite item domains (enum, const, boolean)",
+}
+
+
 @dataclass(frozen=True)
 class Attempt:
     backend: str
@@ -41,7 +56,8 @@ class Plan(list):
 
             pointer = find_keyword(self.schema, first.keyword) or "/"
             return type(first)(
-                f"keyword {first.keyword!r} at {pointer} is not supported for enforcement",
+                f"keyword {first.keyword!r} at {pointer} is not supported for enforcement"
+                f"{LIMIT_REASONS.get(first.keyword, '')}",
                 pointer=pointer,
                 keyword=first.keyword,
             )

@@ -104,18 +104,45 @@ INTEGER_KEYWORDS = ("maxLength", "minLength", "maxItems", "minItems", "maxProper
 
 def normalise_schema(schema: dict) -> dict:
     """A copy of ``schema`` that every backend reads the same way: ``2.0`` in an integer keyword
-    becomes ``2`` (backends silently skip a float bound) and regexes get ECMA-262 classes.
+    becomes ``2`` (backends silently skip a float bound), regexes get ECMA-262 classes, and in
+    drafts 3 to 7 the keywords beside a ``$ref`` are dropped (those drafts ignore them; the
+    backends would apply them).
 
     A non-integral value (``maxLength: 2.5``) is an InvalidConstraintError naming the keyword and
     its JSON pointer. The input is not modified.
     """
     _check_size(schema)  # bounds the recursion below
     out = copy.deepcopy(schema)
+    legacy_ref = _ref_overrides_siblings(out)
     for pointer, node in list(subschemas(out)):
         if isinstance(node, dict):
+            if legacy_ref and "$ref" in node:
+                for key in REF_IGNORED_SIBLINGS.intersection(node):
+                    del node[key]
             _integer_keywords(node, pointer)
             _ecma_patterns(node)
     return out
+
+
+# assertion and applicator keywords that drafts 3-7 ignore beside "$ref" ("All other properties
+# in a "$ref" object MUST be ignored", draft-07 core section 8.3); definitions and unknown keys
+# stay, since a JSON pointer may still lead through them
+REF_IGNORED_SIBLINGS = frozenset(
+    {"type", "properties", "required", "additionalProperties", "patternProperties", "items",
+     "additionalItems", "prefixItems", "enum", "const", "anyOf", "allOf", "oneOf", "not", "if", "then",
+     "else", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength",
+     "maxLength", "pattern", "format", "minItems", "maxItems", "uniqueItems", "contains",
+     "minProperties", "maxProperties", "dependencies", "propertyNames", "disallow", "extends",
+     "divisibleBy"}
+)
+_LEGACY_DRAFTS = ("draft-03", "draft-04", "draft-06", "draft-07")
+
+
+def _ref_overrides_siblings(schema: Any) -> bool:
+    """True when the root's ``$schema`` names draft 3, 4, 6 or 7 (no ``$schema``: the latest
+    draft, where keywords beside ``$ref`` apply)."""
+    uri = schema.get("$schema") if isinstance(schema, dict) else None
+    return isinstance(uri, str) and any(d in uri for d in _LEGACY_DRAFTS)
 
 
 def _integer_keywords(node: dict, pointer: str) -> None:
@@ -334,9 +361,11 @@ class _Rewriter:
         if isinstance(fmt, str) and fmt in FORMAT_ALIASES:
             node["format"] = fmt = FORMAT_ALIASES[fmt]
         if isinstance(fmt, str) and fmt in FORMAT_PATTERNS:
-            node.pop("format")
-            node = _conjoin(node, {"pattern": FORMAT_PATTERNS[fmt]}) if "pattern" in node else node
-            node.setdefault("pattern", FORMAT_PATTERNS[fmt])
+            if "pattern" in node:
+                node = conjoin(node, {"pattern": FORMAT_PATTERNS[fmt]}, ("format",))
+            else:
+                node = {("pattern" if k == "format" else k): (FORMAT_PATTERNS[fmt] if k == "format" else v)
+                        for k, v in node.items()}
         elif fmt is not None and fmt not in SPEC_FORMATS:
             node.pop("format")
         if node.get("propertyNames") in ({"type": "string"}, {}, True):
@@ -359,12 +388,7 @@ class _Rewriter:
         neg = negate(node["not"], self.root)
         if neg is None:
             return node
-        node.pop("not")
-        if neg is True:
-            return node
-        if neg is False:
-            return False
-        return _conjoin(node, neg)
+        return conjoin(node, neg, ("not",))
 
     def _one_of(self, node: dict) -> Any:
         branches = node.get("oneOf")
@@ -372,12 +396,12 @@ class _Rewriter:
             return node
         live = [b for b in branches if b is not False]
         if len(live) <= 1 or pairwise_disjoint(live, self.root):
-            node.pop("oneOf")
-            return _conjoin(node, {"anyOf": live} if live else False)
+            return conjoin(node, {"anyOf": live} if live else False, ("oneOf",))
+        if objects_only_disjoint(live, self.root):
+            return conjoin(node, {"type": "object", "anyOf": live}, ("oneOf",))
         exclusive = exactly_one(live, self.root)
         if exclusive is not None:
-            node.pop("oneOf")
-            return _conjoin(node, exclusive)
+            return conjoin(node, exclusive, ("oneOf",))
         return node
 
     @staticmethod
@@ -396,10 +420,11 @@ class _Rewriter:
                 else:
                     present = {"allOf": [{"required": [name]}, dep]}
                 extra.append({"anyOf": [absent, present]})
-            node.pop(key)
-        for schema in extra:
-            node = _conjoin(node, schema)
-        return node
+        keys = ("dependencies", "dependentRequired", "dependentSchemas")
+        replaced = tuple(k for k in keys if isinstance(node.get(k), dict))
+        if not replaced:
+            return node
+        return conjoin(node, _all_of(extra) if extra else True, replaced)
 
     def _if_then_else(self, node: dict) -> Any:
         if "if" not in node:
@@ -409,10 +434,8 @@ class _Rewriter:
         if neg is None:
             return node
         then, other = node.get("then", True), node.get("else", True)
-        for key in ("if", "then", "else"):
-            node.pop(key, None)
         branches = [b for b in (_all_of([cond, then]), _all_of([neg, other])) if b is not False]
-        return _conjoin(node, {"anyOf": branches} if branches else False)
+        return conjoin(node, {"anyOf": branches} if branches else False, ("if", "then", "else"))
 
 
 MAX_ONE_OF_NEGATED = 6
@@ -442,14 +465,34 @@ def _all_of(parts: list[Any]) -> Any:
     return parts[0] if len(parts) == 1 else {"allOf": parts}
 
 
-def _conjoin(node: dict, extra: Any) -> Any:
+def conjoin(node: dict, extra: Any, replacing: tuple[str, ...] = ()) -> Any:
+    """``node`` and ``extra`` (node | False), ``extra`` added to the node's ``allOf``.
+
+    The keywords in ``replacing`` are removed and the ``allOf`` takes the place of the first of
+    them: llguidance (like every engine) writes an object's properties in the order its schema
+    declares them, and it reads that order from where each keyword sits in the schema
+    (``{"oneOf": [...], "properties": ...}`` puts the branches' properties first), so a
+    rewrite must not move the properties of a keyword it replaces behind the others.
+    """
     if extra is False:
         return False
-    if extra is True or extra == {}:
+    first = next((k for k in node if k in replacing), None)
+    trivial = extra is True or extra == {}
+    if first is None:
+        if not trivial:
+            node["allOf"] = [*node.get("allOf", []), extra]
         return node
-    node.setdefault("allOf", [])
-    node["allOf"] = [*node["allOf"], extra]
-    return node
+    out: dict = {}
+    for key, value in node.items():
+        if key == first and not trivial:
+            before = list(out.get("allOf", []))  # an allOf that came earlier keeps its place
+            after = list(node.get("allOf", [])) if "allOf" not in out else []
+            out["allOf"] = [*before, extra, *after]
+        elif key in replacing or (key == "allOf" and "allOf" in out):
+            continue
+        else:
+            out[key] = value
+    return out
 
 
 # -- negation --------------------------------------------------------------------------------------
@@ -754,6 +797,24 @@ def _closed_exclusion(a: dict, b: dict, root: dict) -> bool:
         return False
     allowed = set((b.get("properties") or {}).keys())
     return any(name not in allowed for name in a.get("required") or [])
+
+
+OBJECT_KEYWORDS = frozenset(
+    {"properties", "required", "additionalProperties", "patternProperties", "minProperties",
+     "maxProperties", "dependencies", "dependentRequired", "dependentSchemas", "propertyNames"}
+)
+
+
+def objects_only_disjoint(branches: list[Any], root: dict) -> bool:
+    """True when every branch (two or more) constrains objects only, with no ``type``, and no
+    object can match two of them: a non-object then matches every branch, so ``oneOf`` means
+    "an object matching one branch" (a discriminated union written without ``type``)."""
+    typed = []
+    for branch in branches:
+        if not isinstance(branch, dict) or not set(_meaningful(branch)) <= OBJECT_KEYWORDS:
+            return False
+        typed.append({**branch, "type": "object"})
+    return len(typed) >= 2 and pairwise_disjoint(typed, root)
 
 
 def pairwise_disjoint(branches: list[Any], root: dict) -> bool:

@@ -27,11 +27,55 @@ _NAME_KEYS = frozenset({"type", "title", "description", "$comment", "examples"})
 
 def rewrite_coverage(node: dict, root: dict, negate: Callable[[Any, dict], Any]) -> Any:
     """``node`` with the rewritable keywords above replaced (node | False)."""
+    node = _finite_domain(node, root)
+    if not isinstance(node, dict):
+        return node
     for step in (_unique_items, _property_names, _property_count):
         node = step(node)
         if node is False:
             return False
     return _contains(node, root, negate)
+
+
+# keywords every backend enforces beside an enum: a node with only these needs no filtering
+_PLAIN_ENUM_KEYS = frozenset({"enum", "const", "type", "$schema", "$id", "id", "definitions", "$defs"}) | _NAME_KEYS
+
+
+def _finite_domain(node: dict, root: dict) -> Any:
+    """A node whose instances are among a few listed values (its ``enum`` / ``const``, or those
+    of an ``allOf`` member) becomes the enum of the values that satisfy the whole node, checked
+    with jsonschema; whatever else the node says (``not``, ``multipleOf``, …) is then enforced
+    exactly. Left alone when the node holds a ``$ref`` or a ``format``, or has too many values."""
+    values = _listed_values(node)
+    if values is None or len(values) > MAX_ENUMERATED or not set(node) - _PLAIN_ENUM_KEYS:
+        return node
+    from .schema_analysis import subschemas
+
+    if any(isinstance(sub, dict) and "format" in sub for _, sub in subschemas(node)):
+        return node
+    draft = root.get("$schema") if isinstance(root.get("$schema"), str) else None
+    valid = _validator({**node, "$schema": draft} if draft and "$schema" not in node else node)
+    if valid is None:
+        return node
+    kept: list[Any] = []
+    try:
+        for v in values:
+            if valid(v) and not any(_same(v, w) for w in kept):
+                kept.append(v)
+    except Exception:  # e.g. an overflow in multipleOf: leave the node to the backends
+        return node
+    if not kept:
+        return False
+    return {k: node[k] for k in node if k in ("definitions", "$defs")} | {"enum": kept}
+
+
+def _listed_values(node: dict) -> list[Any] | None:
+    for part in (node, *(b for b in node.get("allOf", []) if isinstance(b, dict))):
+        if "const" in part:
+            return [part["const"]]
+        if isinstance(part.get("enum"), list):
+            return list(part["enum"])
+    return None
 
 
 def _validator(schema: Any) -> Callable[[Any], bool] | None:
@@ -97,8 +141,7 @@ def _unique_items(node: dict) -> Any:
     if count == 0:
         return False
     arrays = [list(p) for k in range(lo, hi + 1) for p in itertools.permutations(domain, k)]
-    node.pop("uniqueItems")
-    return _and(node, {"enum": arrays})
+    return _and(node, {"enum": arrays}, ("uniqueItems",))
 
 
 def _contains(node: dict, root: dict, negate: Callable[[Any, dict], Any]) -> Any:
@@ -120,9 +163,7 @@ def _contains(node: dict, root: dict, negate: Callable[[Any, dict], Any]) -> Any
                 prefix = [match if i in where else miss for i in range(k)]
                 if not any(p is False for p in prefix):
                     branches.append({"prefixItems": prefix, "minItems": k, "maxItems": k})
-    for key in ("contains", "minContains", "maxContains"):
-        node.pop(key, None)
-    return _and(node, {"anyOf": branches} if branches else False)
+    return _and(node, {"anyOf": branches} if branches else False, ("contains", "minContains", "maxContains"))
 
 
 def _property_names(node: dict) -> Any:
@@ -170,9 +211,7 @@ def _property_count(node: dict) -> Any:
         {"required": [*required, *chosen], "properties": {k: False for k in optional if k not in chosen}}
         for j in counts for chosen in itertools.combinations(optional, j)
     ]
-    node.pop("minProperties", None)
-    node.pop("maxProperties", None)
-    return _and(node, {"anyOf": branches} if branches else False)
+    return _and(node, {"anyOf": branches} if branches else False, ("minProperties", "maxProperties"))
 
 
 def _name_values(names: dict) -> list[str] | None:
@@ -188,8 +227,9 @@ def _name_values(names: dict) -> list[str] | None:
     return [v for v in values if isinstance(v, str)]
 
 
-def _and(node: dict, extra: Any) -> Any:
-    if extra is False:
-        return False
-    node["allOf"] = [*node.get("allOf", []), extra]
-    return node
+def _and(node: dict, extra: Any, replacing: tuple[str, ...]) -> Any:
+    """``node`` and ``extra``, in the place of the keywords ``extra`` replaces (see
+    :func:`constraints.schema_analysis.conjoin`)."""
+    from .schema_analysis import conjoin
+
+    return conjoin(node, extra, replacing)

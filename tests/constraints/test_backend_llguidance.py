@@ -1,9 +1,10 @@
 """The llguidance matcher: ``accept_token`` takes exactly the tokens the current mask allows.
 
-llguidance's mask allows only the canonical tokenization of bytes the grammar forces (after
-``{"apiVersion":`` with the ``": "`` separator: ``Ġ"`` but no lone ``Ġ``), while its
-``try_consume_tokens`` checks the grammar alone; the matcher must follow the mask.
-"""
+llguidance's own mask allows only the canonical tokenization of the bytes the grammar forces,
+taken alone (after ``{"apiVersion":`` with the ``": "`` separator: ``Ġ"`` but no lone ``Ġ``),
+while its ``try_consume_tokens`` checks the grammar alone. The matcher allows every token that
+spells a prefix of the forced bytes (a valid instance may be tokenized across them), and
+accepts exactly what its mask allows."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from constraints import ConstraintSpec
 
-from .conftest import VOCAB, allowed, new_mask
+from .conftest import VOCAB, allowed, new_mask, walk_json
 
 SCHEMA = {
     "type": "object",
@@ -55,17 +56,45 @@ def test_mask_and_accept_agree_on_every_token_along_an_instance(compiled, tok):
         assert matcher.accept_token(token), f"step {step}"
 
 
-def test_a_lone_space_the_mask_forbids_is_refused_without_a_mask_filled_first(compiled, tok):
+def test_prefixes_of_the_forced_bytes_are_allowed_by_mask_and_accept_alike(compiled, tok):
+    """After ``{"apiVersion":`` the bytes `` "v1", "code": `` are forced: llguidance alone allows
+    only ``Ġ"``; every token spelling a prefix of them (the lone ``Ġ`` too) is grammatical and is
+    allowed, by the mask and by accept_token, with or without a mask filled first."""
     prefix = tok.encode('{"apiVersion":', add_special_tokens=False)
+    quote_space = tok.encode(' "', add_special_tokens=False)
+    other = tok.encode(" [", add_special_tokens=False)  # not a prefix of the forced bytes
+    assert len(quote_space) == 1 and len(other) == 1
     matcher = compiled.new_matcher()
     assert all(matcher.accept_token(t) for t in prefix)
-    assert not matcher.accept_token(LONE_SPACE)  # no fill_bitmask since the last token
+    assert not matcher.accept_token(other[0])  # no fill_bitmask since the last token
+    assert matcher.accept_token(LONE_SPACE)
+    matcher.rollback(1)
     mask = new_mask()
     matcher.fill_bitmask(mask, 0)
-    assert not allowed(mask, LONE_SPACE)
-    quote_space = tok.encode(' "', add_special_tokens=False)
-    assert len(quote_space) == 1 and allowed(mask, quote_space[0])
-    assert matcher.accept_token(quote_space[0])
-    matcher.rollback(1)  # back to the same state: the mask computed there still holds
-    assert not matcher.accept_token(LONE_SPACE)
-    assert matcher.accept_token(quote_space[0])
+    assert allowed(mask, LONE_SPACE) and allowed(mask, quote_space[0]) and not allowed(mask, other[0])
+    assert _agreement_on_every_token(matcher, mask) == []
+
+
+@pytest.mark.parametrize(
+    ("schema", "valid", "invalid"),
+    [
+        # MaskBench Github_medium o73815: ' "#' '!"' spans the forced ' "#!' and the closing quote
+        ({"type": "object", "properties": {"p": {"type": "string", "pattern": "^#!"}}},
+         [{"p": "#!"}, {"p": "#!x"}], [{"p": "#"}, {"p": "!#"}]),
+        # MaskBench Github_medium o81167: '"}' '},' where '"}}' is forced after the enum value
+        ({"type": "object", "properties": {
+            "o": {"type": "object", "required": ["a"], "additionalProperties": False, "properties": {
+                "a": {"type": "object", "properties": {"k": {"enum": ["executable", "zip"]}},
+                      "required": ["k"], "additionalProperties": False}}},
+            "c": {"type": "integer"}}},
+         [{"o": {"a": {"k": "executable"}}, "c": 1}, {"o": {"a": {"k": "zip"}}}],
+         [{"o": {"a": {"k": "exe"}}, "c": 1}, {"o": {"a": {"k": "zip"}, "b": 1}}]),
+    ],
+)
+def test_a_valid_instance_tokenized_across_forced_bytes_is_accepted(compiler, tok, schema, valid, invalid):
+    compiled = compiler.compile(ConstraintSpec("json_schema", schema))
+    assert compiled.backend == "llguidance"
+    for value in valid:
+        assert walk_json(compiled, tok, value), value
+    for value in invalid:
+        assert not walk_json(compiled, tok, value), value

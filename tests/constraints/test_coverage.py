@@ -85,3 +85,49 @@ def test_beyond_the_exact_forms_is_still_refused(compiler, schema, keyword):
     with pytest.raises(UnsupportedConstraintError) as err:
         compiler.compile(ConstraintSpec("json_schema", schema))
     assert keyword in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("schema", "pointer", "reason"),
+    [
+        ({"properties": {"x": {"oneOf": [{"type": "integer"}, {"minimum": 2}]}}}, "/properties/x",
+         "mutually exclusive"),
+        ({"type": "object", "properties": {"a": {}, "b": {}}, "minProperties": 1}, "/", "all required"),
+        ({"type": "array", "contains": {"type": "integer"}}, "/", "at most 5 items"),
+    ],
+)
+def test_a_refusal_names_the_keyword_where_it_is_and_why(compiler, schema, pointer, reason):
+    with pytest.raises(UnsupportedConstraintError) as err:
+        compiler.compile(ConstraintSpec("json_schema", schema))
+    assert err.value.pointer == pointer and f"at {pointer} " in str(err.value)
+    assert reason in str(err.value)
+
+
+# MaskBench Synthesized "…_not_2": a listed value set intersected with a keyword no backend
+# enforces (not, multipleOf, patternProperties): the values that satisfy the whole node
+FINITE_CASES = [
+    ({"allOf": [{"enum": [5]}, {"not": {"enum": [2]}}]}, [5], [2, 6, "5"]),
+    ({"allOf": [{"enum": [4, 1, 2]}, {"not": {"enum": [1, 2, 3]}}]}, [4], [1, 2, 3]),
+    ({"allOf": [{"enum": [True]}, {"not": {"type": ["integer", "string"]}}]}, [True], [False, 1]),
+    ({"enum": [{"a1b": None}, {"a31b": None}, {"X_1": 1}],
+      "patternProperties": {"X_": {"type": "string"}, "[0-9]{2,}": {"type": "boolean"}}},
+     [{"a1b": None}], [{"a31b": None}, {"X_1": 1}, {}]),
+    ({"enum": [3, 4, 6, 7.5], "multipleOf": 1.5}, [3, 6, 7.5], [4, 1.5]),
+]
+
+
+@pytest.mark.parametrize(("schema", "valid", "invalid"), FINITE_CASES, ids=range(len(FINITE_CASES)))
+def test_a_finite_value_set_is_filtered_by_the_whole_schema(compiler, tok, schema, valid, invalid):
+    check = jsonschema.validators.validator_for(schema)(schema).is_valid
+    compiled = compiler.compile(ConstraintSpec("json_schema", schema))
+    for value in valid:
+        assert check(value) and walk_json(compiled, tok, value), value
+    for value in invalid:
+        assert not check(value) and not walk_json(compiled, tok, value), value
+
+
+def test_a_finite_value_set_none_of_whose_values_is_valid_is_refused(compiler):
+    from constraints import ConstraintError
+
+    with pytest.raises(ConstraintError):
+        compiler.compile(ConstraintSpec("json_schema", {"allOf": [{"const": 2}, {"not": {"enum": [2]}}]}))
