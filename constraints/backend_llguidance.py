@@ -141,6 +141,7 @@ class LLGuidanceMatcher(Matcher):
             self.fill_bitmask(bitmask, row)
             return
         v = bitmask[row]
+        self._allow_forced_prefixes(v.data_ptr(), v.numel() * v.element_size())  # as _update_mask does
         ctypes.memmove(self._mask_ptr, v.data_ptr(), min(v.numel() * v.element_size(), self._mask.nbytes))
         self._mask_at = len(self._history)
 
