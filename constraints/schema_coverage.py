@@ -79,12 +79,14 @@ def _listed_values(node: dict) -> list[Any] | None:
 
 
 def _validator(schema: Any) -> Callable[[Any], bool] | None:
-    """is-valid for a self-contained schema (no $ref), else None."""
-    import json
-
+    """is-valid for a self-contained schema (no ``$ref`` in it or its subschemas; a literal
+    ``{"$ref": …}`` inside an ``enum`` or ``const`` is a value, not a reference), else None."""
     import jsonschema
 
-    if "$ref" in json.dumps(schema):
+    from .schema_analysis import subschemas
+
+    if any(isinstance(sub, dict) and ("$ref" in sub or "$dynamicRef" in sub or "$recursiveRef" in sub)
+           for _, sub in subschemas(schema)):
         return None
     try:
         validator = jsonschema.validators.validator_for(schema)(schema)

@@ -113,6 +113,10 @@ FINITE_CASES = [
       "patternProperties": {"X_": {"type": "string"}, "[0-9]{2,}": {"type": "boolean"}}},
      [{"a1b": None}], [{"a31b": None}, {"X_1": 1}, {}]),
     ({"enum": [3, 4, 6, 7.5], "multipleOf": 1.5}, [3, 6, 7.5], [4, 1.5]),
+    # MaskBench Synthesized draft2019_09_valid_ref_id33: a "$ref" that is an enum value, not a reference
+    ({"allOf": [{"enum": ["this is a string"]},
+                {"not": {"$defs": {"s": {"type": "string"}}, "enum": [{"$ref": "#/allOf/1/not/$defs/s"}]}}]},
+     ["this is a string"], [{"$ref": "#/allOf/1/not/$defs/s"}, "other"]),
 ]
 
 
