@@ -22,7 +22,6 @@ from constraints import (
 from .conftest import walk_json, walk_text
 
 BUDGET = 5.0
-SLACK = 15.0  # scheduling delay on a loaded machine; what these bounds catch (a hang, an unguarded blowup) takes minutes
 
 
 def _timed(compiler, spec):
@@ -39,21 +38,21 @@ def test_deep_nesting(compiler):
     for _ in range(200):
         schema = {"type": "object", "properties": {"a": schema}}
     result, took = _timed(compiler, ConstraintSpec("json_schema", schema))
-    assert took < BUDGET + SLACK
+    assert took < BUDGET + 1
     assert isinstance(result, ConstraintTooLargeError) and result.code == "constraint_too_large"
 
 
 def test_huge_enum(compiler):
     spec = ConstraintSpec("json_schema", {"enum": [f"member-{i}" for i in range(100_000)]})
     result, took = _timed(compiler, spec)
-    assert took < BUDGET + SLACK
+    assert took < BUDGET + 1
     assert isinstance(result, ConstraintTooLargeError) and result.keyword == "enum"
 
 
 def test_max_items_100000(compiler, tok):
     spec = ConstraintSpec("json_schema", {"type": "array", "items": {"type": "integer"}, "maxItems": 100000})
     result, took = _timed(compiler, spec)
-    assert took < BUDGET + SLACK
+    assert took < BUDGET + 1
     if not isinstance(result, ConstraintError):
         assert walk_json(result, tok, [1, 2, 3])
 
@@ -61,7 +60,7 @@ def test_max_items_100000(compiler, tok):
 @pytest.mark.parametrize("regex", [r"(a+)+$", r"(a|aa)*c", r"(x+x+)+y", r"(a|b)*a(a|b){20}"])
 def test_catastrophic_regex_within_budget(compiler, regex):
     _, took = _timed(compiler, ConstraintSpec("regex", regex))
-    assert took < BUDGET + SLACK
+    assert took < BUDGET + 1
 
 
 def test_exploding_dfa_is_stopped_and_does_not_wedge(tok):
@@ -71,7 +70,7 @@ def test_exploding_dfa_is_stopped_and_does_not_wedge(tok):
         start = time.monotonic()
         with pytest.raises((ConstraintTimeoutError, ConstraintMemoryError)) as info:
             c.compile(ConstraintSpec("regex", r"(a|b)*a(a|b){24}", {"backend": "outlines"}))
-        assert time.monotonic() - start < 1.5 + SLACK
+        assert time.monotonic() - start < 1.5 + 1
         assert info.value.code in ("constraint_timeout", "constraint_memory_exceeded")
         ok = c.compile(ConstraintSpec("choice", ["x", "y"]))  # the worker was replaced
         assert ok.backend == "outlines"
@@ -189,7 +188,7 @@ def test_2000_levels_is_too_large_before_anything_recursive():
         with pytest.raises(ConstraintTooLargeError) as info:
             spec_from_request(body)
         assert info.value.param
-    assert time.monotonic() - start < 2 + SLACK
+    assert time.monotonic() - start < 2
 
 
 def test_text_deeper_than_the_json_parser_goes_is_too_large():
@@ -212,7 +211,7 @@ def test_schema_without_finite_value_is_refused(compiler, schema):
     start = time.monotonic()
     with pytest.raises(EmptyLanguageError) as info:
         compiler.compile(ConstraintSpec("json_schema", schema))
-    assert time.monotonic() - start < 2 + SLACK and info.value.code == "invalid_constraint"
+    assert time.monotonic() - start < 2 and info.value.code == "invalid_constraint"
 
 
 def test_recursive_schema_with_a_base_case_compiles(compiler, tok):
