@@ -65,12 +65,9 @@ TREE = {
 }
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "the default model's greedy output changed with the paged attention path's numerics (prefix-cached "
-    "prompt + extension vs one prefill) and no longer closes within this budget; to do: pin with close_on_length"))
 def test_recursive_schema_fits_a_small_budget(real_server):
-    reply = ask(real_server.client(), "A family tree as JSON: a root named Ann with two children, Bo and Cy.",
-                max_tokens=100, response_format={"type": "json_schema", "json_schema": {"name": "tree", "schema": TREE}})
+    prompt = "A family tree as JSON: a root named Ann with two children, Bo and Cy, who have no children."
+    reply = ask(real_server.client(), prompt, max_tokens=100, response_format={"type": "json_schema", "json_schema": {"name": "tree", "schema": TREE}})
     choice = reply.choices[0]
     assert choice.finish_reason == "stop", choice
     assert "\n" not in choice.message.content
