@@ -4,6 +4,7 @@ captured piece on replay), the engine over it with jump-forward, and a real capt
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from server.engine.model import ModelRunner, load_hf_model
 from server.engine.piecewise import supports_pieces, token_buckets
 from server.engine.sequence import GenerationRequest
 from server.engine.step_batch import StepBatch
+from server.state import ServerState
 from tests.server.engine.paged_llama import PagedLlama
 from tests.server.engine.test_cuda_graphs import ReplayByRerun
 
@@ -191,6 +193,9 @@ def test_engine_over_the_pieces_generates_the_eager_tokens_with_jump_forward(tin
     assert eager.stats.forced_tokens > 0 and engine.stats.forced_tokens == eager.stats.forced_tokens
     assert sum(mixed) > 1  # the prefill and the jump-forward steps
     assert graphed.path_counts == {"full_graph": len(mixed) - sum(mixed), "piecewise": sum(mixed), "eager": 0}
+    gauges = ServerState._engine_gauges(SimpleNamespace(engine=engine, compiler=None))  # what /metrics shows
+    assert gauges["trellis_forward_steps_piecewise"][1] == sum(mixed)
+    assert gauges["trellis_forward_steps_eager"][1] == 0
 
 
 # ---------------------------------------------------------------- a real capture
