@@ -89,7 +89,8 @@ class ServerState:
             "trellis_forced_tokens": ("tokens appended by jump-forward", stats.forced_tokens),
         }
         for path, count in getattr(engine.runner, "path_counts", {}).items():  # a GraphedRunner (CUDA)
-            gauges[f"trellis_forward_steps_{path}"] = (f"forward passes run on the {path.replace('_', ' ')} path", count)
+            what = f"forward passes run on the {path.replace('_', ' ')} path"
+            gauges[f"trellis_forward_steps_{path}"] = (what, count)
         if self.compiler is not None:
             cache = self.compiler.cache_stats()
             gauges["trellis_constraint_cache_hits"] = ("compiled-constraint cache hits", cache["hits"])
