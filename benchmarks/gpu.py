@@ -6,7 +6,10 @@ one decode step (every weight byte read once: weight bytes / bandwidth, KV reads
 then for each shape:
 
 - decode: output tok/s and ms/step through the ``Engine`` at batch 1/8/64/256, free text and
-  ``json_schema`` with jump-forward off and on (batch kept full, as ``benchmarks/decode.py``);
+  ``json_schema`` with jump-forward off and on (batch kept full, as ``benchmarks/decode.py``); on
+  CUDA the note says how many measured steps replayed a full decode graph, piecewise graphs
+  (mixed steps: jump-forward continuations, prefill chunks) or ran eagerly
+  (``--max-graph-tokens 0`` turns the piecewise graphs off, for a side-by-side run);
 - TTFT of a 4,000-token prompt: cold (no cached prefix) and a second request sharing the first
   3,984 tokens (whole 16-token blocks; the prefix cache);
 - HTTP: output tok/s through ``trellis serve`` at 1/16/64/256 streaming clients, free and
@@ -81,6 +84,7 @@ class Plan:
     http_tokens: int  # max_tokens of each HTTP request
     enforce_eager: bool
     bandwidth_bytes: int
+    max_graph_tokens: int = 512  # piecewise graphs of mixed steps up to this many tokens (0: none)
     server_args: list[str] = field(default_factory=list)  # extra ``trellis serve`` flags
 
 
@@ -109,7 +113,7 @@ class ShapeReport:
 
 
 def build_engine(hf_model, tokenizer, *, max_batch_size: int, max_model_len: int, jump_forward: bool,
-                 enforce_eager: bool) -> Engine:
+                 enforce_eager: bool, max_graph_tokens: int = 512) -> Engine:
     """The benchmark's only construction of a runner and an engine: when the engine's
     constructor changes (paged KV cache, block manager), this is the one function to adjust."""
     from server.config import Settings
@@ -122,9 +126,9 @@ def build_engine(hf_model, tokenizer, *, max_batch_size: int, max_model_len: int
     dtype = next(hf_model.parameters()).dtype
     runner = ModelRunner(hf_model, num_blocks=kv_cache_blocks(settings, ModelRunner.kv_shape(hf_model), dtype, device),
                          block_size=settings.block_size)
-    if device.type == "cuda":  # decode steps graphed, as the server does
+    if device.type == "cuda":  # decode steps and mixed steps graphed, as the server does
         runner = graph_decode_steps(runner, max_batch_size=max_batch_size, max_model_len=max_model_len,
-                                    enforce_eager=enforce_eager)
+                                    enforce_eager=enforce_eager, max_graph_tokens=max_graph_tokens)
     return Engine(runner, tokenizer, max_batch_size=max_batch_size, max_model_len=max_model_len,
                   jump_forward=jump_forward)
 
@@ -186,20 +190,31 @@ def measure_decode(hf_model, tokenizer, compiled, plan: Plan, shape: str, floor_
     prompt = chat_prompt(tokenizer)
     for batch in plan.batches:
         engine = build_engine(hf_model, tokenizer, max_batch_size=batch, max_model_len=plan.decode_len,
-                              jump_forward=False, enforce_eager=plan.enforce_eager)
+                              jump_forward=False, enforce_eager=plan.enforce_eager,
+                              max_graph_tokens=plan.max_graph_tokens)
         free_rate = None
         for name, matcher_source, jump in (("free", None, False), ("json_schema", compiled, False),
                                            ("json_schema", compiled, True)):
             engine.jump_forward = jump
+            paths_before = dict(getattr(engine.runner, "path_counts", {}))
             rate, step_ms = decode_rate(engine, prompt, matcher_source, batch, plan)
             free_rate = rate if name == "free" else free_rate
             rows.append(Row(shape, "decode", batch, name, "on" if jump else ("off" if matcher_source else "-"),
                             tok_s=rate, ms=step_ms, x_floor=step_ms / floor_ms,
-                            vs_free=rate / free_rate if free_rate else None))
+                            vs_free=rate / free_rate if free_rate else None,
+                            note=path_note(engine, paths_before)))
             print(format_row(rows[-1]), flush=True)
         del engine
         free_memory(plan.device)
     return rows
+
+
+def path_note(engine: Engine, before: dict[str, int]) -> str:
+    """Forward passes by path since ``before`` (warm-up and measured steps; a GraphedRunner only)."""
+    counts = getattr(engine.runner, "path_counts", None)
+    if counts is None:
+        return ""
+    return "forwards: " + ", ".join(f"{path.replace('_', ' ')} {counts[path] - before.get(path, 0)}" for path in counts)
 
 
 class KeptFull(Workload):
@@ -435,7 +450,7 @@ def run(plan: Plan, tokenizer_dir: Path) -> dict:
         for row in report.rows:
             print(format_row(row))
     return {"device": describe(plan.device), "dtype": str(plan.dtype), "bandwidth_bytes_per_s": bandwidth,
-            "enforce_eager": plan.enforce_eager,
+            "enforce_eager": plan.enforce_eager, "max_graph_tokens": plan.max_graph_tokens,
             "shapes": {shape: {"weight_bytes": r.weight_bytes, "floor_ms": r.floor_ms,
                                "rows": [asdict(row) for row in r.rows]} for shape, r in reports.items()}}
 
@@ -450,13 +465,14 @@ def make_plan(args: argparse.Namespace) -> Plan:
                     batches=args.batches or [2], clients=args.clients or [2], steps=args.steps or 3,
                     warmup=2, decode_len=256, prompt_tokens=args.prompt_tokens or 200, http_tokens=8,
                     enforce_eager=args.enforce_eager, bandwidth_bytes=16 << 20,
-                    server_args=["--compile-workers", "1"])
+                    max_graph_tokens=args.max_graph_tokens, server_args=["--compile-workers", "1"])
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     return Plan(device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
                 shapes=args.shapes, parts=args.parts, batches=args.batches or [1, 8, 64, 256],
                 clients=args.clients or [1, 16, 64, 256], steps=args.steps or 32, warmup=8, decode_len=1024,
                 prompt_tokens=args.prompt_tokens or 4000, http_tokens=128, enforce_eager=args.enforce_eager,
-                bandwidth_bytes=1 << 30 if device.type == "cuda" else 256 << 20)
+                bandwidth_bytes=1 << 30 if device.type == "cuda" else 256 << 20,
+                max_graph_tokens=args.max_graph_tokens)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -471,6 +487,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--prompt-tokens", type=int, default=None, help="TTFT prompt length (default 4000)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (compare with graphed)")
+    parser.add_argument("--max-graph-tokens", type=int, default=512,
+                        help="piecewise graphs of mixed steps up to this many tokens; 0: mixed steps eager")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the script runs")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)

@@ -88,6 +88,9 @@ class ServerState:
             "trellis_engine_steps": ("engine steps run", stats.steps),
             "trellis_forced_tokens": ("tokens appended by jump-forward", stats.forced_tokens),
         }
+        for path, count in getattr(engine.runner, "path_counts", {}).items():  # a GraphedRunner (CUDA)
+            what = f"forward passes run on the {path.replace('_', ' ')} path"
+            gauges[f"trellis_forward_steps_{path}"] = (what, count)
         if self.compiler is not None:
             cache = self.compiler.cache_stats()
             gauges["trellis_constraint_cache_hits"] = ("compiled-constraint cache hits", cache["hits"])

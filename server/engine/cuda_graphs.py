@@ -5,8 +5,13 @@ A decode step of a small model is mostly kernel-launch overhead on a GPU (the 1B
 a decode-only batch (every row one new token, one logits row per row, no LoRA) of ``R`` rows
 is padded to the smallest bucket ``B >= R`` (1, 2, 4, 8, 16, 24, 32, … up to the largest
 batch, at most 512), its inputs are copied into static buffers and the graph captured for ``B``
-is replayed. Everything else (prefill chunks, jump-forward continuations, per-position logits, LoRA, a CPU
-device, ``--enforce-eager``) runs the wrapped runner eagerly.
+is replayed. A mixed step (prefill chunks, jump-forward continuations, drafts, per-position
+logits) of at most 512 tokens on the base model replays piecewise graphs instead: everything but
+attention captured per token bucket, attention eager between the pieces
+(:mod:`server.engine.piecewise`; only runners exposing the piece functions, i.e.
+:class:`~server.engine.model.ModelRunner`). Everything else (LoRA, larger mixed steps, a CPU
+device, ``--enforce-eager``, the transformers runner's mixed steps) runs the wrapped runner
+eagerly. :attr:`GraphedRunner.path_counts` counts the steps each path took.
 
 Padding rows feed token 0 at position 0, write their key/value into slot 0 of block 0 (the
 block manager's scratch "null" block that no sequence owns) and attend over that one slot; their
@@ -39,6 +44,7 @@ from typing import Any, Protocol
 import torch
 
 from kernels.paged_attention import PagedAttentionMetadata
+from server.engine.piecewise import MAX_GRAPH_TOKENS, PiecewiseGraphs, supports_pieces
 from server.engine.step_batch import StepBatch
 
 log = logging.getLogger("trellis.engine")
@@ -164,7 +170,8 @@ class _Graph:
 
 
 class GraphedRunner:
-    """``runner.forward`` with plain decode steps replayed from CUDA graphs (see the module docstring).
+    """``runner.forward`` with plain decode steps replayed from CUDA graphs and mixed steps from
+    piecewise graphs (see the module docstring).
 
     Same interface as the wrapped runner (``forward``, ``device``, ``dtype``, ``vocab_size``,
     ``block_size``, ``kv``, ``last_hidden``; any other attribute is the runner's). Call
@@ -173,13 +180,16 @@ class GraphedRunner:
     (sample) before the next forward, as the engine does.
 
     Test seams (any device): ``pad_eagerly`` pads plain-decode batches to their bucket exactly as
-    for a replay and runs the padded batch eagerly; ``graph_factory`` replaces
+    for a replay and runs the padded batch eagerly, and runs mixed steps through the piece
+    functions on the static buffers without graphs; ``graph_factory`` replaces
     :func:`capture_cuda_graph` (e.g. a "graph" that re-runs the function on replay), so the
-    capture bookkeeping is checked on the CPU.
+    capture bookkeeping is checked on the CPU. With ``pad_eagerly`` :attr:`path_counts` names
+    the path a step would have replayed.
     """
 
     def __init__(self, runner, max_batch_size: int, max_blocks_per_seq: int, enforce_eager: bool = False,
-                 *, pad_eagerly: bool = False, graph_factory: GraphFactory | None = None) -> None:
+                 *, max_graph_tokens: int = MAX_GRAPH_TOKENS, pad_eagerly: bool = False,
+                 graph_factory: GraphFactory | None = None) -> None:
         self.runner = runner
         self.enforce_eager = enforce_eager
         self.pad_eagerly = pad_eagerly and not enforce_eager
@@ -187,7 +197,12 @@ class GraphedRunner:
         self._graph_factory = graph_factory or (capture_cuda_graph if self._on_cuda else None)
         self.buckets = decode_buckets(max_batch_size)
         self.inputs = DecodeInputs(self.buckets[-1], max_blocks_per_seq, runner.block_size, runner.device)
+        self.pieces: PiecewiseGraphs | None = None
+        if (self.uses_graphs or self.pad_eagerly) and max_graph_tokens > 0 and supports_pieces(runner):
+            self.pieces = PiecewiseGraphs(runner, max_graph_tokens)
+        self.path_counts = {"full_graph": 0, "piecewise": 0, "eager": 0}  # forward steps by path
         self._graphs: dict[int, _Graph] = {}
+        self._captured = False
         self._logits: torch.Tensor | None = None  # [max bucket, V], written by every graph
         self._hidden: torch.Tensor | None = None  # [max bucket, D]
         self._last_hidden: torch.Tensor | None = None
@@ -204,8 +219,13 @@ class GraphedRunner:
 
     @property
     def captured(self) -> tuple[int, ...]:
-        """The buckets that have a graph (empty before :meth:`capture` and off CUDA)."""
+        """The decode buckets that have a graph (empty before :meth:`capture` and off CUDA)."""
         return tuple(sorted(self._graphs))
+
+    @property
+    def captured_token_buckets(self) -> tuple[int, ...]:
+        """The token buckets that have piece graphs."""
+        return self.pieces.captured if self.pieces is not None else ()
 
     @property
     def uses_graphs(self) -> bool:
@@ -213,12 +233,19 @@ class GraphedRunner:
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
-        """Logits [R, V] (float32) of ``batch``, replayed from a graph where one fits."""
+        """Logits [R, V] (float32) of ``batch``: a full graph for a plain decode, piece graphs
+        for a mixed step, eager otherwise."""
         bucket = self._bucket(batch)
-        if bucket is not None and bucket in self._graphs:
-            return self._replay(batch, bucket)
-        if bucket is not None and self.pad_eagerly:
-            return self._padded_eager(batch, bucket)
+        if bucket is not None and (bucket in self._graphs or self.pad_eagerly):
+            self.path_counts["full_graph"] += 1
+            return self._replay(batch, bucket) if bucket in self._graphs else self._padded_eager(batch, bucket)
+        tokens = self._token_bucket(batch)
+        if tokens is not None:
+            self.path_counts["piecewise"] += 1
+            logits = self.pieces.forward(batch, tokens)
+            self._last_hidden = self.runner.last_hidden
+            return logits
+        self.path_counts["eager"] += 1
         logits = self.runner.forward(batch)
         self._last_hidden = self.runner.last_hidden
         return logits
@@ -227,6 +254,15 @@ class GraphedRunner:
         if self.enforce_eager or not is_plain_decode(batch) or not self.inputs.fits(batch):
             return None
         return bucket_for(batch.num_rows, self.buckets)
+
+    def _token_bucket(self, batch: StepBatch) -> int | None:
+        """The token bucket of a step the piece graphs run (captured, or ``pad_eagerly``)."""
+        if self.enforce_eager or self.pieces is None:
+            return None
+        bucket = self.pieces.bucket(batch)
+        if bucket is None or not (self.pad_eagerly or bucket in self.pieces.captured):
+            return None
+        return bucket
 
     def _replay(self, batch: StepBatch, bucket: int) -> torch.Tensor:
         rows = batch.num_rows
@@ -244,39 +280,58 @@ class GraphedRunner:
         return logits[:rows]
 
     @torch.inference_mode()
-    def capture(self) -> None:
-        """Capture one graph per bucket, largest first, sharing one memory pool (CUDA only;
-        a no-op with ``enforce_eager`` or on another device unless a ``graph_factory`` was given)."""
-        if not self.uses_graphs or self._graphs:
+    def capture(self, *, decode: bool = True, pieces: bool = True) -> None:
+        """Capture one graph per decode bucket, largest first, then the piece graphs of every
+        token bucket, largest first, all sharing one memory pool (CUDA only; a no-op with
+        ``enforce_eager`` or on another device unless a ``graph_factory`` was given). ``decode``
+        / ``pieces`` False skip that kind (tests)."""
+        if not self.uses_graphs or self._captured:
             return
-        started = time.perf_counter()
-        reserved = torch.cuda.memory_reserved(self.runner.device) if self._on_cuda else 0
-        pool = None
+        self._captured = True
+        pool = self._capture_decode(None) if decode else None
+        if pieces and self.pieces is not None:
+            self._capture_pieces(pool)
+
+    def _capture_decode(self, pool: Any) -> Any:
+        started, reserved = time.perf_counter(), self._reserved()
         for bucket in reversed(self.buckets):
             batch = self.inputs.capture_batch(bucket)
-            self._warm_up(batch)
+            self._warm_up(partial(self._warm_up_decode, batch))
             graph, pool = self._graph_factory(partial(self._run_into_outputs, batch, bucket), pool)
             self._graphs[bucket] = _Graph(graph, batch)
         self._synchronize()
-        grown = (torch.cuda.memory_reserved(self.runner.device) - reserved) / 2**20 if self._on_cuda else 0.0
         log.info("captured %d decode graphs (batches %s) in %.1f s, %.0f MiB", len(self._graphs),
-                 ", ".join(map(str, self.buckets)), time.perf_counter() - started, grown)
+                 ", ".join(map(str, self.buckets)), time.perf_counter() - started, self._reserved() - reserved)
+        return pool
 
-    def _warm_up(self, batch: StepBatch) -> None:
+    def _capture_pieces(self, pool: Any) -> Any:
+        started, reserved = time.perf_counter(), self._reserved()
+        pool = self.pieces.capture(self._graph_factory, pool, self._warm_up)
+        self._synchronize()
+        log.info("captured %d piecewise graphs (%d pieces x token buckets %s) in %.1f s, %.0f MiB",
+                 self.pieces.num_graphs, self.pieces.num_layers + 1, ", ".join(map(str, self.pieces.buckets)),
+                 time.perf_counter() - started, self._reserved() - reserved)
+        return pool
+
+    def _reserved(self) -> float:
+        """MiB the caching allocator holds on the device (0 off CUDA)."""
+        return torch.cuda.memory_reserved(self.runner.device) / 2**20 if self._on_cuda else 0.0
+
+    def _warm_up(self, run: Callable[[], None]) -> None:
         """Eager runs before a capture (on a side stream, as PyTorch's CUDA-graph notes ask):
         compiles kernels, sets up cuBLAS workspaces, and (the first time) allocates the shared
         outputs, sized by the largest bucket."""
         if not self._on_cuda:
-            return self._warm_up_here(batch)
+            return run()
         device = self.runner.device
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
-            self._warm_up_here(batch)
+            run()
         torch.cuda.current_stream(device).wait_stream(stream)
         self._synchronize()
 
-    def _warm_up_here(self, batch: StepBatch) -> None:
+    def _warm_up_decode(self, batch: StepBatch) -> None:
         for _ in range(WARMUP_STEPS):
             logits = self.runner.forward(batch)
         if self._logits is None:
@@ -294,12 +349,14 @@ class GraphedRunner:
             self._hidden[:bucket].copy_(self.runner.last_hidden)
 
 
-def graph_decode_steps(runner, *, max_batch_size: int, max_model_len: int,
-                       enforce_eager: bool = False) -> GraphedRunner:
-    """Wrap a paged runner for the engine and capture its decode graphs (CUDA, unless
-    ``enforce_eager``; elsewhere every step stays eager). Call after the KV cache is allocated
-    and before the engine thread starts."""
+def graph_decode_steps(runner, *, max_batch_size: int, max_model_len: int, enforce_eager: bool = False,
+                       max_graph_tokens: int = MAX_GRAPH_TOKENS) -> GraphedRunner:
+    """Wrap a paged runner for the engine and capture its decode graphs and (for a runner with
+    the piece functions) its piecewise graphs of mixed steps up to ``max_graph_tokens`` tokens
+    (CUDA, unless ``enforce_eager``; elsewhere every step stays eager). Call after the KV cache
+    is allocated and before the engine thread starts."""
     max_blocks_per_seq = -(-max_model_len // runner.block_size)
-    graphed = GraphedRunner(runner, max_batch_size, max_blocks_per_seq, enforce_eager)
+    graphed = GraphedRunner(runner, max_batch_size, max_blocks_per_seq, enforce_eager,
+                            max_graph_tokens=max_graph_tokens)
     graphed.capture()
     return graphed

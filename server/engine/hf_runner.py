@@ -190,7 +190,11 @@ class LoraLinear(nn.Module):
 
 
 class TransformersRunner:
-    """Runs engine steps (:class:`StepBatch`) through a transformers causal LM over a paged KV cache."""
+    """Runs engine steps (:class:`StepBatch`) through a transformers causal LM over a paged KV cache.
+
+    On CUDA its plain decode steps replay full graphs (:mod:`server.engine.cuda_graphs`), but its
+    mixed steps (prefill chunks, jump-forward continuations, drafts) run eagerly: it exposes no
+    piece functions, so it gets no piecewise graphs (:mod:`server.engine.piecewise`)."""
 
     def __init__(self, hf_model: nn.Module, num_blocks: int, block_size: int, lora: LoraBank | None = None) -> None:
         _register_attention()

@@ -108,33 +108,67 @@ class ModelRunner:
     def vocab_size(self) -> int:
         return self.shape.vocab_size
 
+    @property
+    def num_layers(self) -> int:
+        return self.shape.num_layers
+
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
         """Run every row's new tokens through the model in one pass; returns logits [R, V] at
         each row's last token (or [sum(logit_counts), V], see :meth:`StepBatch.build`). The
-        weights are read once per step however many rows extend."""
-        hidden = self._inner.embed_tokens(batch.tokens.view(1, -1))  # [1, N, D]
-        cos, sin = self._inner.rotary_emb(hidden, batch.positions.view(1, -1))
-        for index, layer in enumerate(self._inner.layers):
-            hidden = self._layer(layer, index, hidden, cos, sin, batch)
-        last = hidden[0] if batch.all_single and batch.logit_counts is None else hidden[0, batch.last_index]
-        return self._logits(last)
+        weights are read once per step however many rows extend.
+
+        The pass is the piece functions below in order (embed, then per layer pre-attention,
+        attention, post-attention, then the logits); :mod:`server.engine.piecewise` replays
+        everything but :meth:`attend` from CUDA graphs through the same functions."""
+        hidden, cos, sin = self.embed(batch.tokens, batch.positions)
+        for index in range(self.shape.num_layers):
+            q, k, v = self.pre_attention(index, hidden, cos, sin, batch.lora)
+            out = self.attend(index, q, k, v, batch.attn)
+            hidden = self.post_attention(index, hidden, out, batch.lora)
+        return self.logits_at(hidden, batch)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         self.kv.copy_blocks(pairs)
 
-    def _layer(self, layer, index, hidden, cos, sin, batch: StepBatch):
-        residual = hidden
-        q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(hidden), cos, sin, index, batch.lora)  # [1, h, N, d]
+    # ------------------------------------------------------------------ the pieces of a forward
+
+    def embed(self, tokens: torch.Tensor, positions: torch.Tensor):
+        """Token embeddings [1, N, D] and the rotary cos/sin [1, N, rotary dim] of ``positions``."""
+        hidden = self._inner.embed_tokens(tokens.view(1, -1))
+        cos, sin = self._inner.rotary_emb(hidden, positions.view(1, -1))
+        return hidden, cos, sin
+
+    def pre_attention(self, index: int, hidden: torch.Tensor, cos, sin, lora: LoraGroups | None):
+        """Layer ``index``'s input norm, q/k/v projections, qk-norm and rope on ``hidden``
+        [1, N, D]: q [N, heads, d], k and v [N, kv_heads, d] (views, not necessarily contiguous)."""
+        layer = self._inner.layers[index]
+        q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(hidden), cos, sin, index, lora)  # [1, h, N, d]
+        return q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1)
+
+    def attend(self, index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn) -> torch.Tensor:
+        """Write the new keys/values into layer ``index``'s cache and attend: [N, heads * d]."""
         k_cache, v_cache = self.kv.k[index], self.kv.v[index]
-        write_kv(k_cache, v_cache, k[0].transpose(0, 1), v[0].transpose(0, 1), batch.attn.slot_mapping)
-        out = paged_attention(q[0].transpose(0, 1), k_cache, v_cache, batch.attn, scale=self._scale)  # [N, h, d]
-        out = out.reshape(1, -1, self.shape.num_heads * self.shape.head_dim)
-        hidden = residual + self._proj(layer.self_attn.o_proj, out, index, "o_proj", batch.lora)
+        write_kv(k_cache, v_cache, k, v, attn.slot_mapping)
+        out = paged_attention(q, k_cache, v_cache, attn, scale=self._scale)  # [N, h, d]
+        return out.reshape(-1, self.shape.num_heads * self.shape.head_dim)
+
+    def post_attention(self, index: int, hidden: torch.Tensor, attn_out: torch.Tensor,
+                       lora: LoraGroups | None) -> torch.Tensor:
+        """Layer ``index`` after attention: o_proj of ``attn_out`` [N, heads * d] plus the
+        residual ``hidden`` [1, N, D] (the layer's input), then the MLP block; [1, N, D]."""
+        layer = self._inner.layers[index]
+        out = attn_out.view(1, -1, self.shape.num_heads * self.shape.head_dim)
+        hidden = hidden + self._proj(layer.self_attn.o_proj, out, index, "o_proj", lora)
         normed = layer.post_attention_layernorm(hidden)
-        if batch.lora is None:
+        if lora is None:
             return hidden + layer.mlp(normed)
-        return hidden + self._lora_mlp(layer.mlp, normed, index, batch.lora)
+        return hidden + self._lora_mlp(layer.mlp, normed, index, lora)
+
+    def logits_at(self, hidden: torch.Tensor, batch: StepBatch) -> torch.Tensor:
+        """The final norm and lm_head at ``batch.last_index`` of the last layer's ``hidden`` [1, N, D]."""
+        last = hidden[0] if batch.all_single and batch.logit_counts is None else hidden[0, batch.last_index]
+        return self._logits(last)
 
     def _proj(self, linear: nn.Linear, x: torch.Tensor, index: int, module: str, lora: LoraGroups | None) -> torch.Tensor:
         """``linear(x)`` plus each row group's LoRA delta for ``module`` of layer ``index``; x [1, N, in]."""
