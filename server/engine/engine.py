@@ -35,6 +35,7 @@ from sampler import Sampler, TokenLogprobs
 from server.engine.admission import AdmissionControl
 from server.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from server.engine.drafts import Draft
+from server.engine.host_buffers import HostStaging
 from server.engine.errors import EngineDead, EngineOverloaded, EngineUnavailable
 from server.engine.block_manager import BlockManager, BlockTable
 from server.engine.model import ModelRunner
@@ -116,6 +117,8 @@ class Engine:
         self._mask_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trellis-mask")
         self._words = (runner.vocab_size + 31) // 32
         self._valid_bits = _valid_bits(runner.vocab_size, self._words)
+        self._step_staging = HostStaging(runner.device)  # the step's integer arrays (StepBatch.build)
+        self._mask_staging = HostStaging(runner.device)  # bitmasks and their row indices
         self._step_hidden: torch.Tensor | None = None  # [R, D] for the rows sampled this step
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -261,7 +264,7 @@ class Engine:
         sampled = decode_rows + [seq for seq, take in extend_plan if take == len(seq.pending) and not seq.scoring]
         drafting = [(seq, len(seq.output_ids)) for seq in sampled if seq.verify]
         masked = [i for i, seq in enumerate(sampled) if _needs_host_mask(seq)]
-        fill = self._start_mask_fill([sampled[i] for i in masked])
+        fill = self._start_mask_fill([sampled[i] for i in masked], masked)
         try:
             try:
                 logits = self._forward(decode_rows, extend_plan, scoring)
@@ -367,7 +370,8 @@ class Engine:
         adapters = [seq.request.adapter for seq in decode_rows] + [seq.request.adapter for seq, _ in extend_plan]
         adapters += [seq.request.adapter for seq, choices in scoring for _ in choices]
         batch = StepBatch.build(rows, self.runner.block_size, self.runner.device,
-                                logit_counts=counts if max(counts) > 1 else None, row_adapters=adapters)
+                                logit_counts=counts if max(counts) > 1 else None, row_adapters=adapters,
+                                staging=self._step_staging)
         logits = self.runner.forward(batch)
         self.stats.forward_s += time.perf_counter() - started
         first_rows = None  # with per-position logits: each row's first position
@@ -487,7 +491,7 @@ class Engine:
         """One sampler pass over the logits after draft token ``position`` of each row."""
         logits = torch.stack([seq.verify_logits[position] for seq in seqs])
         masked = [i for i, seq in enumerate(seqs) if _needs_host_mask(seq)]
-        fill = self._start_mask_fill([seqs[i] for i in masked])
+        fill = self._start_mask_fill([seqs[i] for i in masked], masked)
         bitmask, indices = self._finish_mask_fill(fill, masked, seqs)
         hidden, self._step_hidden = self._step_hidden, None  # no forward of its own: no hidden states
         try:
@@ -620,10 +624,15 @@ class Engine:
 
     # ------------------------------------------------------------------ constraints
 
-    def _start_mask_fill(self, masked: list[Sequence]) -> Future | None:
+    def _start_mask_fill(self, masked: list[Sequence], rows: list[int]) -> Future | None:
+        """Fill the bitmasks of ``masked`` (batch rows ``rows``) on the mask thread, into a
+        staging buffer (pinned and reused on CUDA): the row indices [M] int64, then the bitmask
+        [M, W] int32."""
         if not masked:
             return None
-        bitmask = torch.empty((len(masked), self._words), dtype=torch.int32)
+        host = self._mask_staging.buffer(8 * len(rows) + 4 * len(rows) * self._words)
+        host[: 8 * len(rows)].view(torch.int64).copy_(torch.tensor(rows, dtype=torch.int64))
+        bitmask = host[8 * len(rows) :].view(torch.int32).view(len(rows), self._words)
         matchers = [seq.matcher for seq in masked]
 
         @torch.inference_mode()  # the buffer was made in the step's inference mode
@@ -634,20 +643,22 @@ class Engine:
                 matchers, bitmask, max_threads=self.mask_fill_threads, valid_bits=self._valid_bits
             )
             self.stats.mask_fill_s += time.perf_counter() - started
-            return bitmask, failures
+            return host, failures
 
         return self._mask_pool.submit(fill)
 
     def _finish_mask_fill(self, fill: Future | None, masked: list[int], sampled: list[Sequence]):
         """Wait for the bitmask and fail the rows whose matcher raised or allows nothing;
-        returns (bitmask [R, W], row indices [R]) on the model's device."""
+        returns (bitmask [M, W] int32, row indices [M] int64) on the model's device, both views
+        of one non-blocking copy from the staging buffer (none on the CPU)."""
         if fill is None:
             return None, None
-        bitmask, failures = fill.result()
+        host, failures = fill.result()
         for i, message in failures.items():
             self._fail(sampled[masked[i]], message)
-        device = self.runner.device
-        return bitmask.to(device, non_blocking=True), torch.tensor(masked, dtype=torch.long, device=device)
+        staged = self._mask_staging.upload(host)
+        rows = len(masked)
+        return staged[8 * rows :].view(torch.int32).view(rows, self._words), staged[: 8 * rows].view(torch.int64)
 
     # ------------------------------------------------------------------ tokens
 

@@ -209,17 +209,29 @@ class LoraGroups:
     @staticmethod
     def build(token_adapters: list[int], device: torch.device) -> "LoraGroups | None":
         """None when every token runs on the base model (the forward then has no LoRA work)."""
+        plan = LoraGroups.plan(token_adapters)
+        if plan is None:
+            return None
+        return LoraGroups(tuple(
+            (adapter_id, where if isinstance(where, slice) else torch.tensor(where, dtype=torch.long, device=device))
+            for adapter_id, where in plan
+        ))
+
+    @staticmethod
+    def plan(token_adapters: list[int]) -> list[tuple[int, slice | list[int]]] | None:
+        """The groups with host positions: a slice for a contiguous run (a view, no gather),
+        else the token positions as a list; None when every token runs on the base model."""
         present = sorted(set(token_adapters) - {0})
         if not present:
             return None
-        groups = []
+        groups: list[tuple[int, slice | list[int]]] = []
         for adapter_id in present:
             where = [i for i, a in enumerate(token_adapters) if a == adapter_id]
-            if where[-1] - where[0] + 1 == len(where):  # one contiguous run: a view, no gather
+            if where[-1] - where[0] + 1 == len(where):
                 groups.append((adapter_id, slice(where[0], where[-1] + 1)))
             else:
-                groups.append((adapter_id, torch.tensor(where, dtype=torch.long, device=device)))
-        return LoraGroups(tuple(groups))
+                groups.append((adapter_id, where))
+        return groups
 
 
 def add_lora(out: torch.Tensor, x: torch.Tensor, bank: LoraBank, groups: LoraGroups, layer: int, module: str) -> torch.Tensor:
