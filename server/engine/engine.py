@@ -7,6 +7,23 @@ forward runs, sample all rows in one sampler pass, then append tokens,
 detokenize, check stops and report one delta per sequence. Finished sequences leave the batch at
 the end of the step; nothing ever waits for another request to finish.
 
+Host and device work overlap where the next step's inputs do not depend on it. A step's integer
+inputs go to the device in one non-blocking copy from a reused pinned buffer, and so do the
+bitmasks (:mod:`server.engine.host_buffers`); on CUDA the forward is then only queued, so the
+engine thread goes on while the device computes:
+
+- the constraint bitmasks of the rows sampled this step are filled on the mask thread from
+  before the forward is launched until the sampler needs them (on every device);
+- with ``overlap_delivery`` (default: on CUDA only) the previous step's deltas are handed to the
+  request sinks right after this step's forward is launched, instead of at the end of the
+  previous step; the last step before the batch empties, and any failure path, delivers at once.
+  Detokenizing, stop checks, matcher advances and jump-forward decide the next step's inputs, so
+  they stay between the sampler's read-back and the next launch.
+
+The step reads the device back once: the sampler's ids together with any logprobs (one more
+transfer only for rows asking for hidden states, and per scored choice). Rows with a device DFA
+read its state when a token is accepted.
+
 Two hooks use per-position logits of an extension: a sequence with a predicted output feeds its
 next draft tokens after its last token and keeps the prefix that sampling agrees with
 (:meth:`Engine._verify_drafts`); a sequence scoring choices feeds every choice after the prompt
