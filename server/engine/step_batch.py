@@ -81,7 +81,7 @@ class StepBatch:
         longs = [tokens, positions, last_index, slots, *lora_lists]
         padded_tables = [block for table in tables for block in table + [0] * (width - len(table))]
         ints = [starts, context_lens, padded_tables]
-        long_views, int_views = _upload(longs, ints, staging or HostStaging(device, slots=1))
+        long_views, int_views = _upload(longs, ints, staging, device)
         tokens_t, positions_t, last_index_t, slots_t, *lora_tensors = long_views
         starts_t, context_t, tables_t = int_views
         attn = PagedAttentionMetadata(
@@ -103,18 +103,26 @@ class StepBatch:
 
 
 def _upload(
-    longs: list[list[int]], ints: list[list[int]], staging: HostStaging
+    longs: list[list[int]], ints: list[list[int]], staging: HostStaging | None, device: torch.device
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """int64 arrays then int32 arrays packed back to back into one host buffer (the int64 part
-    first keeps every view aligned), copied in one go; returns the device views in order."""
+    first keeps every view aligned), copied in one go; returns the device views in order.
+    Without ``staging``: a fresh buffer (pinned through torch's caching host allocator on CUDA)."""
     n_long, n_int = sum(map(len, longs)), sum(map(len, ints))
-    host = staging.buffer(8 * n_long + 4 * n_int)
+    nbytes = 8 * n_long + 4 * n_int
+    if staging is not None:
+        host = staging.buffer(nbytes)
+    else:
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
     raw = host.numpy()
     _pack(raw[: 8 * n_long].view(np.int64), longs)
     _pack(raw[8 * n_long :].view(np.int32), ints)
-    device = staging.upload(host)
-    return (_split(device[: 8 * n_long].view(torch.int64), longs),
-            _split(device[8 * n_long :].view(torch.int32), ints))
+    if staging is not None:
+        flat = staging.upload(host)
+    else:
+        flat = host if device.type == "cpu" else host.to(device, non_blocking=True)
+    return (_split(flat[: 8 * n_long].view(torch.int64), longs),
+            _split(flat[8 * n_long :].view(torch.int32), ints))
 
 
 def _pack(out: np.ndarray, arrays: list[list[int]]) -> None:
@@ -125,11 +133,7 @@ def _pack(out: np.ndarray, arrays: list[list[int]]) -> None:
 
 
 def _split(flat: torch.Tensor, arrays: list[list[int]]) -> list[torch.Tensor]:
-    views, offset = [], 0
-    for values in arrays:
-        views.append(flat[offset : offset + len(values)])
-        offset += len(values)
-    return views
+    return flat.split_with_sizes([len(values) for values in arrays])
 
 
 def _lora_plan(rows: list[Row], row_adapters: list[int] | None) -> list[tuple[int, slice | list[int]]] | None:
