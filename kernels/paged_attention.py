@@ -63,16 +63,13 @@ class PagedAttentionMetadata:
         block_size: int,
         device: torch.device,
     ) -> "PagedAttentionMetadata":
-        """From per-row block lists, new-token counts and context lengths (after this step)."""
-        slots: list[int] = []
-        for table, q_len, ctx in zip(block_tables, query_lens, context_lens, strict=True):
-            for position in range(ctx - q_len, ctx):
-                slots.append(table[position // block_size] * block_size + position % block_size)
-        width = max((len(t) for t in block_tables), default=0) or 1
+        """From per-row block lists, new-token counts and context lengths (after this step).
+
+        One small tensor per field: the reference construction. The engine packs a whole step
+        into one host buffer and one copy instead (``server.engine.step_batch``) from
+        :func:`host_layout`, with the same values."""
+        slots, starts, width = host_layout(block_tables, query_lens, context_lens, block_size)
         padded = [t + [0] * (width - len(t)) for t in block_tables]
-        starts = [0]
-        for q_len in query_lens:
-            starts.append(starts[-1] + q_len)
         return PagedAttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
             query_start=torch.tensor(starts, dtype=torch.int32, device=device),
@@ -81,6 +78,22 @@ class PagedAttentionMetadata:
             query_lens_host=list(query_lens),
             context_lens_host=list(context_lens),
         )
+
+
+def host_layout(
+    block_tables: list[list[int]], query_lens: list[int], context_lens: list[int], block_size: int
+) -> tuple[list[int], list[int], int]:
+    """The metadata's integer arrays as host lists: (slot_mapping [N], query_start [R + 1],
+    block-table width; rows of ``block_tables`` are padded with block 0 up to that width)."""
+    slots: list[int] = []
+    for table, q_len, ctx in zip(block_tables, query_lens, context_lens, strict=True):
+        for position in range(ctx - q_len, ctx):
+            slots.append(table[position // block_size] * block_size + position % block_size)
+    width = max((len(t) for t in block_tables), default=0) or 1
+    starts = [0]
+    for q_len in query_lens:
+        starts.append(starts[-1] + q_len)
+    return slots, starts, width
 
 
 def write_kv(

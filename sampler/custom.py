@@ -125,7 +125,8 @@ def _write_back(x: torch.Tensor, positions: list[int], idx: torch.Tensor, out: t
     nan = torch.isnan(out).any(dim=1) | torch.isposinf(out).any(dim=1)
     empty = ~torch.isfinite(out).any(dim=1)
     failures: dict[int, str] = {}
-    for j, (is_nan, is_empty) in enumerate(zip(nan.tolist(), empty.tolist())):
+    flags = torch.stack([nan, empty]).tolist()  # one read-back for both checks
+    for j, (is_nan, is_empty) in enumerate(zip(*flags)):
         if is_nan:
             failures[positions[j]] = "custom_logit_processor returned NaN or +inf logits"
         elif is_empty:

@@ -264,22 +264,31 @@ class Sampler:
     def _finish(
         self, ids: torch.Tensor, x: torch.Tensor, rows: Sequence[SamplingRow], plan: _Plan, failures: dict[int, str]
     ) -> SampleResult:
-        """Read ids (the host sync) and logprobs back."""
+        """Read ids and logprobs back: one device→host transfer (the pass's host sync).
+
+        With logprobs, the ids, chosen logprobs and top-k values/indices travel together as one
+        float64 tensor: float64 holds every float32 value and every token id exactly, so the
+        host sees the same numbers as from one transfer per piece."""
         logprobs: list[TokenLogprobs | None] = [None] * len(rows)
         if not plan.logprob_pos:
             return SampleResult(ids.tolist(), logprobs, failures)
         lp = ops.take(x.float(), plan.logprob_idx).log_softmax(dim=-1)  # [L, V]
         chosen_ids = ops.take(ids.unsqueeze(1), plan.logprob_idx)  # [L, 1]
         chosen = lp.gather(1, chosen_ids).squeeze(1).clamp(min=LOGPROB_FLOOR)  # [L]
-        top_v = top_i = None
-        if plan.top_max:
-            top_v, top_i = lp.topk(min(plan.top_max, lp.shape[1]), dim=-1)
-            top_v, top_i = top_v.clamp(min=LOGPROB_FLOOR).tolist(), top_i.tolist()
-        token_ids = ids.tolist()
-        chosen_list = chosen.tolist()
+        pieces = [ids.double(), chosen.double()]
+        k = min(plan.top_max, lp.shape[1])
+        if k:
+            top_v, top_i = lp.topk(k, dim=-1)
+            pieces += [top_v.clamp(min=LOGPROB_FLOOR).double().flatten(), top_i.double().flatten()]
+        host = torch.cat(pieces).cpu()
+        n, m = len(rows), len(plan.logprob_pos)
+        token_ids = host[:n].long().tolist()
+        chosen_list = host[n : n + m].tolist()
+        top_v_list = host[n + m : n + m + m * k].view(m, k).tolist() if k else None
+        top_i_list = host[n + m + m * k :].view(m, k).long().tolist() if k else None
         for j, i in enumerate(plan.logprob_pos):
-            n = rows[i].params.top_logprobs
-            top = list(zip(top_i[j][:n], top_v[j][:n])) if n and top_i is not None else []
+            top_n = rows[i].params.top_logprobs
+            top = list(zip(top_i_list[j][:top_n], top_v_list[j][:top_n])) if top_n and k else []
             logprobs[i] = TokenLogprobs(token_ids[i], chosen_list[j], top)
         return SampleResult(token_ids, logprobs, failures)
 

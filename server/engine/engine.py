@@ -7,6 +7,23 @@ forward runs, sample all rows in one sampler pass, then append tokens,
 detokenize, check stops and report one delta per sequence. Finished sequences leave the batch at
 the end of the step; nothing ever waits for another request to finish.
 
+Host and device work overlap where the next step's inputs do not depend on it. A step's integer
+inputs go to the device in one non-blocking copy from a reused pinned buffer, and so do the
+bitmasks (:mod:`server.engine.host_buffers`); on CUDA the forward is then only queued, so the
+engine thread goes on while the device computes:
+
+- the constraint bitmasks of the rows sampled this step are filled on the mask thread from
+  before the forward is launched until the sampler needs them (on every device);
+- with ``overlap_delivery`` (default: on CUDA only) the previous step's deltas are handed to the
+  request sinks right after this step's forward is launched, instead of at the end of the
+  previous step; the last step before the batch empties, and any failure path, delivers at once.
+  Detokenizing, stop checks, matcher advances and jump-forward decide the next step's inputs, so
+  they stay between the sampler's read-back and the next launch.
+
+The step reads the device back once: the sampler's ids together with any logprobs (one more
+transfer only for rows asking for hidden states, and per scored choice). Rows with a device DFA
+read its state when a token is accepted.
+
 Two hooks use per-position logits of an extension: a sequence with a predicted output feeds its
 next draft tokens after its last token and keeps the prefix that sampling agrees with
 (:meth:`Engine._verify_drafts`); a sequence scoring choices feeds every choice after the prompt
@@ -32,9 +49,11 @@ import torch
 
 from constraints.batch_fill import fill_bitmasks
 from sampler import Sampler, TokenLogprobs
+from sampler.pool import to_device
 from server.engine.admission import AdmissionControl
 from server.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from server.engine.drafts import Draft
+from server.engine.host_buffers import HostStaging
 from server.engine.errors import EngineDead, EngineOverloaded, EngineUnavailable
 from server.engine.block_manager import BlockManager, BlockTable
 from server.engine.model import ModelRunner
@@ -90,6 +109,7 @@ class Engine:
         max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS,
         enable_prefix_caching: bool = True,
         mask_fill_threads: int = 0,
+        overlap_delivery: bool | None = None,
     ) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
@@ -116,7 +136,12 @@ class Engine:
         self._mask_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trellis-mask")
         self._words = (runner.vocab_size + 31) // 32
         self._valid_bits = _valid_bits(runner.vocab_size, self._words)
+        self._step_staging = HostStaging(runner.device)  # the step's integer arrays (StepBatch.build)
+        self._mask_staging = HostStaging(runner.device)  # bitmasks and their row indices
         self._step_hidden: torch.Tensor | None = None  # [R, D] for the rows sampled this step
+        # None: on CUDA only, where the forward runs asynchronously (see the module docstring)
+        self.overlap_delivery = runner.device.type == "cuda" if overlap_delivery is None else overlap_delivery
+        self._deferred: dict[int, Sequence] = {}  # sequences whose delta goes out after the next launch
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -254,6 +279,7 @@ class Engine:
         self._drain_inbox()
         self._admit()
         if not self.scheduler.running:
+            self._deliver_deferred()
             return
         self.stats.steps += 1
         decode_rows, extend_plan = self._plan_drafts(*self.scheduler.schedule())
@@ -261,12 +287,13 @@ class Engine:
         sampled = decode_rows + [seq for seq, take in extend_plan if take == len(seq.pending) and not seq.scoring]
         drafting = [(seq, len(seq.output_ids)) for seq in sampled if seq.verify]
         masked = [i for i, seq in enumerate(sampled) if _needs_host_mask(seq)]
-        fill = self._start_mask_fill([sampled[i] for i in masked])
+        fill = self._start_mask_fill([sampled[i] for i in masked], masked)
         try:
             try:
                 logits = self._forward(decode_rows, extend_plan, scoring)
             finally:
                 self._free_branches(scoring)
+                self._deliver_deferred()  # when the forward did not already (no rows, or it raised)
         except Exception as exc:
             _wait_quietly(fill)  # its matchers must be idle before anyone touches them again
             failed = decode_rows + [seq for seq, _ in extend_plan] + [seq for seq, _ in scoring]
@@ -367,9 +394,11 @@ class Engine:
         adapters = [seq.request.adapter for seq in decode_rows] + [seq.request.adapter for seq, _ in extend_plan]
         adapters += [seq.request.adapter for seq, choices in scoring for _ in choices]
         batch = StepBatch.build(rows, self.runner.block_size, self.runner.device,
-                                logit_counts=counts if max(counts) > 1 else None, row_adapters=adapters)
+                                logit_counts=counts if max(counts) > 1 else None, row_adapters=adapters,
+                                staging=self._step_staging)
         logits = self.runner.forward(batch)
         self.stats.forward_s += time.perf_counter() - started
+        self._deliver_deferred()  # the launch is queued: the last step's deltas go out while the device runs it
         first_rows = None  # with per-position logits: each row's first position
         if batch.logit_counts is not None:
             logits, first_rows = self._split_logits(logits, counts, extend_plan, scoring, len(decode_rows))
@@ -390,7 +419,7 @@ class Engine:
             return logits
         if not complete:
             return None
-        keep = torch.tensor(complete, dtype=torch.long, device=logits.device)
+        keep = to_device(complete, torch.long, logits.device)
         self._keep_hidden(decode_rows, extend_plan, first_rows, keep)
         return logits[keep]
 
@@ -413,11 +442,20 @@ class Engine:
         self.stats.sample_s += time.perf_counter() - started
         for i, message in result.failures.items():  # a row's own processing failed (client code)
             self._fail(sampled[i], message)
-        hidden = self._step_hidden
+        hidden = self._hidden_rows(sampled)
         for i, (seq, token, logprob) in enumerate(zip(sampled, result.token_ids, result.logprobs)):
-            if hidden is not None and seq.request.return_hidden_states and not seq.finished:
-                seq.step_hidden.append(hidden[i].float().tolist())
+            if i in hidden and not seq.finished:
+                seq.step_hidden.append(hidden[i])
             self._accept_sampled(seq, token, logprob)
+
+    def _hidden_rows(self, sampled: list[Sequence]) -> dict[int, list[float]]:
+        """{row: its hidden state} for the rows that ask for them, read back in one transfer."""
+        hidden = self._step_hidden
+        wanted = [i for i, seq in enumerate(sampled) if seq.request.return_hidden_states]
+        if hidden is None or not wanted:
+            return {}
+        rows = hidden.index_select(0, to_device(wanted, torch.long, hidden.device)).float().cpu()
+        return dict(zip(wanted, rows.tolist()))
 
     # ------------------------------------------------------------------ predicted outputs
 
@@ -487,7 +525,7 @@ class Engine:
         """One sampler pass over the logits after draft token ``position`` of each row."""
         logits = torch.stack([seq.verify_logits[position] for seq in seqs])
         masked = [i for i, seq in enumerate(seqs) if _needs_host_mask(seq)]
-        fill = self._start_mask_fill([seqs[i] for i in masked])
+        fill = self._start_mask_fill([seqs[i] for i in masked], masked)
         bitmask, indices = self._finish_mask_fill(fill, masked, seqs)
         hidden, self._step_hidden = self._step_hidden, None  # no forward of its own: no hidden states
         try:
@@ -510,7 +548,7 @@ class Engine:
             for choice, _slot in choices:
                 self._score_choice(seq, choice, logits[starts[row] : starts[row] + counts[row]])
                 row += 1
-        first = torch.tensor(starts[: n_decode + len(extend_plan)], dtype=torch.long, device=logits.device)
+        first = to_device(starts[: n_decode + len(extend_plan)], torch.long, logits.device)
         return logits[first], first
 
     # ------------------------------------------------------------------ choice scoring
@@ -568,18 +606,26 @@ class Engine:
         prompt's last token and after each of the choice's tokens but the last."""
         tokens = seq.request.score_choices[choice]
         logprobs = logits[: len(tokens), : self.sampler.vocab_size].float().log_softmax(dim=-1)
-        ids = torch.tensor(tokens, dtype=torch.long, device=logprobs.device)
+        ids = to_device(tokens, torch.long, logprobs.device)
         chosen = logprobs.gather(1, ids.view(-1, 1)).view(-1)
-        seq.choice_scores[choice] = float(chosen.sum())
-        self.stats.scored_choices += 1
-        top_n = seq.request.params.top_logprobs
-        top = [[]] * len(tokens)
+        top_n = min(seq.request.params.top_logprobs, logprobs.shape[1])
+        pieces = [chosen.sum().view(1), chosen]
         if top_n:
-            values, indices = logprobs.topk(min(top_n, logprobs.shape[1]), dim=-1)
-            top = [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
+            values, indices = logprobs.topk(top_n, dim=-1)
+            pieces += [values.flatten(), indices.flatten()]
+        # one read-back: float64 holds every float32 value and token id exactly
+        host = torch.cat([piece.double() for piece in pieces]).cpu()
+        n = len(tokens)
+        seq.choice_scores[choice] = float(host[0])
+        self.stats.scored_choices += 1
+        top = [[]] * n
+        if top_n:
+            values_host = host[1 + n : 1 + n + n * top_n].view(n, top_n).tolist()
+            indices_host = host[1 + n + n * top_n :].view(n, top_n).long().tolist()
+            top = [list(zip(i, v)) for i, v in zip(indices_host, values_host)]
         seq.choice_token_logprobs[choice] = [
             TokenLogprobs(token, value, alternatives)
-            for token, value, alternatives in zip(tokens, chosen.tolist(), top)
+            for token, value, alternatives in zip(tokens, host[1 : 1 + n].tolist(), top)
         ]
 
     def _finish_scoring(self, seqs: list[Sequence]) -> None:
@@ -620,10 +666,15 @@ class Engine:
 
     # ------------------------------------------------------------------ constraints
 
-    def _start_mask_fill(self, masked: list[Sequence]) -> Future | None:
+    def _start_mask_fill(self, masked: list[Sequence], rows: list[int]) -> Future | None:
+        """Fill the bitmasks of ``masked`` (batch rows ``rows``) on the mask thread, into a
+        staging buffer (pinned and reused on CUDA): the row indices [M] int64, then the bitmask
+        [M, W] int32."""
         if not masked:
             return None
-        bitmask = torch.empty((len(masked), self._words), dtype=torch.int32)
+        host = self._mask_staging.buffer(8 * len(rows) + 4 * len(rows) * self._words)
+        host[: 8 * len(rows)].view(torch.int64).copy_(torch.tensor(rows, dtype=torch.int64))
+        bitmask = host[8 * len(rows) :].view(torch.int32).view(len(rows), self._words)
         matchers = [seq.matcher for seq in masked]
 
         @torch.inference_mode()  # the buffer was made in the step's inference mode
@@ -634,20 +685,22 @@ class Engine:
                 matchers, bitmask, max_threads=self.mask_fill_threads, valid_bits=self._valid_bits
             )
             self.stats.mask_fill_s += time.perf_counter() - started
-            return bitmask, failures
+            return host, failures
 
         return self._mask_pool.submit(fill)
 
     def _finish_mask_fill(self, fill: Future | None, masked: list[int], sampled: list[Sequence]):
         """Wait for the bitmask and fail the rows whose matcher raised or allows nothing;
-        returns (bitmask [R, W], row indices [R]) on the model's device."""
+        returns (bitmask [M, W] int32, row indices [M] int64) on the model's device, both views
+        of one non-blocking copy from the staging buffer (none on the CPU)."""
         if fill is None:
             return None, None
-        bitmask, failures = fill.result()
+        host, failures = fill.result()
         for i, message in failures.items():
             self._fail(sampled[masked[i]], message)
-        device = self.runner.device
-        return bitmask.to(device, non_blocking=True), torch.tensor(masked, dtype=torch.long, device=device)
+        staged = self._mask_staging.upload(host)
+        rows = len(masked)
+        return staged[8 * rows :].view(torch.int32).view(rows, self._words), staged[: 8 * rows].view(torch.int64)
 
     # ------------------------------------------------------------------ tokens
 
@@ -862,6 +915,7 @@ class Engine:
 
     def _fail_running(self, message: str) -> None:
         """Fail and free every running sequence without touching the KV cache (it may be what broke)."""
+        self._deliver_deferred()
         for seq in self.scheduler.release_all():
             self._fail(seq, message)
             self._deliver(seq)
@@ -870,12 +924,30 @@ class Engine:
     # ------------------------------------------------------------------ reporting
 
     def _report_and_retire(self) -> None:
+        """Report the step's deltas and free the finished sequences. With ``overlap_delivery``,
+        while some sequence goes on, the deltas wait for the next step's forward launch and go
+        out while the device computes it (a delta is taken when it is sent, so nothing is lost
+        or reordered: a later delivery of the same sequence takes everything accumulated)."""
+        defer = self.overlap_delivery and any(not s.finished for s in self.scheduler.running)
+        if not defer:
+            self._deliver_deferred()
         for seq in self.scheduler.running:
             if seq.step_tokens or seq.finished:
-                self._deliver(seq)
+                if defer:
+                    self._deferred[id(seq)] = seq
+                else:
+                    self._deliver(seq)
             self.blocks.register_full_blocks(seq.table)
         for seq in [s for s in self.scheduler.running if s.finished]:
             self._release(seq)
+
+    def _deliver_deferred(self) -> None:
+        """Send the deltas held back by :meth:`_report_and_retire`, oldest first."""
+        if not self._deferred:
+            return
+        deferred, self._deferred = self._deferred, {}
+        for seq in deferred.values():
+            self._deliver(seq)
 
     def _deliver(self, seq: Sequence) -> None:
         """Send the step's delta; a sink that raises fails only its own sequence."""

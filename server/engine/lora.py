@@ -12,7 +12,9 @@ in one forward with the base weights read once.
 
 What is not implemented is refused when the adapter loads, with a one-line error: DoRA, adapters on
 embeddings or ``lm_head``, ``modules_to_save``, LoRA biases, per-module rank/alpha patterns,
-``fan_in_fan_out``, and weights for modules other than the attention and MLP projections.
+``fan_in_fan_out``, weights for modules other than the attention and dense MLP projections, and
+adapters on the experts or router of a mixture-of-experts layer (peft's ``target_parameters``,
+per-expert ``experts.N.*`` weights, or a dense-MLP target the model's MoE layer does not have).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj"
 _WEIGHT_KEY = re.compile(
     r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.(" + "|".join(TARGET_MODULES) + r")\.lora_([AB])(?:\.[\w-]+)?\.weight$"
 )
+_MOE_KEY = re.compile(r"\.(?:experts|shared_experts?|gate|router|block_sparse_moe)(?:\.|$)")
 _ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -89,7 +92,7 @@ def load_adapter(name: str, directory: Path, model: torch.nn.Module) -> LoraAdap
     for (layer, module), (a, b) in sorted(pairs.items()):
         if layer >= len(layers):
             raise LoraError(f"LoRA adapter '{name}': layer {layer} does not exist (the model has {len(layers)})")
-        base = _projection(layers[layer], module)
+        base = _projection(name, layers[layer], layer, module)
         if a.shape != (rank, base.in_features) or b.shape != (base.out_features, rank):
             raise LoraError(
                 f"LoRA adapter '{name}': layers.{layer}.{module} has A {tuple(a.shape)} and B {tuple(b.shape)}, "
@@ -134,6 +137,8 @@ def _refuse_unsupported(name: str, config: dict) -> None:
         problems.append("per-module rank_pattern/alpha_pattern")
     if config.get("fan_in_fan_out"):
         problems.append("fan_in_fan_out")
+    if config.get("target_parameters"):
+        problems.append(f"target_parameters {config['target_parameters']} (LoRA on mixture-of-experts expert weights)")
     targets = config.get("target_modules")
     named = [targets] if isinstance(targets, str) else list(targets or [])
     outside = [t for t in named if t in ("embed_tokens", "lm_head", "wte", "embed_in", "embed_out")]
@@ -147,6 +152,11 @@ def _pair_weights(name: str, tensors: dict[str, torch.Tensor]) -> dict[tuple[int
     halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         match = _WEIGHT_KEY.search(key)
+        if match is None and _MOE_KEY.search(key):
+            raise LoraError(
+                f"LoRA adapter '{name}': weight {key} targets the experts or router of a mixture-of-experts "
+                "layer, which this server does not support (only attention and dense MLP projections)"
+            )
         if match is None:
             raise LoraError(
                 f"LoRA adapter '{name}': weight {key} is not a LoRA A/B matrix of "
@@ -162,9 +172,21 @@ def _pair_weights(name: str, tensors: dict[str, torch.Tensor]) -> dict[tuple[int
     return pairs
 
 
-def _projection(layer: torch.nn.Module, module: str) -> torch.nn.Linear:
-    parent = layer.self_attn if module in ("q_proj", "k_proj", "v_proj", "o_proj") else layer.mlp
-    return getattr(parent, module)
+def _projection(name: str, layer: torch.nn.Module, index: int, module: str) -> torch.nn.Linear:
+    """The model's linear layer ``module`` of layer ``index``; a one-line refusal when the model has
+    none there (a mixture-of-experts layer has experts and a router instead of a dense MLP)."""
+    in_attention = module in ("q_proj", "k_proj", "v_proj", "o_proj")
+    parent = getattr(layer, "self_attn" if in_attention else "mlp", None)
+    base = getattr(parent, module, None) if parent is not None else None
+    if isinstance(base, torch.nn.Linear):
+        return base
+    where = f"layers.{index}.{'self_attn' if in_attention else 'mlp'}.{module}"
+    if parent is not None and hasattr(parent, "experts"):
+        raise LoraError(
+            f"LoRA adapter '{name}': {where} is a mixture-of-experts layer in this model (experts and a router, "
+            "no dense projection); LoRA on expert projections is not supported"
+        )
+    raise LoraError(f"LoRA adapter '{name}': {where} is not a linear layer of this model")
 
 
 class LoraBank:
@@ -187,17 +209,29 @@ class LoraGroups:
     @staticmethod
     def build(token_adapters: list[int], device: torch.device) -> "LoraGroups | None":
         """None when every token runs on the base model (the forward then has no LoRA work)."""
+        plan = LoraGroups.plan(token_adapters)
+        if plan is None:
+            return None
+        return LoraGroups(tuple(
+            (adapter_id, where if isinstance(where, slice) else torch.tensor(where, dtype=torch.long, device=device))
+            for adapter_id, where in plan
+        ))
+
+    @staticmethod
+    def plan(token_adapters: list[int]) -> list[tuple[int, slice | list[int]]] | None:
+        """The groups with host positions: a slice for a contiguous run (a view, no gather),
+        else the token positions as a list; None when every token runs on the base model."""
         present = sorted(set(token_adapters) - {0})
         if not present:
             return None
-        groups = []
+        groups: list[tuple[int, slice | list[int]]] = []
         for adapter_id in present:
             where = [i for i, a in enumerate(token_adapters) if a == adapter_id]
-            if where[-1] - where[0] + 1 == len(where):  # one contiguous run: a view, no gather
+            if where[-1] - where[0] + 1 == len(where):
                 groups.append((adapter_id, slice(where[0], where[-1] + 1)))
             else:
-                groups.append((adapter_id, torch.tensor(where, dtype=torch.long, device=device)))
-        return LoraGroups(tuple(groups))
+                groups.append((adapter_id, where))
+        return groups
 
 
 def add_lora(out: torch.Tensor, x: torch.Tensor, bank: LoraBank, groups: LoraGroups, layer: int, module: str) -> torch.Tensor:

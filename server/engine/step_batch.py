@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from kernels.paged_attention import PagedAttentionMetadata
+from kernels.paged_attention import PagedAttentionMetadata, host_layout
+from server.engine.host_buffers import HostStaging
 from server.engine.lora import LoraGroups
 
 Row = tuple[list[int], list[int], int]  # (block table, new tokens, tokens already cached)
@@ -49,12 +51,19 @@ class StepBatch:
         device: torch.device,
         logit_counts: list[int] | None = None,
         row_adapters: list[int] | None = None,
+        staging: HostStaging | None = None,
     ) -> "StepBatch":
         """``rows`` in output order. ``logit_counts`` (optional, per row, 1 <= count <= the
         row's new tokens): how many of the row's last positions get logits; the forward then
         returns ``sum(logit_counts)`` rows, row by row, positions in order. ``row_adapters``:
         each row's LoRA adapter id (0 = base model), None = all base. Every row's block table
-        must already cover ``start + len(new)`` tokens."""
+        must already cover ``start + len(new)`` tokens.
+
+        Every integer array of the step is packed into one host buffer (``staging``'s, pinned
+        on CUDA; a fresh one when None) and reaches the device in one non-blocking copy; the
+        batch's tensors are views of that one device tensor, with the dtypes the kernels read
+        (int64 tokens/positions/indices/slots, int32 query starts, context lengths and block
+        tables)."""
         tokens: list[int] = []
         positions: list[int] = []
         last_index: list[int] = []
@@ -63,26 +72,80 @@ class StepBatch:
             positions.extend(range(start, start + len(new)))
             count = 1 if logit_counts is None else logit_counts[row]
             last_index.extend(range(len(tokens) - count, len(tokens)))
-        attn = PagedAttentionMetadata.build(
-            [list(table) for table, _, _ in rows],
-            [len(new) for _, new, _ in rows],
-            [start + len(new) for _, new, start in rows],
-            block_size,
-            device,
+        tables = [list(table) for table, _, _ in rows]
+        query_lens = [len(new) for _, new, _ in rows]
+        context_lens = [start + len(new) for _, new, start in rows]
+        slots, starts, width = host_layout(tables, query_lens, context_lens, block_size)
+        lora_plan = _lora_plan(rows, row_adapters)
+        lora_lists = [where for _, where in lora_plan or () if not isinstance(where, slice)]
+        longs = [tokens, positions, last_index, slots, *lora_lists]
+        padded_tables = [block for table in tables for block in table + [0] * (width - len(table))]
+        ints = [starts, context_lens, padded_tables]
+        long_views, int_views = _upload(longs, ints, staging, device)
+        tokens_t, positions_t, last_index_t, slots_t, *lora_tensors = long_views
+        starts_t, context_t, tables_t = int_views
+        attn = PagedAttentionMetadata(
+            slot_mapping=slots_t,
+            query_start=starts_t,
+            context_lens=context_t,
+            block_tables=tables_t.view(len(rows), width),
+            query_lens_host=query_lens,
+            context_lens_host=context_lens,
         )
-        as_long = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
         return StepBatch(
-            tokens=as_long(tokens),
-            positions=as_long(positions),
-            last_index=as_long(last_index),
+            tokens=tokens_t,
+            positions=positions_t,
+            last_index=last_index_t,
             attn=attn,
             logit_counts=logit_counts,
-            lora=_lora_groups(rows, row_adapters, device),
+            lora=_lora_groups(lora_plan, lora_tensors),
         )
 
 
-def _lora_groups(rows: list[Row], row_adapters: list[int] | None, device: torch.device) -> LoraGroups | None:
+def _upload(
+    longs: list[list[int]], ints: list[list[int]], staging: HostStaging | None, device: torch.device
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """int64 arrays then int32 arrays packed back to back into one host buffer (the int64 part
+    first keeps every view aligned), copied in one go; returns the device views in order.
+    Without ``staging``: a fresh buffer (pinned through torch's caching host allocator on CUDA)."""
+    n_long, n_int = sum(map(len, longs)), sum(map(len, ints))
+    nbytes = 8 * n_long + 4 * n_int
+    if staging is not None:
+        host = staging.buffer(nbytes)
+    else:
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    raw = host.numpy()
+    _pack(raw[: 8 * n_long].view(np.int64), longs)
+    _pack(raw[8 * n_long :].view(np.int32), ints)
+    if staging is not None:
+        flat = staging.upload(host)
+    else:
+        flat = host if device.type == "cpu" else host.to(device, non_blocking=True)
+    return (_split(flat[: 8 * n_long].view(torch.int64), longs),
+            _split(flat[8 * n_long :].view(torch.int32), ints))
+
+
+def _pack(out: np.ndarray, arrays: list[list[int]]) -> None:
+    offset = 0
+    for values in arrays:
+        out[offset : offset + len(values)] = values
+        offset += len(values)
+
+
+def _split(flat: torch.Tensor, arrays: list[list[int]]) -> list[torch.Tensor]:
+    return flat.split_with_sizes([len(values) for values in arrays])
+
+
+def _lora_plan(rows: list[Row], row_adapters: list[int] | None) -> list[tuple[int, slice | list[int]]] | None:
     if not row_adapters or not any(row_adapters):
         return None
     per_token = [adapter for (_, new, _), adapter in zip(rows, row_adapters, strict=True) for _ in new]
-    return LoraGroups.build(per_token, device)
+    return LoraGroups.plan(per_token)
+
+
+def _lora_groups(plan, tensors: list[torch.Tensor]) -> LoraGroups | None:
+    """The plan with its position lists replaced by their device views, in order."""
+    if plan is None:
+        return None
+    remaining = iter(tensors)
+    return LoraGroups(tuple((a, where if isinstance(where, slice) else next(remaining)) for a, where in plan))

@@ -174,3 +174,68 @@ def test_unknown_adapter_id_fails_only_its_own_sequence(tiny_model_dir, adapters
         engine.step()
     assert finishes["bad"][0] == "error" and "adapter" in finishes["bad"][1]
     assert finishes["good"] == ("length", None)
+
+
+@pytest.fixture(scope="module")
+def tiny_moe_dir(tmp_path_factory):
+    """A tiny random-weight Qwen3-MoE checkpoint (every layer a mixture of experts)."""
+    from tests.server.engine.test_hf_runner import _save_tiny
+
+    directory = tmp_path_factory.mktemp("qwen3-moe")
+    _save_tiny("qwen3_moe", directory)
+    return directory
+
+
+def _write_adapter(directory, tensors: dict, **config) -> None:
+    from safetensors.torch import save_file
+
+    directory.mkdir()
+    (directory / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8, **config}))
+    save_file(tensors, str(directory / "adapter_model.safetensors"))
+
+
+def _moe_model(directory):
+    from server.engine.hf_runner import load_model
+
+    return load_model(directory, torch.float32, torch.device("cpu"))
+
+
+def test_lora_on_moe_experts_is_refused_in_one_line(tiny_moe_dir, tmp_path):
+    """Dense-MLP targets a MoE layer lacks, per-expert weights and peft's target_parameters on
+    the fused experts: each a one-line LoraError naming the module (through --lora-modules too)."""
+    from peft import LoraConfig, get_peft_model
+
+    from server.model_loader import load_lora_adapters
+
+    model = _moe_model(tiny_moe_dir)
+    prefix = "base_model.model.model.layers.0.mlp"
+    _write_adapter(tmp_path / "dense", {f"{prefix}.gate_proj.lora_A.weight": torch.zeros(4, 64),
+                                        f"{prefix}.gate_proj.lora_B.weight": torch.zeros(96, 4)},
+                   target_modules=["gate_proj"])
+    _write_adapter(tmp_path / "per-expert", {f"{prefix}.experts.0.gate_proj.lora_A.weight": torch.zeros(4, 64),
+                                             f"{prefix}.experts.0.gate_proj.lora_B.weight": torch.zeros(32, 4)},
+                   target_modules=["gate_proj"])
+    peft_model = get_peft_model(_moe_model(tiny_moe_dir), LoraConfig(r=4, target_modules=[],
+                                                                     target_parameters=["experts.gate_up_proj"]))
+    peft_model.save_pretrained(tmp_path / "fused")
+    cases = {"dense": "layers.0.mlp.gate_proj is a mixture-of-experts layer",
+             "per-expert": "layers.0.mlp.experts.0.gate_proj.lora_A.weight targets the experts",
+             "fused": "target_parameters"}
+    for name, named in cases.items():
+        with pytest.raises(LoraError, match=named) as info:
+            load_lora_adapters(f"{name}={tmp_path / name}", model)
+        assert "\n" not in str(info.value) and f"'{name}'" in str(info.value)
+
+
+def test_attention_lora_on_a_moe_model_loads(tiny_moe_dir, tmp_path):
+    from server.engine.hf_runner import TransformersRunner
+    from tests.server.engine.paged_util import step
+
+    adapter = make_adapter(tiny_moe_dir, tmp_path / "attn", seed=3, targets=["q_proj", "v_proj"])
+    model = _moe_model(tiny_moe_dir)
+    bank = LoraBank([load_adapter("attn", adapter, model)])
+    assert bank.adapters[0].target_modules == ["q_proj", "v_proj"]
+    runner = TransformersRunner(model, num_blocks=16, block_size=4, lora=bank)
+    rows = [(0, [1, 5, 9, 13], 0), (1, [1, 5, 9, 13], 0)]
+    logits = step(runner, rows, 16, row_adapters=[1, 0])
+    assert not torch.equal(logits[0], logits[1])  # the adapter changes its row only
