@@ -654,7 +654,18 @@ def _negate_keyword(key: str, s: dict, root: dict) -> Any:
         return None if neg is None else {"type": "array", "items": neg}
     if key in _BOUND_NEGATIONS and isinstance(value, (int, float)) and not isinstance(value, bool):
         return _negate_bound(key, value)
+    if key not in SPEC_KEYWORDS:  # no draft defines it: an annotation, true of every instance
+        return _SKIP
     return None
+
+
+# every keyword some JSON Schema draft gives a meaning (assertions, applicators, identifiers)
+SPEC_KEYWORDS = REF_IGNORED_SIBLINGS | ANNOTATIONS | frozenset(
+    {"$ref", "$defs", "definitions", "dependentRequired", "dependentSchemas", "unevaluatedProperties",
+     "unevaluatedItems", "contentSchema", "$dynamicRef", "$recursiveRef", "$dynamicAnchor",
+     "$recursiveAnchor", "$vocabulary", "minContains", "maxContains", "extends", "disallow", "divisibleBy",
+     "optional", "requires"}
+)
 
 
 def finite_names(schema: Any, root: dict) -> list[str] | None:
@@ -734,6 +745,8 @@ _BOUND_NEGATIONS = {
     "maximum": ("number", "exclusiveMinimum", 0),
     "exclusiveMinimum": ("number", "maximum", 0),
     "exclusiveMaximum": ("number", "minimum", 0),
+    "minProperties": ("object", "maxProperties", -1),
+    "maxProperties": ("object", "minProperties", 1),
 }
 
 
@@ -743,6 +756,8 @@ def _negate_bound(key: str, value: float) -> Any:
     bound = value + shift
     if shift and (not float(value).is_integer() or bound < 0):
         return False if bound < 0 else None
+    if other == "maxProperties" and bound == 0:  # the empty object, in a form backends enforce
+        return {"type": "object", "additionalProperties": False}
     return {"type": type_, other: int(bound) if shift else value}
 
 

@@ -49,9 +49,30 @@ CASES = [
 ]
 
 
+CASES += [
+    (  # bounded multiples, with what the backends skip beside them
+        {"type": "integer", "multipleOf": 13, "exclusiveMinimum": 100, "exclusiveMaximum": 300,
+         "not": {"anyOf": [{"multipleOf": 2}, {"multipleOf": 3}]}},
+        [143, 169, 221, 299],
+        [130, 156, 104, 13, 286, 312],
+    ),
+    (  # oneOf over listed values, non-disjoint, filtered by the whole schema
+        {"type": "array", "oneOf": [{"$ref": "#/definitions/x"}, {"$ref": "#/definitions/y"}],
+         "definitions": {"x": {"enum": [[1], [1, 2], [5]]}, "y": {"enum": [[1], [3]]}}},
+        [[1, 2], [5], [3]],
+        [[1], [2], []],
+    ),
+    (  # not of a schema with a keyword no draft defines (an annotation) and a property count
+        {"type": "object", "not": {"minProperties": 1, "x-note": "anything"}},
+        [{}],
+        [{"a": 1}],
+    ),
+]
+
+
 @pytest.mark.parametrize(("schema", "valid", "invalid"), CASES,
                          ids=["name-const", "name-false", "pattern-false", "pattern-value", "contains",
-                              "unlisted-ref"])
+                              "unlisted-ref", "bounded-multiples", "oneof-listed", "unknown-keyword"])
 def test_negated_keyword_is_enforced_exactly(compiler, tok, schema, valid, invalid):
     compiled = compiler.compile(ConstraintSpec("json_schema", schema))
     for value in valid:
