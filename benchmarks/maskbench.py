@@ -226,11 +226,14 @@ def score_schema(schema: Any, tests: list[dict]) -> dict:
 # driver side
 
 
-def load_rows(data: Path, limit: int | None) -> list[tuple[str, dict]]:
-    """(subset, row) for every schema; an evenly spread sample of ``limit`` when given."""
+def load_rows(data: Path, limit: int | None, subsets: list[str] | None = None) -> list[tuple[str, dict]]:
+    """(subset, row) for every schema (of ``subsets`` when given); an evenly spread sample of
+    ``limit`` when given."""
     rows = []
     for path in sorted(data.glob("*.jsonl.gz")):
         subset = path.name.split(".")[0]
+        if subsets and subset not in subsets:
+            continue
         with gzip.open(path, "rt") as f:
             rows.extend((subset, json.loads(line)) for line in f if line.strip())
     if limit and limit < len(rows):
@@ -357,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "maskbench")
     ap.add_argument("--limit", type=int, default=None, help="evenly spread sample of N schemas")
+    ap.add_argument("--subset", action="append", default=None,
+                    help="only this subset (file name without .jsonl.gz); repeatable")
     ap.add_argument("--backend", default="all",
                     help="trellis|xgrammar|llguidance|outlines|all, or a comma-separated list")
     ap.add_argument("--timeout", type=float, default=30.0, help="per-schema limit in seconds")
@@ -370,7 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parent), str(ROOT), os.environ.get("PYTHONPATH", "")]
     )
-    rows = load_rows(args.data, args.limit)
+    rows = load_rows(args.data, args.limit, args.subset)
+    if not rows:
+        ap.error(f"no schemas in {args.data} for subset(s) {args.subset}")
     engines = list(ENGINES) if args.backend == "all" else args.backend.split(",")
     unknown = [e for e in engines if e not in ENGINES]
     if unknown:

@@ -170,3 +170,78 @@ def _empty_class(items: list) -> bool:
             return False
         reach = max(reach, hi)
     return reach >= _MAX_CHAR
+
+
+MAX_FINITE_STRINGS = 64  # largest language finite_strings spells out
+
+
+def finite_strings(pattern: str, limit: int = MAX_FINITE_STRINGS) -> list[str] | None:
+    """Every string a JSON-Schema ``pattern`` matches, when the pattern is anchored at both
+    ends (``^…$``) and its language has at most ``limit`` strings; else None.
+
+    Only plain constructs are spelled out (literals, small classes of literals and ranges,
+    alternation, groups, bounded repeats); anything else (negated classes, ``\\w``, lookaround,
+    unbounded repeats) gives None, so a None never hides a mistake. ECMA-262's ``$`` (no
+    multiline flag) matches only at the very end, so ``^X$`` means exactly the strings of X.
+    """
+    tree = parse(pattern)
+    if tree is None or tree.state.flags & (re.IGNORECASE | re.MULTILINE | re.VERBOSE):
+        return None
+    items = list(tree)
+    if len(items) < 2 or items[0] != (_c.AT, _c.AT_BEGINNING) or items[-1] != (_c.AT, _c.AT_END):
+        return None
+    words = _finite_sequence(items[1:-1], limit)
+    return None if words is None else sorted(words)
+
+
+def _finite_sequence(items: Iterable, limit: int) -> set[str] | None:
+    out = {""}
+    for op, av in items:
+        part = _finite_item(op, av, limit)
+        if part is None:
+            return None
+        out = {a + b for a in out for b in part}
+        if len(out) > limit:
+            return None
+    return out
+
+
+def _finite_item(op: Any, av: Any, limit: int) -> set[str] | None:
+    if op is _c.LITERAL:
+        return {chr(av)}
+    if op is _c.IN:
+        chars: set[str] = set()
+        for kind, value in av:
+            if kind is _c.LITERAL:
+                chars.add(chr(value))
+            elif kind is _c.RANGE and value[1] - value[0] < limit:
+                chars.update(chr(c) for c in range(value[0], value[1] + 1))
+            else:
+                return None
+        return chars if len(chars) <= limit else None
+    if op is _c.BRANCH:
+        out: set[str] = set()
+        for branch in av[1]:
+            words = _finite_sequence(branch, limit)
+            if words is None:
+                return None
+            out |= words
+        return out if len(out) <= limit else None
+    if op is _c.SUBPATTERN:
+        return None if av[1] or av[2] else _finite_sequence(av[3], limit)  # (?i:…) and other flags
+    if op is _c.MAX_REPEAT or op is _c.MIN_REPEAT:
+        lo, hi, sub = av
+        unit = _finite_sequence(sub, limit)
+        if unit is None or hi > limit:
+            return None
+        out, power = set(), {""}
+        for k in range(hi + 1):
+            if k >= lo:
+                out |= power
+            if len(out) > limit:
+                return None
+            power = {a + b for a in power for b in unit}
+            if len(power) > limit * limit:
+                return None
+        return out
+    return None

@@ -317,9 +317,37 @@ class _Rewriter:
         result = self.node(self.root)
         if result is False:
             return {"anyOf": [False]}
+        if isinstance(result, dict):
+            self._unlisted_ref_targets(result)
         return result if isinstance(result, dict) else {}
 
+    def _unlisted_ref_targets(self, result: dict) -> None:
+        """Rewrite the subschemas a local ``$ref`` reaches under a key that is no schema
+        keyword (``{"$ref": "#/my_defs/a"}``): the walk above does not visit them."""
+        done: set[str] = set()
+        while True:
+            listed = {id(n) for _, n in subschemas(result)}
+            todo = []
+            for _, n in subschemas(result):
+                ref = n.get("$ref") if isinstance(n, dict) else None
+                if isinstance(ref, str) and ref.startswith("#/") and ref not in done:
+                    todo.append(ref)
+            for ref in todo:
+                done.add(ref)
+                parts = [p.replace("~1", "/").replace("~0", "~") for p in ref[2:].split("/")]
+                parent: Any = result
+                for part in parts[:-1]:
+                    parent = parent.get(part) if isinstance(parent, dict) else None
+                if isinstance(parent, dict) and isinstance(parent.get(parts[-1]), dict) \
+                        and id(parent[parts[-1]]) not in listed:
+                    parent[parts[-1]] = self.node(parent[parts[-1]])
+            if not todo:
+                return
+
     def node(self, node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        node = self._not_as_written(node)
         if not isinstance(node, dict):
             return node
         self._children(node)
@@ -381,6 +409,17 @@ class _Rewriter:
         from .schema_coverage import rewrite_coverage
 
         return rewrite_coverage(node, self.root, negate)
+
+    def _not_as_written(self, node: dict) -> Any:
+        """``not`` negated before its subschema is rewritten, where that is expressible: a
+        rewrite can turn a negatable form (``not: {const: "a"}`` under ``propertyNames``)
+        into one that is not. Otherwise :meth:`_not` tries again after the rewrites."""
+        if "not" not in node:
+            return node
+        neg = negate(node["not"], self.root)
+        if neg is None:
+            return node
+        return conjoin(node, copy.deepcopy(neg), ("not",))
 
     def _not(self, node: dict) -> Any:
         if "not" not in node:
@@ -603,9 +642,98 @@ def _negate_keyword(key: str, s: dict, root: dict) -> Any:
         return {"anyOf": negs} if negs else False
     if key == "not":  # double negation
         return value
+    if key == "propertyNames":
+        return _negate_property_names(value, root)
+    if key == "patternProperties" and isinstance(value, dict):
+        return _negate_pattern_properties(value, root)
+    if key == "items" and isinstance(value, (dict, bool)) and "prefixItems" not in s:
+        neg = negate(value, root)  # some item fails: contains the negation
+        return None if neg is None else False if neg is False else {"type": "array", "contains": neg}
+    if key == "contains" and not {"minContains", "maxContains"} & set(s):
+        neg = negate(value, root)  # no item matches: every item fails
+        return None if neg is None else {"type": "array", "items": neg}
     if key in _BOUND_NEGATIONS and isinstance(value, (int, float)) and not isinstance(value, bool):
         return _negate_bound(key, value)
+    if key not in SPEC_KEYWORDS:  # no draft defines it: an annotation, true of every instance
+        return _SKIP
     return None
+
+
+# every keyword some JSON Schema draft gives a meaning (assertions, applicators, identifiers)
+SPEC_KEYWORDS = REF_IGNORED_SIBLINGS | ANNOTATIONS | frozenset(
+    {"$ref", "$defs", "definitions", "dependentRequired", "dependentSchemas", "unevaluatedProperties",
+     "unevaluatedItems", "contentSchema", "$dynamicRef", "$recursiveRef", "$dynamicAnchor",
+     "$recursiveAnchor", "$vocabulary", "minContains", "maxContains", "extends", "disallow", "divisibleBy",
+     "optional", "requires"}
+)
+
+
+def finite_names(schema: Any, root: dict) -> list[str] | None:
+    """The strings ``schema`` accepts, when they are few and known (``const`` / ``enum``, or a
+    ``pattern`` anchored at both ends with a finite language), else None. Non-string values
+    are left out: used for property names, which are strings."""
+    from .regex_analysis import finite_strings
+
+    schema = _resolve(schema, root)
+    if not isinstance(schema, dict):
+        return [] if schema is False else None
+    s = _meaningful(schema)
+    if s.get("type", "string") != "string":
+        return None
+    rest = set(s) - {"type", "const", "enum", "pattern"}
+    if rest:
+        return None
+    if "const" in s or "enum" in s:
+        values = [s["const"]] if "const" in s else s["enum"]
+        if not isinstance(values, list):
+            return None
+        names = [v for v in values if isinstance(v, str)]
+        if "pattern" in s:
+            import re
+
+            try:
+                names = [v for v in names if re.search(s["pattern"], v)]
+            except re.error:
+                return None
+        return list(dict.fromkeys(names))
+    if isinstance(s.get("pattern"), str):
+        return finite_strings(s["pattern"])
+    return None
+
+
+def _negate_property_names(value: Any, root: dict) -> Any:
+    """not {propertyNames: N}: an object with a name N rejects; expressible when the rejected
+    names are few and known (N = false: any name; N = not X with X a finite name set)."""
+    value = _resolve(value, root)
+    if value is False:
+        return {"type": "object", "minProperties": 1}
+    if value is True or not isinstance(value, dict):
+        return False if value is True else None
+    s = _meaningful(value)
+    if not s:
+        return False
+    if set(s) != {"not"}:
+        return None
+    names = finite_names(s["not"], root)
+    if names is None:
+        return None
+    return _only_objects([{"required": [n]} for n in names])
+
+
+def _negate_pattern_properties(value: dict, root: dict) -> Any:
+    """not {patternProperties}: some property whose name matches a pattern has a value that
+    pattern's schema rejects; expressible when each pattern names a few known strings."""
+    from .regex_analysis import finite_strings
+
+    branches = []
+    for pattern, sub in value.items():
+        names = finite_strings(pattern)
+        neg = negate(sub, root)
+        if names is None or neg is None:
+            return None
+        if neg is not False:
+            branches.extend({"required": [n], "properties": {n: neg}} for n in names)
+    return _only_objects(branches)
 
 
 _BOUND_NEGATIONS = {
@@ -617,6 +745,8 @@ _BOUND_NEGATIONS = {
     "maximum": ("number", "exclusiveMinimum", 0),
     "exclusiveMinimum": ("number", "maximum", 0),
     "exclusiveMaximum": ("number", "minimum", 0),
+    "minProperties": ("object", "maxProperties", -1),
+    "maxProperties": ("object", "minProperties", 1),
 }
 
 
@@ -626,6 +756,8 @@ def _negate_bound(key: str, value: float) -> Any:
     bound = value + shift
     if shift and (not float(value).is_integer() or bound < 0):
         return False if bound < 0 else None
+    if other == "maxProperties" and bound == 0:  # the empty object, in a form backends enforce
+        return {"type": "object", "additionalProperties": False}
     return {"type": type_, other: int(bound) if shift else value}
 
 

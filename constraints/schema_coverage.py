@@ -27,6 +27,9 @@ _NAME_KEYS = frozenset({"type", "title", "description", "$comment", "examples"})
 
 def rewrite_coverage(node: dict, root: dict, negate: Callable[[Any, dict], Any]) -> Any:
     """``node`` with the rewritable keywords above replaced (node | False)."""
+    node = _bounded_multiples(node, root)
+    if not isinstance(node, dict):
+        return node
     node = _finite_domain(node, root)
     if not isinstance(node, dict):
         return node
@@ -46,7 +49,7 @@ def _finite_domain(node: dict, root: dict) -> Any:
     of an ``allOf`` member) becomes the enum of the values that satisfy the whole node, checked
     with jsonschema; whatever else the node says (``not``, ``multipleOf``, …) is then enforced
     exactly. Left alone when the node holds a ``$ref`` or a ``format``, or has too many values."""
-    values = _listed_values(node)
+    values = _listed_values(node, root)
     if values is None or len(values) > MAX_ENUMERATED or not set(node) - _PLAIN_ENUM_KEYS:
         return node
     from .schema_analysis import subschemas
@@ -54,7 +57,7 @@ def _finite_domain(node: dict, root: dict) -> Any:
     if any(isinstance(sub, dict) and "format" in sub for _, sub in subschemas(node)):
         return node
     draft = root.get("$schema") if isinstance(root.get("$schema"), str) else None
-    valid = _validator({**node, "$schema": draft} if draft and "$schema" not in node else node)
+    valid = _validator({**node, "$schema": draft} if draft and "$schema" not in node else node, root)
     if valid is None:
         return node
     kept: list[Any] = []
@@ -69,30 +72,136 @@ def _finite_domain(node: dict, root: dict) -> Any:
     return {k: node[k] for k in node if k in ("definitions", "$defs")} | {"enum": kept}
 
 
-def _listed_values(node: dict) -> list[Any] | None:
+MAX_CANDIDATES = 20_000  # multiples a bounded number node may test one by one
+_NUMBER_KEYS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
+
+
+def _bounded_multiples(node: dict, root: dict) -> Any:
+    """A number node bounded on both sides with a ``multipleOf`` has finitely many instances:
+    when there are at most :data:`MAX_CANDIDATES` multiples in range, each is checked against
+    the whole node with jsonschema, and the node becomes the ``enum`` of those that pass (at most
+    :data:`MAX_ENUMERATED`), so what it says beside (``not``, other ``multipleOf``s, ``oneOf``
+    over numbers, …) is enforced exactly. Integral values are written as integers."""
+    types = node.get("type")
+    types = [types] if isinstance(types, str) else types
+    if not isinstance(types, list) or not types or not set(types) <= {"integer", "number"}:
+        return node
+    parts = [node, *(b for b in node.get("allOf", []) if isinstance(b, dict))]
+    lo = _bound(parts, ("minimum", "exclusiveMinimum"), max)
+    hi = _bound(parts, ("maximum", "exclusiveMaximum"), min)
+    steps = [p["multipleOf"] for p in parts if _is_number(p.get("multipleOf")) and p["multipleOf"] > 0]
+    if lo is None or hi is None or not steps or not set(node) - _NUMBER_KEYS - {"type"} - _NAME_KEYS \
+            and len(steps) == 1 and "allOf" not in node:
+        return node  # nothing beside the bounds and one step: the backends enforce it already
+    step = max(steps)
+    first, last = math.ceil(lo / step), math.floor(hi / step)
+    if last - first + 1 > MAX_CANDIDATES:
+        return node
+    draft = root.get("$schema") if isinstance(root.get("$schema"), str) else None
+    valid = _validator({**node, "$schema": draft} if draft and "$schema" not in node else node, root)
+    if valid is None:
+        return node
+    kept: list[Any] = []
+    try:
+        for k in range(first, last + 1):
+            value = k * step
+            value = int(value) if float(value).is_integer() else value
+            if valid(value):
+                kept.append(value)
+                if len(kept) > MAX_ENUMERATED:
+                    return node
+    except Exception:  # an overflow in multipleOf: leave the node to the backends
+        return node
+    if not kept:
+        return False
+    return {k: node[k] for k in node if k in _DEFINITIONS} | {"enum": kept}
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _bound(parts: list[dict], keys: tuple[str, str], pick: Callable[..., float]) -> float | None:
+    """The tightest (inclusive or exclusive: both only narrow the candidates) bound, or None."""
+    values = [p[k] for p in parts for k in keys if _is_number(p.get(k))]
+    return pick(values) if values else None
+
+
+def _listed_values(node: dict, root: dict) -> list[Any] | None:
+    """The values ``node`` can take when they are listed: its ``enum`` / ``const``, an
+    ``allOf`` member's, or the union over ``anyOf`` / ``oneOf`` branches that each list theirs."""
+    from .schema_analysis import _resolve
+
     for part in (node, *(b for b in node.get("allOf", []) if isinstance(b, dict))):
         if "const" in part:
             return [part["const"]]
         if isinstance(part.get("enum"), list):
             return list(part["enum"])
+    for key in ("anyOf", "oneOf"):
+        branches = node.get(key)
+        if not isinstance(branches, list) or not branches:
+            continue
+        union: list[Any] = []
+        for branch in branches:
+            branch = _resolve(branch, root)
+            if branch is False:
+                continue
+            listed = _listed_values(branch, root) if isinstance(branch, dict) else None
+            if listed is None:
+                break
+            union.extend(listed)
+        else:
+            return union
     return None
 
 
-def _validator(schema: Any) -> Callable[[Any], bool] | None:
+_DEFINITIONS = ("definitions", "$defs")
+
+
+def _validator(schema: Any, root: dict | None = None) -> Callable[[Any], bool] | None:
     """is-valid for a self-contained schema (no ``$ref`` in it or its subschemas; a literal
-    ``{"$ref": …}`` inside an ``enum`` or ``const`` is a value, not a reference), else None."""
+    ``{"$ref": …}`` inside an ``enum`` or ``const`` is a value, not a reference), else None.
+    With ``root``, references into the root's ``definitions`` / ``$defs`` are allowed: the
+    schema is checked with those containers copied beside it."""
     import jsonschema
 
     from .schema_analysis import subschemas
 
-    if any(isinstance(sub, dict) and ("$ref" in sub or "$dynamicRef" in sub or "$recursiveRef" in sub)
-           for _, sub in subschemas(schema)):
-        return None
+    refs = [sub for _, sub in subschemas(schema) if isinstance(sub, dict)
+            and ("$ref" in sub or "$dynamicRef" in sub or "$recursiveRef" in sub)]
+    if refs:
+        schema = _with_root_definitions(schema, root)
+        if schema is None:
+            return None
     try:
         validator = jsonschema.validators.validator_for(schema)(schema)
     except Exception:
         return None
     return validator.is_valid
+
+
+def _with_root_definitions(schema: dict, root: dict | None) -> dict | None:
+    """``schema`` with the root's definition containers beside it, when every reference in it
+    and in them is ``#/definitions/…`` or ``#/$defs/…`` and no nested ``$id`` moves the base."""
+    from .schema_analysis import subschemas
+
+    if root is None or not isinstance(schema, dict):
+        return None
+    out = dict(schema)
+    for key in _DEFINITIONS:
+        if isinstance(root.get(key), dict) and key not in schema:
+            out[key] = root[key]
+    for pointer, sub in subschemas(out):
+        if not isinstance(sub, dict):
+            continue
+        if pointer and ("$id" in sub or isinstance(sub.get("id"), str)):
+            return None
+        if "$dynamicRef" in sub or "$recursiveRef" in sub:
+            return None
+        ref = sub.get("$ref")
+        if ref is not None and not (isinstance(ref, str) and ref.startswith(("#/definitions/", "#/$defs/"))):
+            return None
+    return out
 
 
 def _domain(items: Any) -> list[Any] | None:

@@ -1,0 +1,109 @@
+"""Negations with an exact enforceable form (constraints/schema_analysis.py ``negate``) and
+finite regex languages (constraints/regex_analysis.py ``finite_strings``): valid instances are
+accepted token by token (mask and accept), invalid ones rejected, checked against jsonschema."""
+
+from __future__ import annotations
+
+import jsonschema
+import pytest
+
+from constraints import ConstraintSpec, UnsupportedConstraintError
+from constraints.regex_analysis import finite_strings
+from constraints.regex_dialect import ecma_regex
+
+from .conftest import walk_json
+
+CASES = [
+    (  # some property is named "0"
+        {"type": "object", "not": {"propertyNames": {"not": {"const": "0"}}},
+         "patternProperties": {"^[0-9]$": {"type": "boolean"}}, "additionalProperties": False},
+        [{"0": True}, {"0": True, "1": False}],
+        [{}, {"1": True}, {"0": 1}],
+    ),
+    (  # at least one property
+        {"type": "object", "not": {"propertyNames": False}},
+        [{"a": 1}, {"b": None}],
+        [{}],
+    ),
+    (  # not every one-digit key is outside {1, 3}: "1" or "3" is present
+        {"type": "object", "patternProperties": {"^[0-9]$": {"type": "integer"}}, "additionalProperties": False,
+         "not": {"patternProperties": {"^(1|3)$": False}}, "maxProperties": 2},
+        [{"1": 5}, {"3": 1, "7": 2}],
+        [{}, {"2": 1}, {"1": 1, "2": 2, "3": 3}, {"x": 1}],
+    ),
+    (  # some key in {"a", "b"} holds a string
+        {"type": "object", "not": {"patternProperties": {"^(a|b)$": {"not": {"type": "string"}}}}},
+        [{"a": "x"}, {"b": "y", "c": 1}],
+        [{}, {"a": 1}, {"c": "x"}],
+    ),
+    (  # no item is a string: every item is not
+        {"type": "array", "not": {"contains": {"type": "string"}}},
+        [[], [1, 1.5], [None]],
+        [["a"], [1, "b"]],
+    ),
+    (  # the negated schema sits under a key that is no schema keyword
+        {"type": "object", "allOf": [{"$ref": "#/my/npn"}], "my": {"npn": {"not": {"propertyNames": {"not": {"const": "k"}}}}}},
+        [{"k": 1}],
+        [{}, {"j": 1}],
+    ),
+]
+
+
+CASES += [
+    (  # bounded multiples, with what the backends skip beside them
+        {"type": "integer", "multipleOf": 13, "exclusiveMinimum": 100, "exclusiveMaximum": 300,
+         "not": {"anyOf": [{"multipleOf": 2}, {"multipleOf": 3}]}},
+        [143, 169, 221, 299],
+        [130, 156, 104, 13, 286, 312],
+    ),
+    (  # oneOf over listed values, non-disjoint, filtered by the whole schema
+        {"type": "array", "oneOf": [{"$ref": "#/definitions/x"}, {"$ref": "#/definitions/y"}],
+         "definitions": {"x": {"enum": [[1], [1, 2], [5]]}, "y": {"enum": [[1], [3]]}}},
+        [[1, 2], [5], [3]],
+        [[1], [2], []],
+    ),
+    (  # not of a schema with a keyword no draft defines (an annotation) and a property count
+        {"type": "object", "not": {"minProperties": 1, "x-note": "anything"}},
+        [{}],
+        [{"a": 1}],
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "valid", "invalid"), CASES,
+                         ids=["name-const", "name-false", "pattern-false", "pattern-value", "contains",
+                              "unlisted-ref", "bounded-multiples", "oneof-listed", "unknown-keyword"])
+def test_negated_keyword_is_enforced_exactly(compiler, tok, schema, valid, invalid):
+    compiled = compiler.compile(ConstraintSpec("json_schema", schema))
+    for value in valid:
+        jsonschema.validate(value, schema)
+        assert walk_json(compiled, tok, value), value
+    for value in invalid:
+        assert not jsonschema.Draft202012Validator(schema).is_valid(value), value
+        assert not walk_json(compiled, tok, value), value
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "not": {"propertyNames": {"not": {"pattern": "a"}}}},  # unbounded names
+    {"type": "object", "not": {"patternProperties": {"a": {"type": "string"}}}},
+    # not items = contains the negation: enforced only on arrays of at most 5 items
+    {"type": "array", "items": {"not": {"items": {"type": "string"}}}},
+])
+def test_negations_without_an_exact_form_are_refused(compiler, schema):
+    with pytest.raises(UnsupportedConstraintError, match="'not'|'contains'"):
+        compiler.compile(ConstraintSpec("json_schema", schema))
+
+
+@pytest.mark.parametrize(("pattern", "strings"), [
+    ("^(1|3|4)$", ["1", "3", "4"]),
+    (r"^\d$", [str(d) for d in range(10)]),
+    ("^a?b{0,2}$", ["", "a", "ab", "abb", "b", "bb"]),
+    ("a", None),  # unanchored: infinite
+    ("^.{1,3}$", None),  # too many
+    ("^[^a]$", None),
+    ("(?i)^a$", None),
+    ("^(?i:a)$", None),
+    ("^a+$", None),
+])
+def test_finite_strings(pattern, strings):
+    assert finite_strings(ecma_regex(pattern)) == strings
