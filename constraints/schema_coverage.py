@@ -56,20 +56,29 @@ def _finite_domain(node: dict, root: dict) -> Any:
 
     if any(isinstance(sub, dict) and "format" in sub for _, sub in subschemas(node)):
         return node
+    return _enum_of_valid(node, root, values)
+
+
+def _enum_of_valid(node: dict, root: dict, candidates: Any) -> Any:
+    """The node as the ``enum`` of the ``candidates`` that satisfy it (checked with jsonschema;
+    duplicates dropped), ``False`` when none does, or the node unchanged when it cannot be
+    checked or more than :data:`MAX_ENUMERATED` candidates pass."""
     draft = root.get("$schema") if isinstance(root.get("$schema"), str) else None
     valid = _validator({**node, "$schema": draft} if draft and "$schema" not in node else node, root)
     if valid is None:
         return node
     kept: list[Any] = []
     try:
-        for v in values:
-            if valid(v) and not any(_same(v, w) for w in kept):
-                kept.append(v)
+        for value in candidates:
+            if valid(value) and not any(_same(value, seen) for seen in kept):
+                kept.append(value)
+                if len(kept) > MAX_ENUMERATED:
+                    return node
     except Exception:  # e.g. an overflow in multipleOf: leave the node to the backends
         return node
     if not kept:
         return False
-    return {k: node[k] for k in node if k in ("definitions", "$defs")} | {"enum": kept}
+    return {k: node[k] for k in node if k in _DEFINITIONS} | {"enum": kept}
 
 
 MAX_CANDIDATES = 20_000  # multiples a bounded number node may test one by one
@@ -97,24 +106,8 @@ def _bounded_multiples(node: dict, root: dict) -> Any:
     first, last = math.ceil(lo / step), math.floor(hi / step)
     if last - first + 1 > MAX_CANDIDATES:
         return node
-    draft = root.get("$schema") if isinstance(root.get("$schema"), str) else None
-    valid = _validator({**node, "$schema": draft} if draft and "$schema" not in node else node, root)
-    if valid is None:
-        return node
-    kept: list[Any] = []
-    try:
-        for k in range(first, last + 1):
-            value = k * step
-            value = int(value) if float(value).is_integer() else value
-            if valid(value):
-                kept.append(value)
-                if len(kept) > MAX_ENUMERATED:
-                    return node
-    except Exception:  # an overflow in multipleOf: leave the node to the backends
-        return node
-    if not kept:
-        return False
-    return {k: node[k] for k in node if k in _DEFINITIONS} | {"enum": kept}
+    multiples = (k * step for k in range(first, last + 1))
+    return _enum_of_valid(node, root, (int(v) if float(v).is_integer() else v for v in multiples))
 
 
 def _is_number(v: Any) -> bool:
