@@ -28,6 +28,8 @@ LIMIT_REASONS = {
     "contains": ": contains is enforced on arrays reached from the root through $ref, allOf, anyOf"
                 " and items (as a grammar), with maxContains when its schema has an exact complement,"
                 " and elsewhere on arrays of at most 5 items whose contains schema has one",
+    "maxContains": ": on arrays longer than 5 items, the items that do not match contains must be told"
+                   " apart, which needs an exact complement of the contains schema",
     "uniqueItems": ": uniqueItems is enforced only over small finite item domains (enum, const, boolean)",
 }
 

@@ -57,6 +57,12 @@ CASES = [
         [[1], [0, 1, "x"], ["x", "y"]],
         [[], [0], [0, "x"]],
     ),
+    (  # not items = contains the negation, on arrays of any length
+        "not-items",
+        {"type": "array", "items": {"not": {"items": {"type": "string"}}}},
+        [[], [[1]], [["a", 2], [None, "b"], [["c"]]]],
+        [[[]], [["a"]], [[1], ["a", "b"]], [1]],
+    ),
     (  # maxContains 0: no item matches (nothing counted)
         "max-zero",
         {"type": "array", "contains": {"type": "null"}, "minContains": 0, "maxContains": 0, "maxItems": 40},
@@ -116,3 +122,39 @@ def test_unsupported_forms_are_refused_by_name(compiler, schema, keyword):
 def test_only_schemas_with_contains_take_the_grammar_path():
     assert needs_lark({"definitions": {"a": {"contains": {}}}})
     assert not needs_lark({"type": "array", "items": {"type": "integer"}, "maxItems": 3})
+
+
+def _random_value(rng, depth: int = 0):
+    pick = rng.randrange(7 if depth < 2 else 5)
+    if pick == 0:
+        return rng.choice([None, True, False])
+    if pick == 1:
+        return rng.choice([0, 1, 3, 10, 42, 132, -5])
+    if pick == 2:
+        return rng.choice([1.5, 110, 121.0])
+    if pick in (3, 4):
+        return rng.choice(["a", "b", "", "id"])
+    if pick == 5:
+        return {rng.choice(["id", "k"]): _random_value(rng, depth + 1) for _ in range(rng.randrange(2))}
+    return [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+
+
+@pytest.mark.parametrize(("name", "schema"), [(c[0], c[1]) for c in CASES if c[0] in ("nested", "min-max", "two-clauses")])
+def test_random_arrays_agree_with_jsonschema_and_mask(compiler, tok, name, schema):
+    """Random arrays: accepted iff jsonschema says valid, and the mask agrees with accept_token at
+    every step (sampled tokens beside the instance's own)."""
+    import random
+
+    from .test_mask_accept import _disagreements
+
+    rng = random.Random(name)
+    compiled = compiler.compile(ConstraintSpec("json_schema", schema))
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    seen = {True: 0, False: 0}
+    for _ in range(40):
+        value = [_random_value(rng) for _ in range(rng.randrange(6))]
+        ids = tok.encode(json.dumps(value), add_special_tokens=False)
+        assert walk_text(compiled, tok, json.dumps(value)) == validator.is_valid(value), value
+        assert not _disagreements(compiled.new_matcher(), ids, rng), value
+        seen[validator.is_valid(value)] += 1
+    assert seen[False] > 0
