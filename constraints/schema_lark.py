@@ -228,6 +228,9 @@ class _Emitter:
         if any(p is False for p in parts):
             return None
         parts = [p for p in parts if isinstance(p, dict) and p]
+        for key in ("oneOf", "not", "if", "then", "else"):
+            if any(key in p and self._special({key: p[key]}) for p in parts):
+                raise _refuse(key, "a contains under it would need an exact complement")
         listed = self._listed(parts)
         if listed is not None:
             return listed

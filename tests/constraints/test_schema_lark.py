@@ -111,6 +111,8 @@ def test_contains_grammar_follows_the_layout(compiler, tok, layout):
     ({"type": "array", "contains": {"type": "integer"}, "maxContains": 2}, "maxContains"),
     ({"type": "array", "contains": {"const": 1}, "uniqueItems": True}, "uniqueItems"),
     ({"type": "array", "contains": {"const": 1}, "prefixItems": [{"type": "integer"}]}, "prefixItems"),
+    # oneOf over contains (MaskBench Handwritten oneofanyofitc1): "not multipleOf" has no exact form
+    ({"type": "array", "oneOf": [{"contains": {"multipleOf": 3}}, {"contains": {"multipleOf": 5}}]}, "oneOf"),
     # inside an object property: the object would have to be written as Lark too
     ({"type": "object", "properties": {"a": {"type": "array", "contains": {"const": 1}}}}, "contains"),
 ])
