@@ -42,7 +42,8 @@ MAX_RULES = 2_000
 _ARRAY_KEYS = frozenset({"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems",
                          "contains", "minContains", "maxContains", "unevaluatedItems"})
 # keywords that apply to arrays and that the array rule cannot take beside a contains
-_ARRAY_REFUSED = ("prefixItems", "uniqueItems", "unevaluatedItems", "not", "oneOf", "if", "then", "else")
+_ARRAY_REFUSED = ("prefixItems", "uniqueItems", "unevaluatedItems", "not", "oneOf", "if", "then", "else",
+                  "$dynamicRef", "$recursiveRef", "extends", "disallow")
 _LEGACY_DRAFTS = ("draft-03", "draft-04", "draft-06", "draft-07")  # no minContains / maxContains
 ALL_BUT_ARRAY = ["null", "boolean", "object", "number", "string"]
 
@@ -284,8 +285,7 @@ class _Emitter:
         for key in _ARRAY_REFUSED:
             if any(key in p for p in parts):
                 raise _refuse(key, "it cannot be enforced beside a contains on an array of unbounded length")
-        if any(isinstance(p.get("items"), list) or "additionalItems" in p and isinstance(p.get("items"), list)
-               for p in parts):
+        if any(isinstance(p.get("items"), list) for p in parts):
             raise _refuse("items", "an items list cannot be enforced beside a contains")
         items = [p["items"] for p in parts if "items" in p]
         if any(i is False for i in items):
