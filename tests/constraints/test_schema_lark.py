@@ -141,7 +141,10 @@ def _random_value(rng, depth: int = 0):
     return [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
 
 
-@pytest.mark.parametrize(("name", "schema"), [(c[0], c[1]) for c in CASES if c[0] in ("nested", "min-max", "two-clauses")])
+RANDOM_CASES = [(c[0], c[1]) for c in CASES if c[0] in ("nested", "min-max", "two-clauses")]
+
+
+@pytest.mark.parametrize(("name", "schema"), RANDOM_CASES)
 def test_random_arrays_agree_with_jsonschema_and_mask(compiler, tok, name, schema):
     """Random arrays: accepted iff jsonschema says valid, and the mask agrees with accept_token at
     every step (sampled tokens beside the instance's own)."""
