@@ -13,6 +13,7 @@ import llguidance.hf
 
 from .backend import Backend, CompiledConstraint, Matcher, TokenizerContext
 from .errors import ConstraintTooLargeError, InvalidConstraintError, UnsupportedConstraintError
+from .schema_lark import LarkSchema, lark_grammar
 from .spec import ConstraintSpec
 
 if TYPE_CHECKING:
@@ -301,6 +302,17 @@ def json_options(spec: ConstraintSpec) -> dict[str, Any]:
     return opts
 
 
+def _embed_satisfiable(schema: Any) -> bool:
+    """Whether llguidance compiles ``%json schema`` to a language it does not know to be empty;
+    its other errors (a keyword it does not enforce) are raised as the backend reports them."""
+    err = llguidance.LLMatcher.validate_grammar(f"start: %json {json.dumps(schema)}", limits=parser_limits())
+    if not err:
+        return True
+    if "Unsatisfiable schema" in err:
+        return False
+    raise LLGuidanceBackend._error(ConstraintSpec("json_schema", {}), err)
+
+
 class LLGuidanceBackend(Backend):
     """Compiles json_schema / json_object / grammar_lark / regex with llguidance."""
 
@@ -333,6 +345,8 @@ class LLGuidanceBackend(Backend):
     @staticmethod
     def _grammar(spec: ConstraintSpec, source: Any) -> str:
         kind = spec.kind
+        if isinstance(source, LarkSchema):
+            return lark_grammar(source.schema, json_options(spec), _embed_satisfiable)
         if kind in ("json_schema", "json_object"):
             schema = source if kind == "json_schema" else {"type": "object"}
             schema = {k: v for k, v in schema.items() if k != "x-guidance"}

@@ -25,8 +25,11 @@ LIMIT_REASONS = {
                      " listed (additionalProperties: false) and all required, or few enough to enumerate",
     "maxProperties": ": property counts are enforced only over objects whose properties are all"
                      " listed (additionalProperties: false) and all required, or few enough to enumerate",
-    "contains": ": contains is enforced only on arrays of at most 5 items (maxItems) whose contains"
-                " schema has an exact complement",
+    "contains": ": contains is enforced on arrays reached from the root through $ref, allOf, anyOf"
+                " and items (as a grammar), with maxContains when its schema has an exact complement,"
+                " and elsewhere on arrays of at most 5 items whose contains schema has one",
+    "maxContains": ": on arrays longer than 5 items, the items that do not match contains must be told"
+                   " apart, which needs an exact complement of the contains schema",
     "uniqueItems": ": uniqueItems is enforced only over small finite item domains (enum, const, boolean)",
 }
 
@@ -189,6 +192,7 @@ def _only(forced: str | None, attempts: list[Attempt]) -> list[Attempt]:
 def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
     from .grammar_analysis import check_schema_productive
     from .schema_analysis import check_schema, normalise_schema, rewrite_schema, xgrammar_gaps
+    from .schema_lark import LarkSchema, needs_lark
 
     schema = normalise_schema(spec.source)
     check_schema(schema)
@@ -197,6 +201,8 @@ def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
         return Plan(_only(forced, [Attempt("xgrammar", schema), Attempt("llguidance", schema)]), schema)
     rewritten = rewrite_schema(schema)
     attempts = [Attempt("llguidance", rewritten)]
+    if needs_lark(rewritten):  # llguidance's JSON compiler refuses contains: as a Lark grammar
+        attempts.insert(0, Attempt("llguidance", LarkSchema(rewritten)))
     gaps = xgrammar_gaps(rewritten)
     if not gaps:
         attempts.append(Attempt("xgrammar", rewritten))
