@@ -121,3 +121,28 @@ def test_bad_close_on_length_is_400(tiny_server, extra, param):
         tiny_server.client().chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "go"}], max_tokens=20, extra_body=extra)
     assert err.value.body["param"] == param
+
+
+CONTAINS = {"type": "array", "items": {"type": "integer"}, "contains": {"minimum": 7}, "minContains": 2, "maxContains": 3}
+
+
+def test_contains_grammar_closes_and_validates_through_the_sdk(tiny_server):
+    """``contains``/``minContains``/``maxContains`` on an array of any length (compiled as a Lark
+    grammar) with a random model: from the shortest budget the server accepts up, every output,
+    cut by the budget or not, is a valid instance."""
+    client = tiny_server.client()
+
+    def create(budget: int, seed: int = 0):
+        return client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Numbers, some of them 7 or more."}],
+            max_tokens=budget, temperature=1.0, seed=seed,
+            extra_body={"structured_outputs": {"json": CONTAINS, "close_on_length": True}},
+        )
+
+    with pytest.raises(openai.BadRequestError) as err:
+        create(1)
+    shortest = int(re.search(r"needs (\d+) tokens", err.value.body["message"]).group(1))
+    for seed, budget in enumerate((shortest, shortest + 3, shortest + 20)):
+        reply = create(budget, seed)
+        jsonschema.validate(json.loads(reply.choices[0].message.content), CONTAINS)
+        assert reply.usage.completion_tokens <= budget
