@@ -57,6 +57,7 @@ class SamplerGraphs:
         index = bisect.bisect_left(self.buckets, rows)
         return self.buckets[index] if rows > 0 and index < len(self.buckets) else None
 
+    @torch.inference_mode()
     def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow], bitmask: torch.Tensor | None = None,
                indices: torch.Tensor | None = None) -> SampleResult | None:
         """``Sampler.sample``'s result for a step the pass takes (arguments alike), or None when a
@@ -74,6 +75,7 @@ class SamplerGraphs:
             self.static.run(bucket, variant)
         return self.static.read(rows, variant)
 
+    @torch.inference_mode()
     def capture(self, graph_factory: Callable, pool: Any, warm_up: Callable[[Callable[[], None]], None]) -> Any:
         """Capture every bucket's variants, largest bucket first, into ``pool``; ``warm_up(fn)``
         runs ``fn`` eagerly the way the caller warms up. Returns the pool."""
