@@ -79,7 +79,7 @@ def row_parameters(row: SamplingRow, vocab_size: int) -> tuple[float, float, flo
     off for a greedy row (as the eager sampler plans them)."""
     p = row.params
     if p.greedy:
-        return 1.0, 1.0, -math.inf, float(vocab_size), 1.0
+        return row_parameters_padding(vocab_size)
     top_k = p.top_k if 0 < p.top_k < vocab_size else vocab_size
     log_min_p = math.log(p.min_p) if p.min_p > 0.0 else -math.inf
     return 1.0 / p.temperature, p.top_p, log_min_p, float(top_k), 0.0

@@ -125,9 +125,9 @@ def test_padding_rows_of_the_bucket_are_harmless(device):
     rows = [sampler.new_row(p, PROMPT) for p in GREEDY[:2]]
     static.logits.fill_(float("nan"))  # stale rows past the batch
     logits = torch.randn(2, V, device=device)
-    got, _ = static_sample(static, logits.clone(), rows, 8, allowed_words(device, (3, 9)), torch.tensor([1], device=device))
-    assert got.token_ids == sampler.sample(logits.clone(), rows, allowed_words(device, (3, 9)),
-                                           torch.tensor([1], device=device)).token_ids
+    bitmask, indices = allowed_words(device, (3, 9)), torch.tensor([1], device=device)
+    got, _ = static_sample(static, logits.clone(), rows, 8, bitmask, indices)
+    assert got.token_ids == sampler.sample(logits.clone(), rows, bitmask, indices).token_ids
 
 
 def _choice_dfa() -> TokenDFASpec:

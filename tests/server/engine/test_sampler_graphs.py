@@ -4,7 +4,6 @@ engine with json_schema rows), the fallback to the eager sampler, and a real cap
 
 from __future__ import annotations
 
-import copy
 from types import SimpleNamespace
 
 import pytest
