@@ -9,6 +9,7 @@ from kernels._backend import interpreter_enabled, select_backend, triton_kernels
 from kernels.bitmask import (
     apply_token_bitmask_inplace,
     apply_token_bitmask_inplace_reference,
+    apply_token_bitmask_rows_inplace,
     unpack_bitmask,
 )
 from kernels.dfa import dfa_advance, dfa_advance_reference, dfa_apply_mask_inplace
@@ -27,6 +28,7 @@ __all__ = [
     "apply_penalties_reference",
     "apply_token_bitmask_inplace",
     "apply_token_bitmask_inplace_reference",
+    "apply_token_bitmask_rows_inplace",
     "dfa_advance",
     "dfa_advance_reference",
     "dfa_apply_mask_inplace",

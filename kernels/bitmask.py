@@ -118,3 +118,27 @@ def apply_token_bitmask_inplace(
     """
     _check(logits, bitmask, indices)
     mask_rows(logits, bitmask, None, indices, bitmask.shape[0], use_triton)
+
+
+def apply_token_bitmask_rows_inplace(
+    logits: torch.Tensor,
+    bitmask: torch.Tensor,
+    word_rows: torch.Tensor,
+    *,
+    use_triton: bool | None = None,
+) -> None:
+    """Mask every logits row ``r`` by bitmask row ``word_rows[r]``; rows with a negative entry
+    are untouched. Same masking as :func:`apply_token_bitmask_inplace`, but with one program
+    per logits row whatever the number of constrained rows, so the shapes are static and the
+    call can be captured in a CUDA graph.
+
+    Args:
+        logits: [B, V] float tensor, modified in place.
+        bitmask: [N, W] int32 (xgrammar's layout); only the rows ``word_rows`` names are read.
+        word_rows: [B] integer tensor on the logits' device.
+    """
+    if logits.dim() != 2 or bitmask.dim() != 2 or word_rows.shape != (logits.shape[0],):
+        raise ValueError("logits must be [B, V], bitmask [N, W] and word_rows [B]")
+    if bitmask.dtype != torch.int32:
+        raise TypeError(f"bitmask must be int32, got {bitmask.dtype}")
+    mask_rows(logits, bitmask, word_rows, None, logits.shape[0], use_triton)

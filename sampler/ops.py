@@ -38,6 +38,14 @@ def top_k_top_p_inplace(x: torch.Tensor, idx: torch.Tensor | None, k: torch.Tens
     """
     rows = take(x, idx)  # [R, V]
     srt = rows.sort(dim=-1, descending=True).values  # [R, V]
+    threshold = top_k_top_p_threshold(srt, k, p)  # [R, 1]
+    rows.masked_fill_(rows < threshold, NEG_INF)
+    put(x, idx, rows)
+
+
+def top_k_top_p_threshold(srt: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """[R, 1] smallest logit top-k then top-p keep (see :func:`top_k_top_p_inplace`), from the
+    rows sorted descending ``srt`` [R, V] (overwritten: positions past k become -inf)."""
     pos = torch.arange(srt.shape[1], device=srt.device)
     srt.masked_fill_(pos.unsqueeze(0) >= k.unsqueeze(1), NEG_INF)
     probs = srt.softmax(dim=-1)
@@ -45,9 +53,35 @@ def top_k_top_p_inplace(x: torch.Tensor, idx: torch.Tensor | None, k: torch.Tens
     keep = (before < p.unsqueeze(1)) & (srt > NEG_INF)
     keep[:, 0] = True
     n_keep = keep.sum(dim=-1, keepdim=True)  # [R, 1]; keep is a prefix
-    threshold = srt.gather(1, n_keep - 1)  # [R, 1]
-    rows.masked_fill_(rows < threshold, NEG_INF)
-    put(x, idx, rows)
+    return srt.gather(1, n_keep - 1)
+
+
+def truncate_rows_inplace(x: torch.Tensor, k: torch.Tensor, p: torch.Tensor, log_min_p: torch.Tensor) -> None:
+    """Top-k, top-p and min-p on every row of ``x`` [B, V] at once, with per-row parameters and
+    no host sync (static shapes, for CUDA graphs). k: [B] long (V = off); p: [B] float32
+    (>= 1 = off); log_min_p: [B] float32 (-inf = off).
+
+    Row by row the cut is the one the per-group functions make: a top-k-only row keeps what
+    :func:`top_k_inplace` keeps (the k-th largest value is the same element of the sort), a
+    top-p row what :func:`top_k_top_p_inplace` keeps (the same threshold function), then
+    :func:`min_p_inplace`; a row with every step off is left unchanged."""
+    srt = x.sort(dim=-1, descending=True).values  # [B, V]
+    kth = srt.gather(1, (k - 1).unsqueeze(1))  # [B, 1]; the row's minimum when k = V: keeps all
+    nucleus = top_k_top_p_threshold(srt, k, p)  # [B, 1]
+    threshold = torch.where((p < 1.0).unsqueeze(1), nucleus, kth)
+    x.masked_fill_(x < threshold, NEG_INF)
+    min_p_inplace(x, None, log_min_p)
+
+
+def sample_exponential_race(rows: torch.Tensor) -> torch.Tensor:
+    """One token per row from softmax(rows) without a host sync: ``argmax(p / E)`` with ``E``
+    i.i.d. Exponential(1) draws from torch's default generator (the row whose ``E / p`` comes
+    first wins, which happens with probability ``p``). Banned (-inf) tokens have ``p = 0`` and
+    never win; ``E`` is kept off 0 so no ``0 / 0`` appears. rows: [R, V] float32; returns [R] long.
+    """
+    probs = rows.softmax(dim=-1)
+    race = torch.empty_like(probs).exponential_().clamp_min_(torch.finfo(probs.dtype).tiny)
+    return probs.div_(race).argmax(dim=-1)
 
 
 def min_p_inplace(x: torch.Tensor, idx: torch.Tensor | None, log_min_p: torch.Tensor) -> None:

@@ -91,6 +91,8 @@ class ServerState:
         for path, count in getattr(engine.runner, "path_counts", {}).items():  # a GraphedRunner (CUDA)
             what = f"forward passes run on the {path.replace('_', ' ')} path"
             gauges[f"trellis_forward_steps_{path}"] = (what, count)
+        gauges["trellis_sampler_passes_in_graph"] = ("sampler passes replayed from CUDA graphs", stats.sampled_in_graph)
+        gauges["trellis_sampler_passes_eager"] = ("sampler passes run eagerly", stats.sampled_eagerly)
         if self.compiler is not None:
             cache = self.compiler.cache_stats()
             gauges["trellis_constraint_cache_hits"] = ("compiled-constraint cache hits", cache["hits"])

@@ -13,6 +13,11 @@ attention captured per token bucket, attention eager between the pieces
 device, ``--enforce-eager``, the transformers runner's mixed steps) runs the wrapped runner
 eagerly. :attr:`GraphedRunner.path_counts` counts the steps each path took.
 
+The sampling pass of a step whose rows all qualify (no seed, penalty, logit_bias, bad words,
+client processor or device DFA; see :mod:`sampler.graphable`) replays graphs too, captured per
+row bucket up to 256 rows (:attr:`GraphedRunner.graph_sampler`, :mod:`server.engine.sampler_graphs`);
+the engine falls back to the eager sampler for every other step.
+
 Padding rows feed token 0 at position 0, write their key/value into slot 0 of block 0 (the
 block manager's scratch "null" block that no sequence owns) and attend over that one slot; their
 logits are computed and dropped. They never touch a real row's blocks, and rows do not interact
@@ -45,6 +50,7 @@ import torch
 
 from kernels.paged_attention import PagedAttentionMetadata
 from server.engine.piecewise import MAX_GRAPH_TOKENS, PiecewiseGraphs, supports_pieces
+from server.engine.sampler_graphs import MAX_GRAPH_SAMPLE_ROWS, SamplerGraphs
 from server.engine.step_batch import StepBatch
 
 log = logging.getLogger("trellis.engine")
@@ -189,7 +195,8 @@ class GraphedRunner:
 
     def __init__(self, runner, max_batch_size: int, max_blocks_per_seq: int, enforce_eager: bool = False,
                  *, max_graph_tokens: int = MAX_GRAPH_TOKENS, pad_eagerly: bool = False,
-                 graph_factory: GraphFactory | None = None) -> None:
+                 graph_factory: GraphFactory | None = None, sample_in_graph: bool = True,
+                 max_sample_rows: int = MAX_GRAPH_SAMPLE_ROWS) -> None:
         self.runner = runner
         self.enforce_eager = enforce_eager
         self.pad_eagerly = pad_eagerly and not enforce_eager
@@ -200,6 +207,10 @@ class GraphedRunner:
         self.pieces: PiecewiseGraphs | None = None
         if (self.uses_graphs or self.pad_eagerly) and max_graph_tokens > 0 and supports_pieces(runner):
             self.pieces = PiecewiseGraphs(runner, max_graph_tokens)
+        self.graph_sampler: SamplerGraphs | None = None  # the sampling pass's graphs (None: sample eagerly)
+        if (self.uses_graphs or self.pad_eagerly) and sample_in_graph and max_sample_rows > 0:
+            self.graph_sampler = SamplerGraphs(runner.vocab_size, decode_buckets(min(max_batch_size, max_sample_rows)),
+                                               runner.device, run_uncaptured=self.pad_eagerly)
         self.path_counts = {"full_graph": 0, "piecewise": 0, "eager": 0}  # forward steps by path
         self._graphs: dict[int, _Graph] = {}
         self._captured = False
@@ -280,15 +291,18 @@ class GraphedRunner:
         return logits[:rows]
 
     @torch.inference_mode()
-    def capture(self, *, decode: bool = True, pieces: bool = True) -> None:
-        """Capture one graph per decode bucket, largest first, then the piece graphs of every
-        token bucket, largest first, all sharing one memory pool (CUDA only; a no-op with
-        ``enforce_eager`` or on another device unless a ``graph_factory`` was given). ``decode``
-        / ``pieces`` False skip that kind (tests)."""
+    def capture(self, *, decode: bool = True, pieces: bool = True, sampling: bool = True) -> None:
+        """Capture one graph per decode bucket, largest first, then the sampling pass per row
+        bucket and variant, then the piece graphs of every token bucket, largest first, all
+        sharing one memory pool (CUDA only; a no-op with ``enforce_eager`` or on another device
+        unless a ``graph_factory`` was given). ``decode`` / ``pieces`` / ``sampling`` False skip
+        that kind (tests)."""
         if not self.uses_graphs or self._captured:
             return
         self._captured = True
         pool = self._capture_decode(None) if decode else None
+        if sampling and self.graph_sampler is not None:
+            pool = self._capture_sampling(pool)
         if pieces and self.pieces is not None:
             self._capture_pieces(pool)
 
@@ -302,6 +316,18 @@ class GraphedRunner:
         self._synchronize()
         log.info("captured %d decode graphs (batches %s) in %.1f s, %.0f MiB", len(self._graphs),
                  ", ".join(map(str, self.buckets)), time.perf_counter() - started, self._reserved() - reserved)
+        return pool
+
+    def _capture_sampling(self, pool: Any) -> Any:
+        """The sampling pass reads the decode graphs' logits buffer in place (no copy) when it fits."""
+        started, reserved = time.perf_counter(), self._reserved()
+        sampler = self.graph_sampler
+        if self._logits is not None:
+            sampler.static.share_logits(self._logits)
+        pool = sampler.capture(self._graph_factory, pool, self._warm_up)
+        self._synchronize()
+        log.info("captured %d sampling graphs (rows %s) in %.1f s, %.0f MiB", sampler.num_graphs,
+                 ", ".join(map(str, sampler.buckets)), time.perf_counter() - started, self._reserved() - reserved)
         return pool
 
     def _capture_pieces(self, pool: Any) -> Any:

@@ -83,6 +83,8 @@ class EngineStats:
     mask_fill_s: float = 0.0
     forward_s: float = 0.0
     sample_s: float = 0.0
+    sampled_in_graph: int = 0  # sampler passes replayed from the runner's sampling graphs
+    sampled_eagerly: int = 0  # sampler passes run by the eager sampler
     failed_sequences: int = 0  # finished with "error"
     failed_batches: int = 0  # forward or sampler passes that raised
     failed_steps: int = 0  # steps that raised out of Engine.step (a bug): the running batch failed
@@ -114,6 +116,7 @@ class Engine:
         self.runner = runner
         self.tokenizer = tokenizer
         self.sampler = Sampler(runner.vocab_size, runner.device)
+        self._graph_sampler = getattr(runner, "graph_sampler", None)  # a GraphedRunner's in-graph sampling pass
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len
         self.prefill_budget = prefill_budget
@@ -435,7 +438,7 @@ class Engine:
     def _sample(self, logits: torch.Tensor, sampled: list[Sequence], bitmask, indices) -> None:
         started = time.perf_counter()
         try:
-            result = self.sampler.sample(logits, [s.row for s in sampled], bitmask, indices)
+            result = self._run_sampler(logits, [s.row for s in sampled], bitmask, indices)
         except Exception as exc:
             self._fail_batch(sampled, f"sampler failed: {_describe(exc)}")
             return
@@ -447,6 +450,18 @@ class Engine:
             if i in hidden and not seq.finished:
                 seq.step_hidden.append(hidden[i])
             self._accept_sampled(seq, token, logprob)
+
+    def _run_sampler(self, logits: torch.Tensor, rows, bitmask, indices):
+        """The in-graph sampling pass when the runner has one and every row qualifies, else the
+        eager sampler (same tokens for greedy rows, same distributions for the others)."""
+        result = None
+        if self._graph_sampler is not None:
+            result = self._graph_sampler.sample(logits, rows, bitmask, indices)
+        if result is not None:
+            self.stats.sampled_in_graph += 1
+            return result
+        self.stats.sampled_eagerly += 1
+        return self.sampler.sample(logits, rows, bitmask, indices)
 
     def _hidden_rows(self, sampled: list[Sequence]) -> dict[int, list[float]]:
         """{row: its hidden state} for the rows that ask for them, read back in one transfer."""

@@ -97,3 +97,26 @@ def test_input_validation() -> None:
 def test_cpu_default_is_reference() -> None:
     assert kernels.select_backend(torch.zeros(1)) == "reference"
     assert kernels.select_backend(torch.zeros(1), use_triton=False) == "reference"
+
+
+@pytest.mark.parametrize("vocab", [33, 1000, 49157])
+def test_rows_variant_masks_like_the_indexed_one_and_skips_negative_rows(backend, gen, vocab: int) -> None:
+    n_words = (vocab + 31) // 32
+    words = _random_words(5, n_words, gen)
+    logits = torch.randn(4, vocab, generator=gen)
+    word_rows = torch.tensor([3, -1, 0, -1])  # logits rows 1 and 3 unconstrained
+    expected = logits.clone()
+    apply_token_bitmask_inplace_reference(expected, words[[3, 0]], torch.tensor([0, 2]))
+    reference = logits.clone()
+    kernels.apply_token_bitmask_rows_inplace(reference, words, word_rows, use_triton=False)
+    assert torch.equal(reference, expected)
+    got = logits.to(backend)
+    kernels.apply_token_bitmask_rows_inplace(got, words.to(backend), word_rows.to(backend), use_triton=True)
+    assert torch.equal(got.cpu(), expected)
+
+
+def test_rows_variant_validates_its_inputs() -> None:
+    with pytest.raises(ValueError, match="word_rows"):
+        kernels.apply_token_bitmask_rows_inplace(torch.zeros(2, 40), torch.zeros(1, 2, dtype=torch.int32), torch.zeros(3))
+    with pytest.raises(TypeError, match="int32"):
+        kernels.apply_token_bitmask_rows_inplace(torch.zeros(2, 40), torch.zeros(1, 2), torch.zeros(2, dtype=torch.long))

@@ -178,7 +178,7 @@ def test_captured_replays_give_the_eager_logits_with_a_stand_in_graph(hf_model):
 
     recorder = Recorder(runner)
     graphed = GraphedRunner(recorder, max_batch_size=8, max_blocks_per_seq=6, graph_factory=factory)
-    graphed.capture()
+    graphed.capture(sampling=False)  # the decode graphs alone (sampling: test_sampler_graphs)
     assert graphed.captured == (1, 2, 4, 8)
     assert recorder.rows[::3] == [8, 4, 2, 1]  # largest first: two warm-up runs and the capture each
     assert pools == [None, "the pool", "the pool", "the pool"]  # one pool, started by the largest

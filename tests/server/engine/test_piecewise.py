@@ -80,7 +80,7 @@ def graphed_pieces(hf, **kwargs) -> tuple[GraphedRunner, Factory]:
     factory = Factory()
     graphed = GraphedRunner(prefilled(hf), max_batch_size=4, max_blocks_per_seq=MAX_LEN // BLOCK,
                             max_graph_tokens=32, graph_factory=factory, **kwargs)
-    graphed.capture(decode=False)
+    graphed.capture(decode=False, sampling=False)  # the pieces alone
     return graphed, factory
 
 
