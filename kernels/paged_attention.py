@@ -300,7 +300,9 @@ def _gather_buffer(slot: str, numel: int, like: torch.Tensor) -> torch.Tensor | 
     key = (slot, like.device, like.dtype)
     buf = buffers.get(key)
     if buf is None or buf.numel() < numel:
-        buf = buffers[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
+        # a normal tensor, even when made under inference mode: the same thread may gather outside it later
+        with torch.inference_mode(False):
+            buf = buffers[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
     return buf[:numel]
 
 

@@ -353,3 +353,13 @@ def test_kernel_compiles_for_sm90_without_a_gpu() -> None:
     if proc.returncode and "ptxas" in proc.stderr and "No such file" in proc.stderr:  # pragma: no cover
         pytest.skip("Triton's bundled ptxas is missing")
     assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_torch_path_runs_outside_inference_mode_after_running_inside() -> None:
+    """The per-thread gather workspace made during an engine step (inference mode) is reused by a
+    later call on the same thread outside it."""
+    step = make_step(MIXED, heads=9, kv_heads=3, head_dim=64, seed=1)
+    with torch.inference_mode():
+        inside = paged_attention_torch(step.query, step.k_cache, step.v_cache, step.meta, scale=0.125)
+    outside = paged_attention_torch(step.query, step.k_cache, step.v_cache, step.meta, scale=0.125)
+    torch.testing.assert_close(outside, inside)
