@@ -188,6 +188,7 @@ def _only(forced: str | None, attempts: list[Attempt]) -> list[Attempt]:
 
 def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
     from .grammar_analysis import check_schema_productive
+    from .property_order import any_order
     from .schema_analysis import check_schema, normalise_schema, rewrite_schema, xgrammar_gaps
 
     schema = normalise_schema(spec.source)
@@ -195,7 +196,7 @@ def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
     check_schema_productive(schema)
     if not spec.strict:  # best effort: whatever compiles, fastest first
         return Plan(_only(forced, [Attempt("xgrammar", schema), Attempt("llguidance", schema)]), schema)
-    rewritten = rewrite_schema(schema)
+    rewritten = any_order(rewrite_schema(schema))
     attempts = [Attempt("llguidance", rewritten)]
     gaps = xgrammar_gaps(rewritten)
     if not gaps:
