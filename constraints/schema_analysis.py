@@ -121,7 +121,30 @@ def normalise_schema(schema: dict) -> dict:
                     del node[key]
             _integer_keywords(node, pointer)
             _ecma_patterns(node)
+    _anchor_refs_to_pointers(out)
     return out
+
+
+def _anchor_refs_to_pointers(schema: Any) -> None:
+    """``{"$ref": "#name"}`` naming a plain-name fragment (``$anchor``, or an ``$id``/``id``
+    of ``"#name"`` as drafts 3 to 7 write it) becomes the JSON pointer of that subschema: the
+    same subschema, in the one reference form every backend resolves. A name given to two
+    subschemas is left alone."""
+    where: dict[str, str | None] = {}
+    for pointer, node in subschemas(schema):
+        if not isinstance(node, dict):
+            continue
+        names = {node[k][1:] for k in ("$id", "id") if isinstance(node.get(k), str) and node[k].startswith("#")}
+        if isinstance(node.get("$anchor"), str):
+            names.add(node["$anchor"])
+        for name in names - {""}:
+            where[name] = None if name in where else pointer
+    if not where:
+        return
+    for _, node in subschemas(schema):
+        ref = node.get("$ref") if isinstance(node, dict) else None
+        if isinstance(ref, str) and ref.startswith("#") and "/" not in ref and where.get(ref[1:]) is not None:
+            node["$ref"] = "#" + where[ref[1:]]
 
 
 # assertion and applicator keywords that drafts 3-7 ignore beside "$ref" ("All other properties
