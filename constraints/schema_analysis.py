@@ -422,6 +422,8 @@ class _Rewriter:
             return conjoin(node, {"anyOf": live} if live else False, ("oneOf",))
         if objects_only_disjoint(live, self.root):
             return conjoin(node, {"type": "object", "anyOf": live}, ("oneOf",))
+        if strings_only_disjoint(live, self.root):
+            return conjoin(node, {"type": "string", "anyOf": live}, ("oneOf",))
         exclusive = exactly_one(live, self.root)
         if exclusive is not None:
             return conjoin(node, exclusive, ("oneOf",))
@@ -803,6 +805,8 @@ def _disjoint(a: Any, b: Any, root: dict) -> bool:
         la, lb = _literal_values(ra), _literal_values(rb)
         if la is not None and lb is not None and not ({_canon(v) for v in la} & {_canon(v) for v in lb}):
             return True
+        if ta & tb <= {"string"} and _patterns_exclude(ra, rb):
+            return True
         if ta & tb <= {"object"}:
             da, db = _discriminators(ra, root), _discriminators(rb, root)
             for name in set(da) & set(db):
@@ -812,6 +816,16 @@ def _disjoint(a: Any, b: Any, root: dict) -> bool:
             if _closed_exclusion(ra, rb, root) or _closed_exclusion(rb, ra, root):
                 return True
     return False
+
+
+def _patterns_exclude(a: dict, b: dict) -> bool:
+    """No string matches both patterns (then no string satisfies both schemas)."""
+    pa, pb = a.get("pattern"), b.get("pattern")
+    if not (isinstance(pa, str) and isinstance(pb, str)):
+        return False
+    from .pattern_disjoint import patterns_disjoint
+
+    return patterns_disjoint(pa, pb)
 
 
 def _closed_exclusion(a: dict, b: dict, root: dict) -> bool:
@@ -837,6 +851,21 @@ def objects_only_disjoint(branches: list[Any], root: dict) -> bool:
         if not isinstance(branch, dict) or not set(_meaningful(branch)) <= OBJECT_KEYWORDS:
             return False
         typed.append({**branch, "type": "object"})
+    return len(typed) >= 2 and pairwise_disjoint(typed, root)
+
+
+STRING_KEYWORDS = frozenset({"pattern", "minLength", "maxLength", "format"})
+
+
+def strings_only_disjoint(branches: list[Any], root: dict) -> bool:
+    """True when every branch (two or more) constrains strings only, with no ``type``, and no
+    string can match two of them: a non-string then matches every branch, so ``oneOf`` means
+    "a string matching one branch" (``oneOf`` of patterns under ``type: string``)."""
+    typed = []
+    for branch in branches:
+        if not isinstance(branch, dict) or not set(_meaningful(branch)) <= STRING_KEYWORDS:
+            return False
+        typed.append({**branch, "type": "string"})
     return len(typed) >= 2 and pairwise_disjoint(typed, root)
 
 
