@@ -196,11 +196,12 @@ def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
     check_schema_productive(schema)
     if not spec.strict:  # best effort: whatever compiles, fastest first
         return Plan(_only(forced, [Attempt("xgrammar", schema), Attempt("llguidance", schema)]), schema)
-    rewritten = any_order(rewrite_schema(schema))
-    attempts = [Attempt("llguidance", rewritten)]
+    rewritten = rewrite_schema(schema)
+    any_ordered = any_order(rewritten)  # refusals still name the keyword where the client wrote it
+    attempts = [Attempt("llguidance", any_ordered)]
     gaps = xgrammar_gaps(rewritten)
     if not gaps:
-        attempts.append(Attempt("xgrammar", rewritten))
+        attempts.append(Attempt("xgrammar", any_ordered))
     elif forced == "xgrammar":
         pointer, keyword = gaps[0]
         raise UnsupportedConstraintError(

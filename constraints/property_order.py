@@ -52,7 +52,7 @@ def any_order(schema: Any) -> Any:
     refs = {n["$ref"] for _, n in subschemas(schema) if isinstance(n, dict) and isinstance(n.get("$ref"), str)}
     targets = [r[1:] for r in refs if r.startswith("#/")]
     root = json.loads(json.dumps(schema))
-    state = _State(root, targets)
+    state = _State(root, targets, _kept_branches(schema))
     out = state.visit(root, "")
     if not state.defs:
         return schema
@@ -74,10 +74,53 @@ def _has_locations(schema: dict) -> bool:
     return False
 
 
+def _kept_branches(schema: dict) -> set[str]:
+    """Pointers of the ``oneOf`` branches and ``allOf`` members left in the schema and of what
+    their ``$ref`` chains lead to: llguidance proves ``oneOf`` branches exclusive from their own
+    ``properties`` (an ``anyOf`` of copies would hide them) and intersects ``allOf`` members
+    (copies would multiply), so they keep their form."""
+    from .schema_analysis import subschemas
+
+    out: set[str] = set()
+    for pointer, node in subschemas(schema):
+        for key in ("oneOf", "allOf"):
+            if isinstance(node, dict) and isinstance(node.get(key), list):
+                for i, branch in enumerate(node[key]):
+                    _add_chain(schema, f"{pointer}/{key}/{i}", branch, out)
+    return out
+
+
+def _add_chain(schema: dict, pointer: str, branch: Any, out: set[str]) -> None:
+    """``pointer`` and every target of the ``$ref`` chain that starts at ``branch``."""
+    out.add(pointer)
+    for _ in range(16):
+        ref = branch.get("$ref") if isinstance(branch, dict) else None
+        if not (isinstance(ref, str) and ref.startswith("#/")):
+            return
+        out.add(ref[1:])
+        branch = _at(schema, ref[1:])
+
+
+def _at(schema: Any, pointer: str) -> Any:
+    from urllib.parse import unquote
+
+    node = schema
+    for part in pointer[1:].split("/"):
+        part = unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
 class _State:
-    def __init__(self, root: dict, ref_targets: list[str]) -> None:
+    def __init__(self, root: dict, ref_targets: list[str], kept_branches: set[str]) -> None:
         self.root = root
         self.ref_targets = ref_targets
+        self.kept_branches = kept_branches
         self.defs: dict[str, Any] = {}
         self.branches = 0
 
@@ -109,6 +152,8 @@ class _State:
     def _eligible(self, node: dict, pointer: str) -> bool:
         props = node.get("properties")
         if not isinstance(props, dict) or not 2 <= len(props) <= MAX_PROPERTIES:
+            return False
+        if pointer in self.kept_branches:
             return False
         if self.branches + _factorial(len(props)) > MAX_BRANCHES:
             return False

@@ -101,3 +101,31 @@ def test_rewrite_keeps_the_meaning():
         for ordered in _orders(value) if isinstance(value, dict) else [value]:
             assert jsonschema.Draft202012Validator(out).is_valid(ordered) == \
                 jsonschema.Draft202012Validator(schema).is_valid(ordered)
+
+
+def test_one_of_and_all_of_branches_keep_their_form(compiler, tok):
+    """llguidance proves oneOf branches exclusive from their properties (MaskBench Github_medium
+    o25768): branches reached through $ref are not turned into anyOf copies."""
+    file_ = {"type": "object", "properties": {"kind": {"const": "file"}, "size": {"type": "integer"}},
+             "required": ["kind"], "additionalProperties": False}
+    link = {"type": "object", "properties": {"kind": {"const": "link"}, "to": {"type": "string"}},
+            "required": ["kind"], "additionalProperties": False}
+    schema = {"definitions": {"file": file_, "link": link},
+              "oneOf": [{"$ref": "#/definitions/file"}, {"$ref": "#/definitions/link"}]}
+    assert any_order(schema) == schema
+    compiled = compiler.compile(ConstraintSpec("json_schema", schema))
+    assert walk_json(compiled, tok, {"kind": "file", "size": 3})
+    assert not walk_json(compiled, tok, {"kind": "file", "to": "x"})
+    merged = {"definitions": {"file": file_}, "allOf": [{"$ref": "#/definitions/file"}, {"required": ["size"]}]}
+    assert any_order(merged) == merged
+
+
+def test_a_refusal_names_the_location_the_client_wrote(compiler):
+    from constraints import UnsupportedConstraintError
+
+    schema = {"type": "object", "properties": {
+        "a": {"type": "object", "properties": {"x": {}, "y": {}}, "propertyNames": {"maxLength": 1, "pattern": "^x"}},
+        "b": {"type": "integer"}}}
+    with pytest.raises(UnsupportedConstraintError) as err:
+        compiler.compile(ConstraintSpec("json_schema", schema))
+    assert err.value.pointer == "/properties/a" and "trellis-order" not in str(err.value)
