@@ -187,8 +187,12 @@ class _State:
         return {**kept, "anyOf": copies}
 
 
-    def _hoist(self, value: Any, pointer: str) -> dict:
-        """``{"$ref": …}`` to ``value`` (its own objects rewritten) placed under ``$defs``."""
+    def _hoist(self, value: Any, pointer: str) -> Any:
+        """``{"$ref": …}`` to ``value`` (its own objects rewritten) placed under ``$defs``; a
+        boolean schema stays in place (llguidance reads a forbidden property only as ``false``
+        written there, not behind a ``$ref``)."""
+        if isinstance(value, bool):
+            return value
         key = f"{DEFS_PREFIX}{len(self.defs)}"
         self.defs[key] = True  # reserved before the value's own objects take names
         self.defs[key] = self.visit(value, pointer)

@@ -129,3 +129,8 @@ def test_a_refusal_names_the_location_the_client_wrote(compiler):
     with pytest.raises(UnsupportedConstraintError) as err:
         compiler.compile(ConstraintSpec("json_schema", schema))
     assert err.value.pointer == "/properties/a" and "trellis-order" not in str(err.value)
+
+
+def test_forbidden_properties_stay_false_in_place():
+    out = any_order({"type": "object", "properties": {"id": {"type": "integer"}, "ID": False}})
+    assert all(copy["properties"]["ID"] is False for copy in out["anyOf"])
