@@ -197,11 +197,13 @@ def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
     if not spec.strict:  # best effort: whatever compiles, fastest first
         return Plan(_only(forced, [Attempt("xgrammar", schema), Attempt("llguidance", schema)]), schema)
     rewritten = rewrite_schema(schema)
-    any_ordered = any_order(rewritten)  # refusals still name the keyword where the client wrote it
-    attempts = [Attempt("llguidance", any_ordered)]
+    # llguidance takes small objects' properties in any order; xgrammar keeps the declared
+    # order (an anyOf of objects costs it seconds to compile); refusals name the keyword where
+    # the client wrote it (pointers of ``rewritten``)
+    attempts = [Attempt("llguidance", any_order(rewritten))]
     gaps = xgrammar_gaps(rewritten)
     if not gaps:
-        attempts.append(Attempt("xgrammar", any_ordered))
+        attempts.append(Attempt("xgrammar", rewritten))
     elif forced == "xgrammar":
         pointer, keyword = gaps[0]
         raise UnsupportedConstraintError(
