@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import json
 from typing import Any
+from urllib.parse import unquote
 
 MAX_PROPERTIES = 4  # 4! = 24 orders
 MAX_BRANCHES = 96  # copies made in one schema
@@ -50,7 +51,7 @@ def any_order(schema: Any) -> Any:
     from .schema_analysis import subschemas
 
     refs = {n["$ref"] for _, n in subschemas(schema) if isinstance(n, dict) and isinstance(n.get("$ref"), str)}
-    targets = [r[1:] for r in refs if r.startswith("#/")]
+    targets = [unquote(r[1:]) for r in refs if r.startswith("#/")]  # URI fragments may be %-escaped
     root = json.loads(json.dumps(schema))
     state = _State(root, targets, _kept_branches(schema))
     out = state.visit(root, "")

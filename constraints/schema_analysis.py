@@ -449,7 +449,7 @@ class _Rewriter:
         replaced = tuple(k for k in keys if isinstance(node.get(k), dict))
         if not replaced:
             return node
-        return conjoin(node, _all_of(extra) if extra else True, replaced)
+        return conjoin(_after_properties(node, replaced), _all_of(extra) if extra else True, replaced)
 
     def _if_then_else(self, node: dict) -> Any:
         if "if" not in node:
@@ -461,6 +461,24 @@ class _Rewriter:
         then, other = node.get("then", True), node.get("else", True)
         branches = [b for b in (_all_of([cond, then]), _all_of([neg, other])) if b is not False]
         return conjoin(node, {"anyOf": branches} if branches else False, ("if", "then", "else"))
+
+
+def _after_properties(node: dict, keys: tuple[str, ...]) -> dict:
+    """``node`` with ``keys`` moved right behind ``properties`` (when it has one): a dependency
+    names properties the object declares, and llguidance orders an object's properties by
+    where the keywords naming them sit, so ``{"dependencies": {"b": {"required": ["c"]}},
+    "properties": {"a", "b", "c"}}`` would otherwise make ``c`` come before ``a`` (MaskBench
+    Github_medium o62823)."""
+    if "properties" not in node:
+        return node
+    out: dict = {}
+    for key, value in node.items():
+        if key in keys:
+            continue
+        out[key] = value
+        if key == "properties":
+            out.update((k, node[k]) for k in keys)
+    return out
 
 
 MAX_ONE_OF_NEGATED = 6
