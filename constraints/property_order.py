@@ -130,10 +130,25 @@ class _State:
         objects inside it: the budget goes to the outer ones first)."""
         if not isinstance(node, dict):
             return node
+        self._keep_intersected(node, pointer)
         if self._eligible(node, pointer):
             return self._rewrite(node, pointer)
         self._children(node, pointer)
         return node
+
+    def _keep_intersected(self, node: dict, pointer: str) -> None:
+        """Beside ``patternProperties``, a member's value may be intersected with a pattern's
+        (a name matching both): llguidance builds that product, and copies on both sides would
+        multiply it (MaskBench WashingtonPost wp_68: 24 x 24 branches ran into its limits), so
+        those values keep their form."""
+        from .schema_analysis import _esc
+
+        patterns = node.get("patternProperties")
+        if not isinstance(patterns, dict) or not patterns:
+            return
+        for key in ("properties", "patternProperties"):
+            for name in node.get(key) or {}:
+                self.kept_branches.add(f"{pointer}/{key}/{_esc(name)}")
 
     def _children(self, node: dict, pointer: str) -> None:
         from .schema_analysis import _SCHEMA_KEYS, _SCHEMA_LIST_KEYS, _SCHEMA_MAP_KEYS, _esc

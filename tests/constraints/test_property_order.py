@@ -134,3 +134,12 @@ def test_a_refusal_names_the_location_the_client_wrote(compiler):
 def test_forbidden_properties_stay_false_in_place():
     out = any_order({"type": "object", "properties": {"id": {"type": "integer"}, "ID": False}})
     assert all(copy["properties"]["ID"] is False for copy in out["anyOf"])
+
+
+def test_values_beside_pattern_properties_keep_their_form():
+    """A name matching a pattern is checked against both values: llguidance intersects them,
+    so neither side becomes anyOf copies (MaskBench WashingtonPost wp_68)."""
+    label = {"type": "object", "properties": {c: {"type": "string"} for c in "abc"}, "additionalProperties": False}
+    schema = {"type": "object", "properties": {"basic": label}, "patternProperties": {"^[a-z]*$": label},
+              "additionalProperties": False}
+    assert any_order(schema) == schema
