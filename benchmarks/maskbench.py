@@ -174,19 +174,26 @@ class _Outlines(_Engine):
         return fill, accept
 
 
-def _walk(fill: Any, accept: Any, bitmask: Any, ids: list[int], times: list[int]) -> tuple[bool, bool]:
-    """(every token allowed and accepted, mask and accept disagreed on a token). Each token is
-    offered to accept even where the mask forbids it, so a disagreement either way shows."""
+def _walk(fill: Any, accept: Any, bitmask: Any, ids: list[int], times: list[int]) -> tuple[int, bool]:
+    """(index of the first token not allowed or not accepted, -1 when all passed; mask and
+    accept disagreed on a token). Each token is offered to accept even where the mask forbids
+    it, so a disagreement either way shows."""
     clock = time.perf_counter_ns
-    for t in ids:
+    for i, t in enumerate(ids):
         start = clock()
         fill(bitmask, 0)
         times.append(clock() - start)
         allowed = bool((int(bitmask[0, t >> 5]) >> (t & 31)) & 1)
         accepted = bool(accept(t))
         if not (allowed and accepted):
-            return False, allowed != accepted
-    return True, False
+            return i, allowed != accepted
+    return -1, False
+
+
+def _where(tok: Any, ids: list[int], at: int) -> str:
+    """The instance text around the refused token: ``…before⟦token⟧``."""
+    before = tok.decode(ids[max(0, at - 12):at])
+    return f"{before[-60:]}⟦{tok.decode(ids[at:at + 1])}⟧"
 
 
 def score_schema(schema: Any, tests: list[dict]) -> dict:
@@ -200,14 +207,20 @@ def score_schema(schema: Any, tests: list[dict]) -> dict:
     compile_ns = time.perf_counter_ns() - start
     times: list[int] = []
     valid_rejected = invalid_accepted = disagreed = False
-    for test in tests:
+    detail = ""
+    for n, test in enumerate(tests):
         ids = list(eng.tok.encode(json.dumps(test["data"]), add_special_tokens=False)) + [eng.eos]
         fill, accept = eng.matcher(compiled)
-        ok, disagree = _walk(fill, accept, eng.bitmask, ids, times)
+        at, disagree = _walk(fill, accept, eng.bitmask, ids, times)
+        ok = at < 0
         disagreed |= disagree
         if test["valid"] and not ok:
+            if not valid_rejected:
+                detail = f"valid #{n} refused at {_where(eng.tok, ids, at)}"
             valid_rejected = True
         elif not test["valid"] and ok:
+            if not invalid_accepted and not detail:
+                detail = f"invalid #{n} accepted"
             invalid_accepted = True
     if len(times) > MAX_MASK_SAMPLES:
         step = len(times) / MAX_MASK_SAMPLES
@@ -219,6 +232,7 @@ def score_schema(schema: Any, tests: list[dict]) -> dict:
         "valid_rejected": valid_rejected,
         "invalid_accepted": invalid_accepted,
         "disagreed": disagreed,
+        "detail": detail,
     }
 
 
@@ -226,16 +240,19 @@ def score_schema(schema: Any, tests: list[dict]) -> dict:
 # driver side
 
 
-def load_rows(data: Path, limit: int | None, subsets: list[str] | None = None) -> list[tuple[str, dict]]:
-    """(subset, row) for every schema (of ``subsets`` when given); an evenly spread sample of
-    ``limit`` when given."""
+def load_rows(data: Path, limit: int | None, subsets: set[str] | None = None,
+              ids: set[str] | None = None) -> list[tuple[str, dict]]:
+    """(subset, row) for every schema of ``subsets`` (all when None) whose id is in ``ids``
+    (all when None); an evenly spread sample of ``limit`` of those when given."""
     rows = []
     for path in sorted(data.glob("*.jsonl.gz")):
         subset = path.name.split(".")[0]
-        if subsets and subset not in subsets:
+        if subsets is not None and subset not in subsets:
             continue
         with gzip.open(path, "rt") as f:
             rows.extend((subset, json.loads(line)) for line in f if line.strip())
+    if ids is not None:
+        rows = [(s, r) for s, r in rows if r["id"] in ids or f"{s}:{r['id']}" in ids]
     if limit and limit < len(rows):
         step = len(rows) / limit
         rows = [rows[int(i * step)] for i in range(limit)]
@@ -360,14 +377,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "maskbench")
     ap.add_argument("--limit", type=int, default=None, help="evenly spread sample of N schemas")
-    ap.add_argument("--subset", action="append", default=None,
-                    help="only this subset (file name without .jsonl.gz); repeatable")
     ap.add_argument("--backend", default="all",
                     help="trellis|xgrammar|llguidance|outlines|all, or a comma-separated list")
     ap.add_argument("--timeout", type=float, default=30.0, help="per-schema limit in seconds")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--memory-mb", type=int, default=4096,
                     help="per-worker memory cap beyond start-up (0: none); over it counts as a crash")
+    ap.add_argument("--subset", default=None, help="only these subsets (comma-separated)")
+    ap.add_argument("--ids", default=None,
+                    help="only these schema ids (comma-separated; SUBSET:ID where ids repeat)")
+    ap.add_argument("--failures", action="store_true",
+                    help="after the table, one line per failing (engine, schema): the refusal or the "
+                         "instance text at the refused token")
     ap.add_argument("--json", type=Path, default=None, help="also write raw per-schema results")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
@@ -375,9 +396,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parent), str(ROOT), os.environ.get("PYTHONPATH", "")]
     )
-    rows = load_rows(args.data, args.limit, args.subset)
+    rows = load_rows(args.data, args.limit,
+                     set(args.subset.split(",")) if args.subset else None,
+                     set(args.ids.split(",")) if args.ids else None)
     if not rows:
-        ap.error(f"no schemas in {args.data} for subset(s) {args.subset}")
+        ap.error(f"no schemas in {args.data} for subset(s) {args.subset} and id(s) {args.ids}")
     engines = list(ENGINES) if args.backend == "all" else args.backend.split(",")
     unknown = [e for e in engines if e not in ENGINES]
     if unknown:
@@ -395,7 +418,22 @@ def main(argv: list[str] | None = None) -> int:
                     for (_, row), r in zip(rows, res)] for e, res in all_results.items()}
         args.json.write_text(json.dumps(slim))
     print(render(engines, rows, all_results))
+    if args.failures:
+        print("\n" + render_failures(engines, rows, all_results))
     return 0
+
+
+def render_failures(engines: list[str], rows: list, all_results: dict[str, list[dict]]) -> str:
+    """One line per failing (engine, schema): subset:id, then the compile error or the detail."""
+    lines = []
+    for e in engines:
+        for (subset, row), res in zip(rows, all_results[e]):
+            if res.get("status") != "ok":
+                lines.append(f"{e} {subset}:{row['id']} COMPILE {res.get('error', '')}")
+            elif res["valid_rejected"] or res["invalid_accepted"] or res.get("disagreed"):
+                kind = "+".join(k for k in ("valid_rejected", "invalid_accepted", "disagreed") if res.get(k))
+                lines.append(f"{e} {subset}:{row['id']} {kind} {res.get('detail', '')!r}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -191,6 +191,7 @@ def _only(forced: str | None, attempts: list[Attempt]) -> list[Attempt]:
 
 def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
     from .grammar_analysis import check_schema_productive
+    from .property_order import any_order
     from .schema_analysis import check_schema, normalise_schema, rewrite_schema, xgrammar_gaps
     from .schema_lark import LarkSchema, needs_lark
 
@@ -200,7 +201,10 @@ def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
     if not spec.strict:  # best effort: whatever compiles, fastest first
         return Plan(_only(forced, [Attempt("xgrammar", schema), Attempt("llguidance", schema)]), schema)
     rewritten = rewrite_schema(schema)
-    attempts = [Attempt("llguidance", rewritten)]
+    # llguidance takes small objects' properties in any order; xgrammar keeps the declared
+    # order (an anyOf of objects costs it seconds to compile); refusals name the keyword where
+    # the client wrote it (pointers of ``rewritten``)
+    attempts = [Attempt("llguidance", any_order(rewritten))]
     if needs_lark(rewritten):  # llguidance's JSON compiler refuses contains: as a Lark grammar
         attempts.insert(0, Attempt("llguidance", LarkSchema(rewritten)))
     gaps = xgrammar_gaps(rewritten)

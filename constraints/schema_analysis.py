@@ -121,7 +121,30 @@ def normalise_schema(schema: dict) -> dict:
                     del node[key]
             _integer_keywords(node, pointer)
             _ecma_patterns(node)
+    _anchor_refs_to_pointers(out)
     return out
+
+
+def _anchor_refs_to_pointers(schema: Any) -> None:
+    """``{"$ref": "#name"}`` naming a plain-name fragment (``$anchor``, or an ``$id``/``id``
+    of ``"#name"`` as drafts 3 to 7 write it) becomes the JSON pointer of that subschema: the
+    same subschema, in the one reference form every backend resolves. A name given to two
+    subschemas is left alone."""
+    where: dict[str, str | None] = {}
+    for pointer, node in subschemas(schema):
+        if not isinstance(node, dict):
+            continue
+        names = {node[k][1:] for k in ("$id", "id") if isinstance(node.get(k), str) and node[k].startswith("#")}
+        if isinstance(node.get("$anchor"), str):
+            names.add(node["$anchor"])
+        for name in names - {""}:
+            where[name] = None if name in where else pointer
+    if not where:
+        return
+    for _, node in subschemas(schema):
+        ref = node.get("$ref") if isinstance(node, dict) else None
+        if isinstance(ref, str) and ref.startswith("#") and "/" not in ref and where.get(ref[1:]) is not None:
+            node["$ref"] = "#" + where[ref[1:]]
 
 
 # assertion and applicator keywords that drafts 3-7 ignore beside "$ref" ("All other properties
@@ -438,6 +461,8 @@ class _Rewriter:
             return conjoin(node, {"anyOf": live} if live else False, ("oneOf",))
         if objects_only_disjoint(live, self.root):
             return conjoin(node, {"type": "object", "anyOf": live}, ("oneOf",))
+        if strings_only_disjoint(live, self.root):
+            return conjoin(node, {"type": "string", "anyOf": live}, ("oneOf",))
         exclusive = exactly_one(live, self.root)
         if exclusive is not None:
             return conjoin(node, exclusive, ("oneOf",))
@@ -463,7 +488,7 @@ class _Rewriter:
         replaced = tuple(k for k in keys if isinstance(node.get(k), dict))
         if not replaced:
             return node
-        return conjoin(node, _all_of(extra) if extra else True, replaced)
+        return conjoin(_after_properties(node, replaced), _all_of(extra) if extra else True, replaced)
 
     def _if_then_else(self, node: dict) -> Any:
         if "if" not in node:
@@ -475,6 +500,24 @@ class _Rewriter:
         then, other = node.get("then", True), node.get("else", True)
         branches = [b for b in (_all_of([cond, then]), _all_of([neg, other])) if b is not False]
         return conjoin(node, {"anyOf": branches} if branches else False, ("if", "then", "else"))
+
+
+def _after_properties(node: dict, keys: tuple[str, ...]) -> dict:
+    """``node`` with ``keys`` moved right behind ``properties`` (when it has one): a dependency
+    names properties the object declares, and llguidance orders an object's properties by
+    where the keywords naming them sit, so ``{"dependencies": {"b": {"required": ["c"]}},
+    "properties": {"a", "b", "c"}}`` would otherwise make ``c`` come before ``a`` (MaskBench
+    Github_medium o62823)."""
+    if "properties" not in node:
+        return node
+    out: dict = {}
+    for key, value in node.items():
+        if key in keys:
+            continue
+        out[key] = value
+        if key == "properties":
+            out.update((k, node[k]) for k in keys)
+    return out
 
 
 MAX_ONE_OF_NEGATED = 6
@@ -912,6 +955,8 @@ def _disjoint(a: Any, b: Any, root: dict) -> bool:
         la, lb = _literal_values(ra), _literal_values(rb)
         if la is not None and lb is not None and not ({_canon(v) for v in la} & {_canon(v) for v in lb}):
             return True
+        if ta & tb <= {"string"} and _patterns_exclude(ra, rb):
+            return True
         if ta & tb <= {"object"}:
             da, db = _discriminators(ra, root), _discriminators(rb, root)
             for name in set(da) & set(db):
@@ -921,6 +966,16 @@ def _disjoint(a: Any, b: Any, root: dict) -> bool:
             if _closed_exclusion(ra, rb, root) or _closed_exclusion(rb, ra, root):
                 return True
     return False
+
+
+def _patterns_exclude(a: dict, b: dict) -> bool:
+    """No string matches both patterns (then no string satisfies both schemas)."""
+    pa, pb = a.get("pattern"), b.get("pattern")
+    if not (isinstance(pa, str) and isinstance(pb, str)):
+        return False
+    from .pattern_disjoint import patterns_disjoint
+
+    return patterns_disjoint(pa, pb)
 
 
 def _closed_exclusion(a: dict, b: dict, root: dict) -> bool:
@@ -946,6 +1001,21 @@ def objects_only_disjoint(branches: list[Any], root: dict) -> bool:
         if not isinstance(branch, dict) or not set(_meaningful(branch)) <= OBJECT_KEYWORDS:
             return False
         typed.append({**branch, "type": "object"})
+    return len(typed) >= 2 and pairwise_disjoint(typed, root)
+
+
+STRING_KEYWORDS = frozenset({"pattern", "minLength", "maxLength", "format"})
+
+
+def strings_only_disjoint(branches: list[Any], root: dict) -> bool:
+    """True when every branch (two or more) constrains strings only, with no ``type``, and no
+    string can match two of them: a non-string then matches every branch, so ``oneOf`` means
+    "a string matching one branch" (``oneOf`` of patterns under ``type: string``)."""
+    typed = []
+    for branch in branches:
+        if not isinstance(branch, dict) or not set(_meaningful(branch)) <= STRING_KEYWORDS:
+            return False
+        typed.append({**branch, "type": "string"})
     return len(typed) >= 2 and pairwise_disjoint(typed, root)
 
 

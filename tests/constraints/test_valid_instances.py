@@ -75,7 +75,7 @@ def test_instances_are_classified_as_jsonschema_does(compiler, tok, schema, vali
         (ONE_OF_FIRST, "oneOf"),
         ({"not": {"required": ["b"]}, "properties": {"a": {}, "b": {}}}, "not"),
         ({"if": {"required": ["a"]}, "then": {"required": ["b"]}, "properties": {"a": {}, "b": {}}}, "if"),
-        ({"dependencies": {"a": ["b"]}, "properties": {"a": {}, "b": {}}}, "dependencies"),
+        ({"properties": {"a": {}, "b": {}}, "dependencies": {"a": ["b"]}, "type": "object"}, "dependencies"),
         ({"properties": {"a": {}}, "allOf": [{"required": ["a"]}], "type": "object",
           "oneOf": [{"required": ["b"]}, {"required": ["c"], "properties": {"b": False}}]}, "allOf"),
     ],
@@ -86,3 +86,25 @@ def test_a_rewrite_keeps_the_place_of_the_keyword_it_replaces(schema, replaced):
     original, keys = list(schema), list(rewritten)
     assert "allOf" in keys and keys.index("allOf") == original.index(replaced)
     assert [k for k in keys if k != "allOf"] == [k for k in original if k in keys and k != "allOf"]
+
+
+# MaskBench Github_medium o62823: dependencies written before properties (draft-04)
+DEPENDENCIES_FIRST = {
+    "$schema": DRAFT_04,
+    "type": "object",
+    "dependencies": {"url": {"properties": {"media": {"type": "string", "pattern": "^[a-z]+/[a-z]+$"}},
+                             "required": ["media"]}},
+    "properties": {"kind": {"enum": ["dist"]}, "url": {"type": "string"}, "media": {"type": "string"},
+                   "title": {"type": "string"}, "format": {"type": "string"}},
+}
+
+
+def test_dependencies_keep_the_declared_property_order(compiler, tok):
+    compiled = compiler.compile(ConstraintSpec("json_schema", DEPENDENCIES_FIRST))
+    valid = [{"kind": "dist", "url": "u", "media": "text/csv", "title": "t"}, {"kind": "dist", "title": "t"}]
+    invalid = [{"kind": "dist", "url": "u", "title": "t"}, {"kind": "dist", "url": "u", "media": "csv"}]
+    validator = jsonschema.Draft4Validator(DEPENDENCIES_FIRST)
+    for value in valid:
+        assert validator.is_valid(value) and walk_json(compiled, tok, value), value
+    for value in invalid:
+        assert not validator.is_valid(value) and not walk_json(compiled, tok, value), value

@@ -1,0 +1,99 @@
+"""Can one string match two JSON Schema ``pattern``s? Decided exactly on DFAs (interegular).
+
+A ``pattern`` matches a string when the regex matches *somewhere* in it (ECMA-262 search
+semantics), so each pattern stands for the language ``[\\s\\S]*P[\\s\\S]*`` with a leading ``^`` /
+trailing ``$`` dropping that side's ``[\\s\\S]*``. Two patterns are disjoint when the
+intersection of their languages is empty. The answer is "disjoint" only when every step is
+certain: a pattern with inner anchors, lookarounds, back-references, flags, or syntax
+interegular does not parse, or one too long to build a DFA for cheaply, is never called
+disjoint (the caller then refuses or keeps looking).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+MAX_PATTERN_CHARS = 400  # longer patterns are not turned into DFAs here
+_ANY = r"[\s\S]*"
+# constructs whose meaning interegular may not share with ECMA-262: groups with flags or
+# lookarounds, back-references, word boundaries, \p classes, \c controls
+_UNSAFE = re.compile(r"\(\?(?!:)|\\[1-9bBpPkc]")
+# \uXXXX / \UXXXXXXXX (as ecma_regex writes classes), which interegular does not read
+_CODEPOINT = re.compile(r"(?<!\\)((?:\\\\)*)\\(?:u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8}))")
+
+
+def _interegular_syntax(pattern: str) -> str:
+    """``pattern`` with code point escapes written as interegular reads them: ``\\xHH`` below
+    U+0100 (some of those are regex syntax), the character itself above."""
+    def one(m: re.Match) -> str:
+        cp = int(m.group(2) or m.group(3), 16)
+        return m.group(1) + (f"\\x{cp:02x}" if cp < 0x100 else chr(cp))
+
+    return _CODEPOINT.sub(one, pattern)
+
+
+def patterns_disjoint(a: str, b: str) -> bool:
+    """True only when no string contains a match of both ``a`` and ``b`` (ECMA-normalised
+    patterns, as :func:`constraints.regex_dialect.ecma_regex` writes them)."""
+    fa, fb = _language(a), _language(b)
+    if fa is None or fb is None:
+        return False
+    try:
+        return (fa & fb).empty()
+    except Exception:  # interegular gave up on the product: nothing is promised
+        return False
+
+
+@lru_cache(maxsize=256)
+def _language(pattern: str):
+    """The DFA of the strings ``pattern`` accepts (search semantics), or None."""
+    if len(pattern) > MAX_PATTERN_CHARS or _UNSAFE.search(pattern):
+        return None
+    body, anchored_start, anchored_end = _strip_outer_anchors(pattern)
+    if body is None:
+        return None
+    from .regex_analysis import has_anchors
+
+    if has_anchors(body):
+        return None
+    body = _interegular_syntax(body)
+    full = ("" if anchored_start else _ANY) + f"(?:{body})" + ("" if anchored_end else _ANY)
+    try:
+        import interegular
+
+        return interegular.parse_pattern(full).to_fsm()
+    except Exception:
+        return None
+
+
+def _strip_outer_anchors(pattern: str) -> tuple[str | None, bool, bool]:
+    """(pattern without a leading ``^`` / trailing unescaped ``$``, had ^, had $); body None
+    when an anchor belongs to a top-level alternative only (``^a|b``)."""
+    start = pattern.startswith("^")
+    body = pattern[1:] if start else pattern
+    end = body.endswith("$") and not re.search(r"(?<!\\)(\\\\)*\\\$$", body)
+    body = body[:-1] if end else body
+    if (start or end) and _top_level_alternation(body):
+        return None, start, end
+    return body, start, end
+
+
+def _top_level_alternation(body: str) -> bool:
+    depth, escaped, in_class = 0, False, False
+    for ch in body:
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif in_class:
+            in_class = ch != "]"
+        elif ch == "[":
+            in_class = True
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "|" and depth == 0:
+            return True
+    return False
