@@ -25,7 +25,7 @@ serve: install
 	$(BIN)/trellis serve $(ARGS)
 
 test: install
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=30 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
