@@ -23,7 +23,7 @@ BOUNDED_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,16}"
 # llguidance's own budgets, stated so the server process's work stays bounded: grammar size
 # and lexer fuel bound a matcher's construction, step fuel and items bound each token's mask
 LIMITS = dict(
-    max_items_in_row=2000,
+    max_items_in_row=10000,
     initial_lexer_fuel=1_000_000,
     step_lexer_fuel=200_000,
     step_max_items=50_000,
@@ -187,12 +187,27 @@ class LLGuidanceMatcher(Matcher):
             if self._m.try_consume_tokens([t]) == 1:
                 self._m.rollback(1)
                 words[t >> 5] |= _bit(t)
+            elif self._m.is_error():
+                # the probe itself hit a parser limit (a partial key can open thousands of
+                # items): the token stays out and the matcher is rebuilt as it was before it
+                self._m = self._rebuilt()
 
-    def _replay(self) -> "llguidance.LLMatcher":
+    def _rebuilt(self) -> "llguidance.LLMatcher":
+        """A fresh matcher fed this sequence's consumed tokens (the state before a failed probe)."""
         fresh = self._compiled.fresh_matcher()
         consumed = [t for t, c in self._history if c]
-        if consumed and fresh.try_consume_tokens(consumed) != len(consumed):
-            return self._m  # the replay itself hit a limit: stay in the error state
+        if consumed:
+            fresh.try_consume_tokens(consumed)
+        return fresh
+
+    def _replay(self) -> "llguidance.LLMatcher":
+        """The sequence replayed on a fresh template, the token taken when the limit was hit
+        included (so the state matches what was accepted); the error state if it fails again."""
+        fresh = self._compiled.fresh_matcher()
+        taken = [t for t, c in self._history if c or t not in self._stops]
+        if taken and fresh.try_consume_tokens(taken) != len(taken):
+            return self._m
+        self._history = [(t, c or t not in self._stops) for t, c in self._history]
         return fresh
 
     def rollback(self, n: int) -> None:

@@ -98,3 +98,53 @@ def test_a_valid_instance_tokenized_across_forced_bytes_is_accepted(compiler, to
         assert walk_json(compiled, tok, value), value
     for value in invalid:
         assert not walk_json(compiled, tok, value), value
+
+
+# two small objects (each in any of its 24 property orders) beside a oneOf: at `{"` llguidance's
+# Earley row holds about 2,200 items (MaskBench Github_medium o227, whose valid instances an
+# item limit of 2,000 cut short mid-key)
+BOX = {"type": "object", "properties": {k: {"type": "integer"} for k in ("left", "right", "top", "bottom")}}
+BOXES = {
+    "type": "object",
+    "properties": {"size": BOX, "offset": BOX, "name": {"type": "string"}},
+    "oneOf": [
+        {"properties": {"kind": {"enum": ["url"]}, "url": {"type": "string", "minLength": 1}}, "required": ["kind", "url"]},
+        {"properties": {"kind": {"enum": ["html"]}, "html": {"type": "string", "minLength": 1}}, "required": ["kind", "html"]},
+    ],
+}
+BOXES_VALUE = {"size": {"left": 1, "right": 2, "top": 3, "bottom": 4},
+               "offset": {"top": 0, "left": 0, "right": 0, "bottom": 0}, "name": "x", "kind": "url", "url": "u"}
+
+
+def test_small_objects_in_any_order_fit_the_parser_limits(compiler, tok):
+    compiled = compiler.compile(ConstraintSpec("json_schema", BOXES))
+    assert compiled.backend == "llguidance"
+    matcher = compiled.new_matcher()
+    mask = new_mask()
+    for step, token in enumerate([*tok.encode(json.dumps(BOXES_VALUE), add_special_tokens=False), 2]):
+        matcher.fill_bitmask(mask, 0)
+        assert allowed(mask, token) and matcher.accept_token(token), f"step {step}: {matcher.error}"
+    assert matcher.error is None and matcher.is_terminated()
+
+
+def test_a_parser_limit_hit_keeps_mask_and_accept_in_agreement(compiler, tok, monkeypatch):
+    """With a row limit the grammar exceeds, the limit is hit while probing the forced key bytes
+    and while taking a token: at every step the mask and accept_token still agree, and once in
+    the error state only the stop token is allowed and taken."""
+    from constraints import backend_llguidance
+
+    compiled = compiler.compile(ConstraintSpec("json_schema", BOXES))
+    monkeypatch.setitem(backend_llguidance.LIMITS, "max_items_in_row", 400)
+    tight = backend_llguidance.LLGuidanceCompiled(compiled.spec, compiled._ctx, compiled._grammar)
+    matcher = tight.new_matcher()
+    mask = new_mask()
+    for step, token in enumerate(tok.encode(json.dumps(BOXES_VALUE), add_special_tokens=False)):
+        mask.zero_()
+        matcher.fill_bitmask(mask, 0)
+        if matcher.error is not None:
+            assert _agreement_on_every_token(matcher, mask) == [], f"step {step}"
+            assert allowed(mask, 2) and matcher.accept_token(2) and matcher.is_terminated()
+            break
+        assert allowed(mask, token) == matcher.accept_token(token), f"step {step}"
+    else:
+        pytest.fail("the row limit was never hit")

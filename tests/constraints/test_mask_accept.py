@@ -26,8 +26,9 @@ from .conftest import VOCAB, allowed, new_mask
 DATA = Path(os.environ.get("TRELLIS_MASKBENCH", Path(__file__).resolve().parents[3] / "shared" / "data" / "maskbench"))
 SAMPLE = 60
 # once disagreed on llguidance: its mask allows only the canonical tokenization of forced bytes
-# (no lone space after `"key":`) while try_consume_tokens took the lone space
-REGRESSIONS = ("Github_hard---o58762", "Kubernetes---kb_1020_Normalized")
+# (no lone space after `"key":`) while try_consume_tokens took the lone space; o227 hit the row
+# limit while probing forced key bytes
+REGRESSIONS = ("Github_hard---o58762", "Kubernetes---kb_1020_Normalized", "Github_medium---o227")
 EOS = 2
 pytestmark = pytest.mark.skipif(
     not DATA.is_dir() or not any(DATA.glob("*.jsonl.gz")),
