@@ -7,7 +7,18 @@ every instance is classified correctly. Each token is offered to accept even whe
 forbids it: a schema where the two disagree on a token is counted. Every (engine, schema) runs in a killable worker
 process with a per-schema timeout, so a hang or crash is counted, never fatal.
 
+Most Handwritten schemas (and some others) carry no instances, so a backend that compiles them
+by ignoring a keyword looks as good as one that enforces it. ``--sample K`` closes that gap: K
+random walks through each compiled mask (seeded, a token drawn uniformly from the allowed ones,
+half the time from those that close a string or a container), and every walk that ends in EOS
+must be one JSON value that the schema validates (``jsonschema``, with its format checker; a
+repeated key keeps its last value); one that is not makes the schema fail, in the "generated
+invalid" column. A walk that reaches a state the backend cannot go on from (an error such as a
+parser limit, or no token allowed: a request would fail there) fails the schema too, in the
+"stuck" column.
+
     python benchmarks/maskbench.py --data ../shared/data/maskbench --limit 500 --backend all
+    python benchmarks/maskbench.py --subset Handwritten --backend all --sample 8
 """
 
 from __future__ import annotations
@@ -54,29 +65,36 @@ class _Engine:
     vocab = 49152
 
     def __init__(self, tok: Any) -> None:
+        import numpy as np
         import torch
 
         self.tok = tok
         self.eos = tok.eos_token_id
         self.bitmask = torch.zeros((1, (self.vocab + 31) // 32), dtype=torch.int32)
+        pieces = tok.convert_ids_to_tokens(list(range(len(tok))))
+        self.closers = np.zeros(self.vocab, dtype=bool)  # tokens that can end a string or container
+        self.closers[:len(pieces)] = [any(c in (p or "") for c in '"]}') for p in pieces]
 
     def compile(self, schema: dict) -> Any:
         raise NotImplementedError
 
     def matcher(self, compiled: Any) -> Any:
-        """Object with fill(bitmask) and accept(token) -> bool."""
+        """(fill(bitmask, row), accept(token) -> bool, error() -> str | None): error names a
+        state the backend cannot go on from (a parser limit, a dead end), else None."""
         raise NotImplementedError
 
 
 class _Trellis(_Engine):
-    def __init__(self, tok: Any) -> None:
+    def __init__(self, tok: Any, compiler: Any = None) -> None:
         super().__init__(tok)
         from constraints import ConstraintCompiler
 
-        self.compiler = ConstraintCompiler(tok, self.vocab, compile_timeout_s=5.0, max_workers=1)
-        # its compile worker starts here, before any per-schema timeout runs (on a loaded machine
-        # a start counted against the first schema timed it out)
-        self.compiler.wait_ready()
+        if compiler is None:
+            compiler = ConstraintCompiler(tok, self.vocab, compile_timeout_s=5.0, max_workers=1)
+            # its compile worker starts here, before any per-schema timeout runs (on a loaded
+            # machine a start counted against the first schema timed it out)
+            compiler.wait_ready()
+        self.compiler = compiler
 
     def compile(self, schema: dict) -> Any:
         from constraints import ConstraintSpec
@@ -85,7 +103,7 @@ class _Trellis(_Engine):
 
     def matcher(self, compiled: Any) -> Any:
         m = compiled.new_matcher()
-        return m.fill_bitmask, m.accept_token
+        return m.fill_bitmask, m.accept_token, lambda: m.error
 
 
 class _XGrammar(_Engine):
@@ -102,7 +120,7 @@ class _XGrammar(_Engine):
 
     def matcher(self, compiled: Any) -> Any:
         m = self.xgr.GrammarMatcher(compiled)
-        return m.fill_next_token_bitmask, m.accept_token
+        return m.fill_next_token_bitmask, m.accept_token, lambda: None
 
 
 class _LLGuidance(_Engine):
@@ -133,7 +151,7 @@ class _LLGuidance(_Engine):
                 return True
             return m.try_consume_tokens([t]) == 1
 
-        return fill, accept
+        return fill, accept, lambda: (m.get_error() or "error") if m.is_error() else None
 
 
 class _Outlines(_Engine):
@@ -171,7 +189,7 @@ class _Outlines(_Engine):
                 return False
             return True
 
-        return fill, accept
+        return fill, accept, lambda: None
 
 
 def _walk(fill: Any, accept: Any, bitmask: Any, ids: list[int], times: list[int]) -> tuple[int, bool]:
@@ -196,8 +214,85 @@ def _where(tok: Any, ids: list[int], at: int) -> str:
     return f"{before[-60:]}⟦{tok.decode(ids[at:at + 1])}⟧"
 
 
-def score_schema(schema: Any, tests: list[dict]) -> dict:
-    """Compile and walk every test instance; runs in the worker."""
+def _allowed_ids(bitmask: Any, vocab: int) -> Any:
+    """Token ids whose bit is set in row 0 of an int32 bitmask (bit = allowed)."""
+    import numpy as np
+
+    bits = np.unpackbits(bitmask[0].numpy().view(np.uint8), bitorder="little")
+    return np.flatnonzero(bits[:vocab])
+
+
+def _random_output(eng: Any, compiled: Any, rng: Any, max_tokens: int) -> tuple[str, list[int]]:
+    """One random walk through the mask, as (outcome, tokens so far): "ok" when it ends in EOS,
+    "unfinished" when the budget ends it first, "stuck" when the backend reports an error or
+    allows no token at all (a request would fail there), "disagree" when accept refuses a
+    token the mask allowed."""
+    fill, accept, error = eng.matcher(compiled)
+    ids: list[int] = []
+    for _ in range(max_tokens):
+        if error():
+            return "stuck", ids
+        eng.bitmask.zero_()
+        fill(eng.bitmask, 0)
+        allowed = _allowed_ids(eng.bitmask, eng.vocab)
+        eos_allowed = bool((allowed == eng.eos).any())
+        pool = allowed[allowed != eng.eos]
+        if error() or (len(pool) == 0 and not eos_allowed):
+            return "stuck", ids
+        if eos_allowed and (len(pool) == 0 or rng.random() < 0.5):
+            return ("ok", ids) if accept(eng.eos) else ("disagree", ids + [eng.eos])
+        if rng.random() < 0.5 and eng.closers[pool].any():
+            pool = pool[eng.closers[pool]]
+        token = int(pool[rng.integers(len(pool))])
+        if not accept(token):
+            return "disagree", ids + [token]
+        ids.append(token)
+    return "unfinished", ids
+
+
+def _invalid_reason(schema: Any, text: str) -> str | None:
+    """Why ``text`` is not an instance of ``schema`` (None when it is, or when the schema cannot be
+    checked here, e.g. a remote ``$ref``)."""
+    import jsonschema
+
+    try:
+        value = json.loads(text)  # a repeated key keeps its last value, as JSON.parse does
+    except ValueError as exc:
+        return f"not one JSON value ({exc})"
+    try:
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        error = jsonschema.exceptions.best_match(
+            cls(schema, format_checker=cls.FORMAT_CHECKER).iter_errors(value))
+    except Exception:  # unresolvable $ref, a pattern Python's re cannot compile, ...
+        return None
+    return None if error is None else f"{error.message[:120]} at {list(error.absolute_path)}"
+
+
+def sample_outputs(eng: Any, compiled: Any, schema: Any, walks: int, seed: int = 0,
+                   max_tokens: int = 256) -> dict:
+    """Generate ``walks`` random outputs through the compiled mask and validate the finished
+    ones: how many finished, whether one was invalid, got stuck, or split mask from accept."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    counts = {"ok": 0, "unfinished": 0, "stuck": 0, "disagree": 0}
+    invalid, detail = False, ""
+    for _ in range(walks):
+        outcome, ids = _random_output(eng, compiled, rng, max_tokens)
+        counts[outcome] += 1
+        text = eng.tok.decode(ids)
+        if outcome == "ok":
+            reason = _invalid_reason(schema, text)
+            if reason is not None and not invalid:
+                invalid, detail = True, f"generated {text[:160]!r}: {reason}"
+        elif outcome in ("stuck", "disagree") and not detail:
+            detail = f"{outcome} after {text[-80:]!r}"
+    return {"sampled": counts["ok"], "sampled_invalid": invalid, "sample_stuck": counts["stuck"] > 0,
+            "sample_disagreed": counts["disagree"] > 0, "sample_detail": detail}
+
+
+def score_schema(schema: Any, tests: list[dict], walks: int = 0) -> dict:
+    """Compile and walk every test instance (and ``walks`` random outputs); runs in the worker."""
     eng = _engine
     start = time.perf_counter_ns()
     try:
@@ -210,7 +305,7 @@ def score_schema(schema: Any, tests: list[dict]) -> dict:
     detail = ""
     for n, test in enumerate(tests):
         ids = list(eng.tok.encode(json.dumps(test["data"]), add_special_tokens=False)) + [eng.eos]
-        fill, accept = eng.matcher(compiled)
+        fill, accept, _ = eng.matcher(compiled)
         at, disagree = _walk(fill, accept, eng.bitmask, ids, times)
         ok = at < 0
         disagreed |= disagree
@@ -225,7 +320,7 @@ def score_schema(schema: Any, tests: list[dict]) -> dict:
     if len(times) > MAX_MASK_SAMPLES:
         step = len(times) / MAX_MASK_SAMPLES
         times = [times[int(i * step)] for i in range(MAX_MASK_SAMPLES)]
-    return {
+    result = {
         "status": "ok",
         "compile_ns": compile_ns,
         "mask_ns": times,
@@ -234,6 +329,13 @@ def score_schema(schema: Any, tests: list[dict]) -> dict:
         "disagreed": disagreed,
         "detail": detail,
     }
+    if walks:
+        sampled = sample_outputs(eng, compiled, schema, walks)
+        result["disagreed"] |= sampled.pop("sample_disagreed")
+        result.update(sampled)
+        if not result["detail"]:
+            result["detail"] = result["sample_detail"]
+    return result
 
 
 # ------------------------------------------------------------------------------------------------
@@ -270,11 +372,11 @@ def _new_pool(engine: str, jobs: int, memory_mb: int):
     return pool
 
 
-def _score(pool, schema: Any, tests: list[dict], timeout: float) -> dict:
+def _score(pool, schema: Any, tests: list[dict], timeout: float, walks: int = 0) -> dict:
     from constraints.errors import ConstraintError, ConstraintTimeoutError
 
     try:
-        result, _ = pool.run("maskbench:score_schema", schema, tests, timeout=timeout)
+        result, _ = pool.run("maskbench:score_schema", schema, tests, walks, timeout=timeout)
         return result
     except ConstraintTimeoutError:
         return {"status": "compile_error", "error": f"timeout after {timeout:g} s"}
@@ -283,7 +385,7 @@ def _score(pool, schema: Any, tests: list[dict], timeout: float) -> dict:
 
 
 def run_engine(engine: str, rows: list, timeout: float, jobs: int, progress: bool,
-               memory_mb: int = 4096) -> list[dict]:
+               memory_mb: int = 4096, walks: int = 0) -> list[dict]:
     # one spare worker: a worker killed by the timeout is replaced in the background (loading a
     # tokenizer takes from seconds to minutes on a loaded machine) while the spare takes the
     # next schema; at most ``jobs`` schemas run at once, so timings are not shared with it
@@ -295,7 +397,7 @@ def run_engine(engine: str, rows: list, timeout: float, jobs: int, progress: boo
     def one(i: int) -> None:
         subset, row = rows[i]
         start = time.monotonic()
-        results[i] = _score(pool, row["schema"], row.get("tests", []), timeout)
+        results[i] = _score(pool, row["schema"], row.get("tests", []), timeout, walks)
         done[0] += 1
         if not progress:
             return
@@ -325,7 +427,7 @@ def _pct(values: list[float], q: float) -> float:
 def summarize(rows: list, results: list[dict]) -> dict[str, dict]:
     """Per subset and "total": passing, compile errors, valid rejected, invalid accepted, timings."""
     acc: dict[str, dict] = defaultdict(lambda: {"n": 0, "pass": 0, "cerr": 0, "vrej": 0, "iacc": 0,
-                                                 "disagree": 0, "mask": [], "compile": []})
+                                                 "disagree": 0, "ginv": 0, "stuck": 0, "mask": [], "compile": []})
     for (subset, _), res in zip(rows, results):
         for key in (subset, "total"):
             a = acc[key]
@@ -336,7 +438,10 @@ def summarize(rows: list, results: list[dict]) -> dict[str, dict]:
             a["vrej"] += res["valid_rejected"]
             a["iacc"] += res["invalid_accepted"]
             a["disagree"] += res.get("disagreed", False)
-            a["pass"] += not (res["valid_rejected"] or res["invalid_accepted"])
+            a["ginv"] += res.get("sampled_invalid", False)
+            a["stuck"] += res.get("sample_stuck", False)
+            a["pass"] += not any(res.get(k) for k in ("valid_rejected", "invalid_accepted",
+                                                         "sampled_invalid", "sample_stuck"))
             a["mask"].extend(res["mask_ns"])
             a["compile"].append(res["compile_ns"])
     return acc
@@ -351,24 +456,32 @@ def _version(engine: str) -> str:
 
 
 def render(engines: list[str], rows: list, all_results: dict[str, list[dict]]) -> str:
+    sampled = any("sampled" in r for res in all_results.values() for r in res)
+    gen_col, gen_sep = (" generated invalid | stuck |", "---|---|") if sampled else ("", "")
     lines = [f"MaskBench: {len(rows)} schemas, SmolLM2-135M-Instruct tokenizer", "",
-             "| engine | passing | compile err | valid rejected | invalid accepted | mask/accept disagree | mask p50/p99 µs | compile p50 µs |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| engine | passing | compile err | valid rejected | invalid accepted |" + gen_col
+             + " mask/accept disagree | mask p50/p99 µs | compile p50 µs |",
+             "|---|---|---|---|---|" + gen_sep + "---|---|---|"]
     sums = {e: summarize(rows, all_results[e]) for e in engines}
     for e in engines:
         t = sums[e]["total"]
+        gen = f" {t['ginv']:,} | {t['stuck']:,} |" if sampled else ""
         lines.append(
-            f"| {_version(e)} | {t['pass']:,} | {t['cerr']:,} | {t['vrej']:,} | {t['iacc']:,} | {t['disagree']:,} | "
+            f"| {_version(e)} | {t['pass']:,} | {t['cerr']:,} | {t['vrej']:,} | {t['iacc']:,} |{gen} {t['disagree']:,} | "
             f"{_pct(t['mask'], .5) / 1e3:.1f} / {_pct(t['mask'], .99) / 1e3:.0f} | "
             f"{_pct(t['compile'], .5) / 1e3:,.0f} |"
         )
-    lines += ["", "Per subset (passing / compile err / valid rejected / invalid accepted):", "",
+    lines += ["", "Per subset (passing / compile err / valid rejected / invalid accepted"
+              + (" / generated invalid / stuck" if sampled else "") + "):", "",
               "| subset | schemas | " + " | ".join(engines) + " |",
               "|---|---|" + "---|" * len(engines)]
     subsets = sorted({s for s, _ in rows})
     for s in subsets:
-        cells = [f"{sums[e][s]['pass']} / {sums[e][s]['cerr']} / {sums[e][s]['vrej']} / {sums[e][s]['iacc']}"
-                 for e in engines]
+        cells = []
+        for e in engines:
+            a = sums[e][s]
+            cells.append(f"{a['pass']} / {a['cerr']} / {a['vrej']} / {a['iacc']}"
+                         + (f" / {a['ginv']} / {a['stuck']}" if sampled else ""))
         lines.append(f"| {s} | {sums[engines[0]][s]['n']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -389,6 +502,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--failures", action="store_true",
                     help="after the table, one line per failing (engine, schema): the refusal or the "
                          "instance text at the refused token")
+    ap.add_argument("--sample", type=int, default=0, metavar="K",
+                    help="also generate K random outputs per compiled schema and validate them")
     ap.add_argument("--json", type=Path, default=None, help="also write raw per-schema results")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
@@ -408,7 +523,8 @@ def main(argv: list[str] | None = None) -> int:
     all_results = {}
     for engine in engines:
         start = time.monotonic()
-        all_results[engine] = run_engine(engine, rows, args.timeout, args.jobs, not args.quiet, args.memory_mb)
+        all_results[engine] = run_engine(engine, rows, args.timeout, args.jobs, not args.quiet,
+                                         args.memory_mb, args.sample)
         if not args.quiet:
             print(f"{engine}: {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
             if engine != engines[-1]:  # partial table: a long run is useful before it ends
@@ -423,6 +539,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+FAILURE_KINDS = ("valid_rejected", "invalid_accepted", "sampled_invalid", "sample_stuck", "disagreed")
+
+
 def render_failures(engines: list[str], rows: list, all_results: dict[str, list[dict]]) -> str:
     """One line per failing (engine, schema): subset:id, then the compile error or the detail."""
     lines = []
@@ -430,8 +549,8 @@ def render_failures(engines: list[str], rows: list, all_results: dict[str, list[
         for (subset, row), res in zip(rows, all_results[e]):
             if res.get("status") != "ok":
                 lines.append(f"{e} {subset}:{row['id']} COMPILE {res.get('error', '')}")
-            elif res["valid_rejected"] or res["invalid_accepted"] or res.get("disagreed"):
-                kind = "+".join(k for k in ("valid_rejected", "invalid_accepted", "disagreed") if res.get(k))
+            elif any(res.get(k) for k in FAILURE_KINDS):
+                kind = "+".join(k for k in FAILURE_KINDS if res.get(k))
                 lines.append(f"{e} {subset}:{row['id']} {kind} {res.get('detail', '')!r}")
     return "\n".join(lines)
 

@@ -32,9 +32,19 @@ LIMITS = dict(
 )
 
 
-def parser_limits() -> "llguidance.LLParserLimits":
-    """The parser limits every matcher is built with (in workers and in the server)."""
-    return llguidance.LLParserLimits(**LIMITS)
+# A sequence whose step runs out of lexer fuel (a string pattern built from nested negations can
+# cost 250k in one token) is replayed once with this many times the fuel: one slow step beats a
+# failed request, and the normal budget still bounds every other sequence's steps.
+RESCUE_FUEL = 10
+
+
+def parser_limits(rescue: bool = False) -> "llguidance.LLParserLimits":
+    """The parser limits every matcher is built with (in workers and in the server); with
+    ``rescue``, the larger lexer fuel a sequence is replayed with after hitting a limit."""
+    if not rescue:
+        return llguidance.LLParserLimits(**LIMITS)
+    fuel = {k: LIMITS[k] * RESCUE_FUEL for k in ("initial_lexer_fuel", "step_lexer_fuel")}
+    return llguidance.LLParserLimits(**{**LIMITS, **fuel})
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \["([^"]+)"')
 _FORMAT = re.compile(r"Unknown format: (\S+)")
 # llguidance refusals that concern one keyword: the planner then names where it is
@@ -152,8 +162,9 @@ class LLGuidanceMatcher(Matcher):
             ptr, size = self._mask_ptr, self._mask.nbytes
         self._m.unsafe_compute_mask_ptr(ptr, size)
         if self._m.is_error() and not self._replayed:
-            # copies share the lexer's caches, which other sequences may have filled up: replay
-            # this sequence once on a fresh template before giving up
+            # copies share the lexer's caches, which other sequences may have filled up, and a
+            # step may need more lexer fuel than the normal budget: replay this sequence once on
+            # a fresh matcher with more fuel before giving up
             self._replayed = True
             self._m = self._replay()
             self._m.unsafe_compute_mask_ptr(ptr, size)
@@ -201,9 +212,10 @@ class LLGuidanceMatcher(Matcher):
         return fresh
 
     def _replay(self) -> "llguidance.LLMatcher":
-        """The sequence replayed on a fresh template, the token taken when the limit was hit
-        included (so the state matches what was accepted); the error state if it fails again."""
-        fresh = self._compiled.fresh_matcher()
+        """The sequence replayed on a fresh matcher with rescue limits, the token taken when the
+        limit was hit included (so the state matches what was accepted); the error state if it
+        fails again."""
+        fresh = self._compiled.rescue_matcher()
         taken = [t for t, c in self._history if c or t not in self._stops]
         if taken and fresh.try_consume_tokens(taken) != len(taken):
             return self._m
@@ -281,8 +293,9 @@ class LLGuidanceCompiled(CompiledConstraint):
         self._template = self._build()
         self._lock = threading.Lock()
 
-    def _build(self) -> "llguidance.LLMatcher":
-        return llguidance.LLMatcher(_tokenizer(self._ctx), self._grammar, log_level=0, limits=parser_limits())
+    def _build(self, rescue: bool = False) -> "llguidance.LLMatcher":
+        return llguidance.LLMatcher(_tokenizer(self._ctx), self._grammar, log_level=0,
+                                    limits=parser_limits(rescue))
 
     def new_matcher(self) -> Matcher:
         with self._lock:
@@ -294,6 +307,10 @@ class LLGuidanceCompiled(CompiledConstraint):
         with self._lock:
             self._template = template
             return template.deep_copy()
+
+    def rescue_matcher(self) -> "llguidance.LLMatcher":
+        """A matcher of its own (not shared with later copies) with the rescue limits."""
+        return self._build(rescue=True)
 
     def size_bytes(self) -> int:
         return 64 * 1024 + 8 * len(self._grammar)

@@ -148,3 +148,49 @@ def test_a_parser_limit_hit_keeps_mask_and_accept_in_agreement(compiler, tok, mo
         assert allowed(mask, token) == matcher.accept_token(token), f"step {step}"
     else:
         pytest.fail("the row limit was never hit")
+
+
+# MaskBench Handwritten allany22: a string under nested negations of patterns; after `"]:` one
+# mask step costs about 250k of lexer fuel, more than the normal per-step budget
+_NOT = {f"n{i}{j}": {"not": {"anyOf": [{"pattern": first}, {"pattern": a}, {"pattern": b}]}}
+        for i, first, pairs in ((1, "^....$", (("ab1", "b12"), ("bc1", "c12"), ("ca1", "a12"))),
+                                (2, "^[\\w]*$", (("\\d\\d", "[a|b]"), ("\\d\\d", "[b|c]"), ("\\d\\d", "[c|a]"))),
+                                (3, "^[\\w]+", (("1.*2", "ac"), ("1.*2", "a2"), ("1.*2", "a1"))))
+        for j, (a, b) in enumerate(pairs, 1)}
+NEGATIONS = {
+    "type": "string",
+    "anyOf": [{"not": {"allOf": [{"$ref": f"#/definitions/n{i}{j}"} for j in (1, 2, 3)]}} for i in (1, 2, 3)],
+    "pattern": "[aA][12].*[zZ]", "minLength": 10, "maxLength": 90,
+    "definitions": _NOT,
+}
+QUOTE_BRACKET_COLON = 23024  # '"]:' in the default tokenizer
+
+
+def _step_after_quote_bracket(compiler, tok) -> tuple:
+    compiled = compiler.compile(ConstraintSpec("json_schema", NEGATIONS))
+    assert compiled.backend == "llguidance"
+    assert tok.decode([QUOTE_BRACKET_COLON]) == '"]:'
+    matcher = compiled.new_matcher()
+    mask = new_mask()
+    matcher.fill_bitmask(mask, 0)
+    assert allowed(mask, QUOTE_BRACKET_COLON) and matcher.accept_token(QUOTE_BRACKET_COLON)
+    mask.zero_()
+    matcher.fill_bitmask(mask, 0)
+    return matcher, mask
+
+
+def test_a_step_over_the_lexer_fuel_is_replayed_with_more_fuel(compiler, tok):
+    """The step that runs out of fuel is replayed once with RESCUE_FUEL times as much: the string
+    goes on (any character may follow) instead of the request failing."""
+    matcher, mask = _step_after_quote_bracket(compiler, tok)
+    assert matcher.error is None
+    assert allowed(mask, tok.encode("a", add_special_tokens=False)[0]) and not allowed(mask, 2)
+
+
+def test_without_the_rescue_the_same_step_is_a_parser_limit(compiler, tok, monkeypatch):
+    from constraints import backend_llguidance
+
+    monkeypatch.setattr(backend_llguidance, "RESCUE_FUEL", 1)
+    matcher, mask = _step_after_quote_bracket(compiler, tok)
+    assert "too many expressions" in (matcher.error or "")
+    assert allowed(mask, 2) and int((mask != 0).sum()) == 1  # only the stop token

@@ -1,0 +1,76 @@
+"""``benchmarks/maskbench.py --sample``: random walks through a compiled mask are validated with
+``jsonschema``, so a backend that compiles a schema by ignoring a keyword is caught even where
+MaskBench has no instances, and a walk the backend cannot go on from is counted as stuck."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import maskbench
+from constraints import ConstraintCompiler
+
+SMALL = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 5}},
+         "required": ["n"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def engine(default_tokenizer):
+    compiler = ConstraintCompiler(default_tokenizer, maskbench._Engine.vocab, compile_timeout_s=10.0)
+    assert compiler.wait_ready(120)
+    yield maskbench._Trellis(default_tokenizer, compiler)
+    compiler.close()
+
+
+def test_outputs_of_an_enforced_schema_all_validate(engine):
+    result = maskbench.sample_outputs(engine, engine.compile(SMALL), SMALL, walks=8)
+    assert result["sampled"] >= 4, result
+    assert not result["sampled_invalid"] and not result["sample_stuck"], result
+
+
+def test_a_keyword_the_mask_ignores_is_caught(engine):
+    loose, strict = {"type": "string", "maxLength": 40}, {"type": "string", "maxLength": 2}
+    result = maskbench.sample_outputs(engine, engine.compile(loose), strict, walks=8)
+    assert result["sampled_invalid"], result
+    assert result["sample_detail"].startswith("generated ") and "is too long" in result["sample_detail"]
+    assert not maskbench.sample_outputs(engine, engine.compile(strict), strict, walks=8)["sampled_invalid"]
+
+
+def test_an_empty_mask_or_a_backend_error_is_stuck(engine):
+    class Dead(maskbench._Trellis):
+        def matcher(self, compiled):
+            return (lambda bitmask, row: None), (lambda token: True), (lambda: None)
+
+    class Failing(maskbench._Trellis):
+        def matcher(self, compiled):
+            fill, accept, _ = super().matcher(compiled)
+            return fill, accept, lambda: "parser limit"
+
+    compiled = engine.compile(SMALL)
+    for cls in (Dead, Failing):
+        other = cls.__new__(cls)
+        other.__dict__.update(engine.__dict__)
+        result = maskbench.sample_outputs(other, compiled, SMALL, walks=2)
+        assert result["sample_stuck"] and result["sampled"] == 0, (cls.__name__, result)
+
+
+@pytest.mark.parametrize("schema, text, wrong", [
+    ({"type": "integer"}, "3", None),
+    ({"type": "integer"}, "1.5", "is not of type 'integer'"),
+    ({"type": "object"}, '{"a": 1', "not one JSON value"),
+    ({"type": "object", "minProperties": 2}, '{"a": 1, "a": 2}', "does not have enough properties"),
+    ({"$ref": "https://example.com/remote.json"}, "1", None),  # cannot be checked here
+])
+def test_invalid_reason(schema, text, wrong):
+    reason = maskbench._invalid_reason(schema, text)
+    assert (reason is None) if wrong is None else (wrong in reason), reason
+
+
+def test_a_generated_invalid_or_stuck_schema_does_not_pass():
+    rows = [("S", {"id": str(i)}) for i in range(3)]
+    ok = {"status": "ok", "valid_rejected": False, "invalid_accepted": False, "mask_ns": [1],
+          "compile_ns": 1, "sampled": 2, "sampled_invalid": False, "sample_stuck": False}
+    results = [ok, ok | {"sampled_invalid": True}, ok | {"sample_stuck": True}]
+    total = maskbench.summarize(rows, results)["total"]
+    assert (total["pass"], total["ginv"], total["stuck"]) == (1, 1, 1)
+    table = maskbench.render(["trellis"], rows, {"trellis": results})
+    assert "generated invalid | stuck |" in table and "| S | 3 | 1 / 0 / 0 / 0 / 1 / 1 |" in table
