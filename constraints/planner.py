@@ -192,7 +192,8 @@ def _only(forced: str | None, attempts: list[Attempt]) -> list[Attempt]:
 def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
     from .grammar_analysis import check_schema_productive
     from .property_order import any_order
-    from .schema_analysis import check_schema, normalise_schema, rewrite_schema, xgrammar_gaps
+    from .schema_analysis import (check_schema, normalise_schema, open_property_count, rewrite_schema,
+                                  xgrammar_gaps)
     from .schema_lark import LarkSchema, needs_lark
 
     schema = normalise_schema(spec.source)
@@ -201,6 +202,12 @@ def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
     if not spec.strict:  # best effort: whatever compiles, fastest first
         return Plan(_only(forced, [Attempt("xgrammar", schema), Attempt("llguidance", schema)]), schema)
     rewritten = rewrite_schema(schema)
+    if (pointer := open_property_count(rewritten)) is not None:
+        raise UnsupportedConstraintError(
+            f"keyword 'minProperties' at {pointer} is not supported for enforcement{LIMIT_REASONS['minProperties']}",
+            pointer=pointer,
+            keyword="minProperties",
+        )
     # llguidance takes small objects' properties in any order; xgrammar keeps the declared
     # order (an anyOf of objects costs it seconds to compile); refusals name the keyword where
     # the client wrote it (pointers of ``rewritten``)

@@ -1048,6 +1048,26 @@ def xgrammar_gaps(schema: Any) -> list[tuple[str, str]]:
     return gaps
 
 
+def open_property_count(schema: Any) -> str | None:
+    """Pointer of the first object whose ``minProperties`` could be met only with keys that are
+    not listed and required (pattern-matched or additional ones), else None. llguidance takes such
+    a key twice and counts the repeat, so ``{"x": 1, "x": 2}`` meets ``minProperties: 2`` and
+    parses to a one-key object, and a closed set of pattern keys can leave it with no way on."""
+    for pointer, node in subschemas(schema):
+        if not isinstance(node, dict):
+            continue
+        low = node.get("minProperties")
+        if not isinstance(low, (int, float)) or isinstance(low, bool):
+            continue
+        props, required = node.get("properties", {}), node.get("required", [])
+        listed = set(props) if isinstance(props, dict) else set()
+        sure = len(listed & set(required)) if isinstance(required, list) else 0
+        open_keys = bool(node.get("patternProperties")) or node.get("additionalProperties", True) is not False
+        if low > max(sure, 1) and open_keys:
+            return pointer or "/"
+    return None
+
+
 def find_keyword(schema: Any, keyword: str) -> str | None:
     """Pointer of the first subschema using ``keyword``."""
     for pointer, node in subschemas(schema):

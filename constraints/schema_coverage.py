@@ -296,9 +296,13 @@ def _property_names(node: dict) -> Any:
 
 def _property_count(node: dict) -> Any:
     """min/maxProperties over a closed set of properties: one branch per allowed choice of the
-    optional ones (llguidance enforces the counts only when every property is required)."""
+    optional ones (llguidance enforces the counts only when every property is required).
+    With a minimum, ``patternProperties`` whose patterns each match a few known names count as
+    listed."""
     if "minProperties" not in node and "maxProperties" not in node:
         return node
+    if "minProperties" in node:  # a maximum alone is met by repeats too: left to llguidance
+        node = _named_pattern_properties(node)
     props, required = node.get("properties", {}), node.get("required", [])
     if node.get("additionalProperties") is not False or "patternProperties" in node or not isinstance(props, dict):
         return node
@@ -316,6 +320,32 @@ def _property_count(node: dict) -> Any:
         for j in counts for chosen in itertools.combinations(optional, j)
     ]
     return _and(node, {"anyOf": branches} if branches else False, ("minProperties", "maxProperties"))
+
+
+def _named_pattern_properties(node: dict) -> dict:
+    """A closed object's ``patternProperties`` as ``properties`` when every pattern matches a few
+    known names (``^[a-d]$``): each name gets its listed schema and every matching pattern's.
+    Listed names are what llguidance counts without repeats (it takes a pattern-matched key
+    twice, and a count met only by a repeat parses to an object that fails it)."""
+    from .regex_analysis import finite_strings
+
+    patterns, props = node.get("patternProperties"), node.get("properties", {})
+    if not isinstance(patterns, dict) or not isinstance(props, dict) or node.get("additionalProperties") is not False:
+        return node
+    named = {}
+    for pattern, schema in patterns.items():
+        names = finite_strings(pattern) if isinstance(pattern, str) else None
+        if names is None:
+            return node
+        for name in names:
+            named.setdefault(name, []).append(schema)
+    merged = dict(props)
+    for name, schemas in named.items():
+        parts = ([props[name]] if name in props else []) + schemas
+        merged[name] = parts[0] if len(parts) == 1 else {"allOf": parts}
+    out = {k: v for k, v in node.items() if k != "patternProperties"}
+    out["properties"] = merged
+    return out
 
 
 def _name_values(names: dict) -> list[str] | None:

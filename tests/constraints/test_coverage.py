@@ -8,7 +8,7 @@ import pytest
 
 from constraints import ConstraintSpec, UnsupportedConstraintError
 
-from .conftest import walk_json
+from .conftest import allowed, new_mask, walk_json
 
 CASES = [
     (
@@ -55,12 +55,18 @@ CASES = [
         [{"a": 1, "b": 2}, {"b": 1, "c": 2}],
         [{"a": 1}, {"a": 1, "b": 2, "c": 3}],
     ),
+    (
+        {"type": "object", "patternProperties": {"^[a-c]$": {"type": "integer"}}, "additionalProperties": False,
+         "minProperties": 2},
+        [{"a": 1, "b": 2}, {"a": 1, "c": 2}, {"a": 1, "b": 2, "c": 3}],
+        [{"a": 1}, {"a": 1, "d": 2}, {"a": "x", "b": 1}],
+    ),
 ]
 
 
 @pytest.mark.parametrize(("schema", "valid", "invalid"), CASES,
                          ids=["unique-enum", "unique-bool", "contains", "min-max-contains", "names-pattern",
-                              "names-pattern-known", "names-enum", "min-max-properties"])
+                              "names-pattern-known", "names-enum", "min-max-properties", "min-pattern-names"])
 def test_rewritten_keyword_is_enforced(compiler, tok, schema, valid, invalid):
     compiled = compiler.compile(ConstraintSpec("json_schema", schema))
     for value in valid:
@@ -81,6 +87,10 @@ def test_rewritten_keyword_is_enforced(compiler, tok, schema, valid, invalid):
         # inside an object property (the grammar path starts from the root)
         ({"type": "object", "properties": {"a": {"contains": {"const": 3}}}}, "contains"),
         ({"type": "object", "propertyNames": {"pattern": "^a", "maxLength": 3}}, "propertyNames"),
+        # keys beyond the listed ones: llguidance would count a repeated key toward the minimum
+        ({"type": "object", "minProperties": 2}, "minProperties"),
+        ({"type": "object", "patternProperties": {"^x": {}}, "additionalProperties": False, "minProperties": 2},
+         "minProperties"),
     ],
 )
 def test_beyond_the_exact_forms_is_still_refused(compiler, schema, keyword):
@@ -138,3 +148,55 @@ def test_a_finite_value_set_none_of_whose_values_is_valid_is_refused(compiler):
 
     with pytest.raises(ConstraintError):
         compiler.compile(ConstraintSpec("json_schema", {"allOf": [{"const": 2}, {"not": {"enum": [2]}}]}))
+
+
+def test_a_repeated_pattern_key_does_not_count_toward_min_properties(compiler, tok):
+    """``{"a": 1, "a": 2}`` parses to one key: it must not meet ``minProperties: 2``."""
+    from .conftest import walk_text
+
+    schema = CASES[-1][0]
+    compiled = compiler.compile(ConstraintSpec("json_schema", schema))
+    assert walk_text(compiled, tok, '{"a": 1, "b": 2}')
+    assert not walk_text(compiled, tok, '{"a": 1, "a": 2}')
+
+
+def test_min_properties_met_by_required_keys_leaves_other_keys_open(compiler, tok):
+    schema = {"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a", "b"], "minProperties": 2}
+    compiled = compiler.compile(ConstraintSpec("json_schema", schema))
+    assert walk_json(compiled, tok, {"a": 1, "b": 2, "c": 3})
+    assert not walk_json(compiled, tok, {"a": 1})
+
+
+# MaskBench Handwritten dep5: pattern-named keys, a minimum count and dependencies between keys;
+# llguidance alone let `{"b": …, "d": …, ` through and then allowed no key at all. Named, the
+# keys follow one order (a, b, c, d), as listed properties do, and every prefix can be completed.
+DEPENDENT_KEYS = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "type": "object", "patternProperties": {"^[a-d]$": True}, "additionalProperties": False,
+    "allOf": [{"dependencies": {"a": {"anyOf": [{"required": ["b"]}, {"required": ["c"]}]},
+                                "b": {"not": {"required": ["a"]}}, "c": {"not": {"required": ["a"]}}}},
+              {"required": ["d"]}],
+    "minProperties": 3,
+}
+
+
+def _prefix_allowed(compiled, tok, text: str) -> bool:
+    matcher, mask = compiled.new_matcher(), new_mask()
+    for t in tok.encode(text, add_special_tokens=False):
+        mask.zero_()
+        matcher.fill_bitmask(mask, 0)
+        if not allowed(mask, t) or not matcher.accept_token(t):
+            return False
+        assert getattr(matcher, "error", None) is None
+    return True
+
+
+def test_pattern_named_keys_with_a_minimum_never_reach_a_dead_end(compiler, tok):
+    check = jsonschema.Draft7Validator(DEPENDENT_KEYS).is_valid
+    compiled = compiler.compile(ConstraintSpec("json_schema", DEPENDENT_KEYS))
+    for value in ({"b": "x", "c": "z", "d": "y"}, {"b": 1, "c": [], "d": {}}):
+        assert check(value) and walk_json(compiled, tok, value), value
+    for value in ({"a": 1, "b": 2, "d": 3}, {"b": 1, "d": 2}, {"b": 1, "c": 2, "e": 3}):
+        assert not check(value) and not walk_json(compiled, tok, value), value
+    assert _prefix_allowed(compiled, tok, '{"b": "x", "c"')
+    assert not _prefix_allowed(compiled, tok, '{"b": "x", "d"')  # no third key could follow d
