@@ -31,6 +31,17 @@ def default_tokenizer(default_dir):
 
 
 @pytest.fixture(scope="session")
+def default_compiler(default_tokenizer):
+    """One constraint compiler for the default tokenizer (its worker takes seconds to start)."""
+    from constraints import ConstraintCompiler
+
+    compiler = ConstraintCompiler(default_tokenizer, 49152, compile_timeout_s=5.0)
+    assert compiler.wait_ready(120)
+    yield compiler
+    compiler.close()
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, default_tokenizer) -> Path:
     """A 2-layer random-weight Llama with the default tokenizer (fast, deterministic)."""
     import torch

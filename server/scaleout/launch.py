@@ -94,10 +94,26 @@ def build_application(settings: Settings, source: ModelSource | None = None):
     replica = serve.deployment(TrellisReplica).options(**options)
     most = max(settings.replicas, settings.autoscale_max)
     entry = serve.deployment(serve.ingress()(TrellisEntry)).options(
-        name=ENTRY_DEPLOYMENT, num_replicas=1, ray_actor_options={"num_cpus": 0},
+        name=ENTRY_DEPLOYMENT, num_replicas=1,
+        ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": router_probe_env()}},
         max_ongoing_requests=most * per_replica,
     )
     return entry.bind(replica.bind(settings, source), settings, APP_NAME)
+
+
+# The entry's router asks a replica for its queue length before sending it a request, and takes
+# the next replica in its ranking when no answer comes within the deadline. Ray's 0.1 s default is
+# shorter than a busy engine replica sometimes takes to answer (its engine thread holds the GIL
+# through a step), so requests would leave the replica holding their prefix exactly under load.
+ROUTER_PROBE_DEADLINES = {
+    "RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S": "1.0",
+    "RAY_SERVE_MAX_QUEUE_LENGTH_RESPONSE_DEADLINE_S": "5.0",
+}
+
+
+def router_probe_env() -> dict[str, str]:
+    """The entry deployment's queue-probe deadlines (the operator's environment wins)."""
+    return {name: os.environ.get(name, default) for name, default in ROUTER_PROBE_DEADLINES.items()}
 
 
 def deploy(settings: Settings, source: ModelSource | None = None) -> str:

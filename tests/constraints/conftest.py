@@ -13,18 +13,13 @@ VOCAB = 49152
 
 
 @pytest.fixture(scope="session")
-def tok():
-    from server.model_loader import default_model_dir, load_tokenizer
-
-    return load_tokenizer(default_model_dir())
+def tok(default_tokenizer):
+    return default_tokenizer
 
 
 @pytest.fixture(scope="session")
-def compiler(tok):
-    c = ConstraintCompiler(tok, VOCAB, compile_timeout_s=5.0)
-    assert c.wait_ready(120)
-    yield c
-    c.close()
+def compiler(default_compiler) -> ConstraintCompiler:
+    return default_compiler
 
 
 def new_mask() -> torch.Tensor:
