@@ -12,7 +12,8 @@ import msgspec
 from server import reasoning as reasoning_mod
 from server import tools as tool_calls
 from server.errors import APIError, bad_request
-from server.generation import ChoiceResult, GenerationStream, SequenceSpec, collect, new_request_id, with_seed
+from server.generation import (ChoiceResult, GenerationStream, SequenceSpec, collect, generation_error,
+                               new_request_id, with_seed)
 from server.render import RenderJob, template_source, with_documents_and_verbosity
 from server.engine_options import adapter_in_model, apply_engine_options, response_model, response_tier
 from server.protocol import (
@@ -45,7 +46,7 @@ from server.requests import (
 )
 from server.tools.output import ChoiceStreamer, ReasoningOutput, parse_choice, with_reasoning
 from server.tools.select import markers_are_special, request_format
-from server.sse import done_event, sse_event, stream_error_event
+from server.sse import done_event, sse_event, stream_api_error_event
 from server.state import ServerState, sequence_constraint
 from server.structured import apply_close_on_length, compile_constraint, constraint_spec_async
 
@@ -323,7 +324,7 @@ async def stream_chat(state: ServerState, job: ChatJob, stream: GenerationStream
             yield sse_event(_chunk(state, job, index, first, None, None))
         async for index, delta in stream:
             if delta.finish_reason == "error":
-                yield stream_error_event(delta.error or "generation failed")
+                yield stream_api_error_event(generation_error(delta.error or "generation failed"))
                 failed = True
                 break
             results[index].add(delta)

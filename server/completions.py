@@ -12,7 +12,7 @@ import msgspec
 from server.chat import check_model, choice_logprobs
 from server.engine_options import apply_engine_options, response_model, response_tier
 from server.errors import bad_request
-from server.generation import GenerationStream, SequenceSpec, collect, new_request_id, with_seed
+from server.generation import GenerationStream, SequenceSpec, collect, generation_error, new_request_id, with_seed
 from server.protocol import Completion, CompletionChoice, CompletionRequest, Usage
 from server.requests import (
     build_usage,
@@ -30,7 +30,7 @@ from server.requests import (
     sampling_params,
     stop_strings,
 )
-from server.sse import done_event, sse_event, stream_error_event
+from server.sse import done_event, sse_event, stream_api_error_event
 from server.state import ServerState, sequence_constraint
 from server.structured import apply_close_on_length, compile_constraint, constraint_spec_async
 
@@ -153,7 +153,7 @@ async def stream_completion(state: ServerState, job: CompletionJob, stream: Gene
                 yield sse_event(_chunk(state, job, i, echo, None, None))
         async for index, delta in stream:
             if delta.finish_reason == "error":
-                yield stream_error_event(delta.error or "generation failed")
+                yield stream_api_error_event(generation_error(delta.error or "generation failed"))
                 break
             tokens[index] = delta.completion_tokens
             cached[index] = delta.cached_tokens

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from sampler import SamplingParams, TokenLogprobs
 from sampler.custom import ERROR_PREFIX
-from server.engine.engine import Engine
+from server.engine.engine import CONSTRAINT_LIMIT, Engine
 from server.engine.sequence import GenerationRequest, SequenceDelta
 from server.protocol import CompletionLogprobs, TokenLogprob, TopLogprob
 from server.requests import stop_regexes, stop_strings
@@ -191,12 +191,15 @@ class ChoiceResult:
             self.matched_stop = delta.matched_stop
 
 
-def _generation_error(message: str):
-    """A failed generation: the client's own logit processor failing is a 400 naming it, else a 500."""
+def generation_error(message: str):
+    """A failed generation as the client sees it: its own logit processor failing, or its
+    constraint hitting a parser limit, is a 400 naming the cause; anything else a 500."""
     from server.errors import APIError
 
     if message.startswith(ERROR_PREFIX):
         return APIError(message, status=400, param="custom_logit_processor", code="custom_logit_processor_failed")
+    if message.startswith(CONSTRAINT_LIMIT):
+        return APIError(f"{message}; a simpler schema or grammar avoids it", status=400, code="constraint_limit")
     return APIError(message, status=500, code="generation_error")
 
 
@@ -207,7 +210,7 @@ async def collect(stream: GenerationStream, n_choices: int) -> list[ChoiceResult
     try:
         async for index, delta in stream:
             if delta.finish_reason == "error":
-                raise _generation_error(delta.error or "generation failed")
+                raise generation_error(delta.error or "generation failed")
             results[index].add(delta)
     finally:
         stream.close()

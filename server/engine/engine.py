@@ -90,6 +90,11 @@ class EngineStats:
     failed_steps: int = 0  # steps that raised out of Engine.step (a bug): the running batch failed
 
 
+# how a sequence whose constraint hit a parser limit mid-generation fails (the client's constraint
+# is too complex to follow at this point: a 400 naming it, not a server fault)
+CONSTRAINT_LIMIT = "the constraint hit a parser limit mid-generation"
+
+
 class SequenceFailed(Exception):
     """One sequence's own work failed; the message is what its client is told."""
 
@@ -744,7 +749,7 @@ class Engine:
             self._fail(seq, f"constraint rejected sampled token {sampled}")
             return
         if matcher is not None and getattr(matcher, "error", None):  # a parser limit: not a real stop
-            raise SequenceFailed(f"constraint matcher failed: {matcher.error}")
+            raise SequenceFailed(f"{CONSTRAINT_LIMIT}: {matcher.error}")
         if self._append(seq, token, logprob):
             return
         seq.pending = [token]
