@@ -45,6 +45,8 @@ def parser_limits(rescue: bool = False) -> "llguidance.LLParserLimits":
         return llguidance.LLParserLimits(**LIMITS)
     fuel = {k: LIMITS[k] * RESCUE_FUEL for k in ("initial_lexer_fuel", "step_lexer_fuel")}
     return llguidance.LLParserLimits(**{**LIMITS, **fuel})
+
+
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \["([^"]+)"')
 _FORMAT = re.compile(r"Unknown format: (\S+)")
 # llguidance refusals that concern one keyword: the planner then names where it is
