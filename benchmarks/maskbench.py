@@ -103,7 +103,7 @@ class _Trellis(_Engine):
 
     def matcher(self, compiled: Any) -> Any:
         m = compiled.new_matcher()
-        return m.fill_bitmask, m.accept_token, lambda: m.error
+        return m.fill_bitmask, m.accept_token, lambda: getattr(m, "error", None)  # llguidance's only
 
 
 class _XGrammar(_Engine):

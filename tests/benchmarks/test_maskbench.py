@@ -49,6 +49,18 @@ def test_an_empty_mask_or_a_backend_error_is_stuck(engine):
         assert result["sample_stuck"] and result["sampled"] == 0, (cls.__name__, result)
 
 
+def test_backends_without_an_error_state_are_walked_too(engine):
+    """Trellis's xgrammar and regex matchers have no ``error``: a walk through them still ends."""
+    import numpy as np
+
+    from constraints import ConstraintSpec
+
+    compiled = engine.compiler.compile(ConstraintSpec("regex", "[0-9]{3}"))
+    assert compiled.backend != "llguidance"
+    outcome, ids = maskbench._random_output(engine, compiled, np.random.default_rng(0), 16)
+    assert outcome == "ok" and len(engine.tok.decode(ids)) == 3, (outcome, ids)
+
+
 @pytest.mark.parametrize("schema, text, wrong", [
     ({"type": "integer"}, "3", None),
     ({"type": "integer"}, "1.5", "is not of type 'integer'"),
