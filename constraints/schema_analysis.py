@@ -827,7 +827,7 @@ def _not_values(values: list[Any]) -> Any:
     if not bools:
         branches.append({"type": "boolean"})
     elif len(bools) == 1:
-        branches.append({"const": not next(iter(bools))})
+        branches.append({"enum": [not next(iter(bools))]})  # const is unknown to draft-04 (ignored there)
     if strings:
         branches.append({"type": "string", "pattern": "^" + complement_regex(strings) + "$"})
     else:

@@ -266,8 +266,17 @@ def _contains(node: dict, root: dict, negate: Callable[[Any, dict], Any]) -> Any
             for where in itertools.combinations(range(k), hits):
                 prefix = [match if i in where else miss for i in range(k)]
                 if not any(p is False for p in prefix):
-                    branches.append({"prefixItems": prefix, "minItems": k, "maxItems": k})
+                    branches.append({_positional(root): prefix, "minItems": k, "maxItems": k})
     return _and(node, {"anyOf": branches} if branches else False, ("contains", "minContains", "maxContains"))
+
+
+def _positional(root: dict) -> str:
+    """The keyword for per-position item schemas in ``root``'s draft: drafts before 2020-12 know
+    no ``prefixItems`` (llguidance then ignores it) and write them as an ``items`` array."""
+    dialect = root.get("$schema")
+    legacy = isinstance(dialect, str) and any(d in dialect for d in ("draft-03", "draft-04", "draft-06",
+                                                                         "draft-07", "2019-09"))
+    return "items" if legacy else "prefixItems"
 
 
 def _property_names(node: dict) -> Any:

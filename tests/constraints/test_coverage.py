@@ -200,3 +200,30 @@ def test_pattern_named_keys_with_a_minimum_never_reach_a_dead_end(compiler, tok)
         assert not check(value) and not walk_json(compiled, tok, value), value
     assert _prefix_allowed(compiled, tok, '{"b": "x", "c"')
     assert not _prefix_allowed(compiled, tok, '{"b": "x", "d"')  # no third key could follow d
+
+
+# The rewrites must speak the schema's draft: llguidance reads `$schema` and ignores keywords the
+# draft does not have (`const` in draft-04, `prefixItems` before 2020-12), which would let an
+# invalid instance through. MaskBench Github_medium o13137: a draft-04 oneOf over boolean enums.
+DRAFT_CASES = [
+    ({"$schema": "http://json-schema.org/draft-04/schema#", "type": "object",
+      "properties": {"required": {"type": "boolean"}, "unique": {"type": "boolean"}},
+      "oneOf": [{"properties": {"required": {"enum": [False]}, "unique": {"enum": [False]}}},
+                {"properties": {"required": {"enum": [True]}, "unique": {"enum": [True, False]}}}]},
+     [{"required": True}, {"required": False, "unique": False}, {"unique": True}],
+     [{"unique": False}, {}, {"required": True, "unique": "x"}]),
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "type": "array", "items": {"type": "integer"},
+      "contains": {"minimum": 3}, "maxItems": 3},
+     [[3], [1, 3], [3, 4, 2]],
+     [[], [1, 2], [1, 2, -4]]),
+]
+
+
+@pytest.mark.parametrize(("schema", "valid", "invalid"), DRAFT_CASES, ids=["draft-04-oneOf", "draft-07-contains"])
+def test_rewrites_use_keywords_of_the_schemas_draft(compiler, tok, schema, valid, invalid):
+    check = jsonschema.validators.validator_for(schema)(schema).is_valid
+    compiled = compiler.compile(ConstraintSpec("json_schema", schema))
+    for value in valid:
+        assert check(value) and walk_json(compiled, tok, value), value
+    for value in invalid:
+        assert not check(value) and not walk_json(compiled, tok, value), value
