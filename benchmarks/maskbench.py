@@ -250,6 +250,22 @@ def _random_output(eng: Any, compiled: Any, rng: Any, max_tokens: int) -> tuple[
     return "unfinished", ids
 
 
+def _exact_multiple_of(validator: Any, divisor: Any, instance: Any, schema: Any) -> Any:
+    """``multipleOf`` on the decimal values the JSON text spells (jsonschema divides binary
+    floats: 8.03 / 0.01 = 802.9999999999999, so it calls 8.03 no multiple of 0.01)."""
+    from decimal import Decimal, InvalidOperation
+
+    from jsonschema.exceptions import ValidationError
+
+    if not validator.is_type(instance, "number") or isinstance(divisor, bool):
+        return
+    try:
+        if Decimal(repr(instance)) % Decimal(repr(divisor)) != 0:
+            yield ValidationError(f"{instance!r} is not a multiple of {divisor}")
+    except InvalidOperation:  # a quotient beyond the decimal context: no verdict
+        return
+
+
 def _invalid_reason(schema: Any, text: str) -> str | None:
     """Why ``text`` is not an instance of ``schema`` (None when it is, or when the schema cannot be
     checked here, e.g. a remote ``$ref``)."""
@@ -261,6 +277,7 @@ def _invalid_reason(schema: Any, text: str) -> str | None:
         return f"not one JSON value ({exc})"
     try:
         cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        cls = jsonschema.validators.extend(cls, {"multipleOf": _exact_multiple_of})
         error = jsonschema.exceptions.best_match(
             cls(schema, format_checker=cls.FORMAT_CHECKER).iter_errors(value))
     except Exception:  # unresolvable $ref, a pattern Python's re cannot compile, ...

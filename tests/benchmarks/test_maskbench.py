@@ -67,6 +67,9 @@ def test_backends_without_an_error_state_are_walked_too(engine):
     ({"type": "object"}, '{"a": 1', "not one JSON value"),
     ({"type": "object", "minProperties": 2}, '{"a": 1, "a": 2}', "does not have enough properties"),
     ({"$ref": "https://example.com/remote.json"}, "1", None),  # cannot be checked here
+    ({"multipleOf": 0.01}, "8.03", None),  # decimal, not binary-float, division
+    ({"multipleOf": 0.01}, "8.031", "is not a multiple of 0.01"),
+    ({"multipleOf": 3}, "7", "is not a multiple of 3"),
 ])
 def test_invalid_reason(schema, text, wrong):
     reason = maskbench._invalid_reason(schema, text)
