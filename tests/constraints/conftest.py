@@ -52,3 +52,18 @@ def walk_text(compiled, tok, text: str) -> bool:
 
 def walk_json(compiled, tok, value) -> bool:
     return walk_text(compiled, tok, json.dumps(value))
+
+
+def assert_classified(compiler, tok, schema, valid, invalid) -> None:
+    """Compile ``schema`` (strict): each value is walked to EOS exactly when jsonschema, in the
+    schema's own draft, calls it valid (and the lists agree with jsonschema)."""
+    import jsonschema
+
+    from constraints import ConstraintSpec
+
+    check = jsonschema.validators.validator_for(schema)(schema).is_valid
+    compiled = compiler.compile(ConstraintSpec("json_schema", schema))
+    for value in valid:
+        assert check(value) and walk_json(compiled, tok, value), value
+    for value in invalid:
+        assert not check(value) and not walk_json(compiled, tok, value), value

@@ -8,7 +8,7 @@ import pytest
 
 from constraints import ConstraintSpec, UnsupportedConstraintError
 
-from .conftest import allowed, new_mask, walk_json
+from .conftest import allowed, assert_classified, new_mask, walk_json
 
 CASES = [
     (
@@ -135,12 +135,7 @@ FINITE_CASES = [
 
 @pytest.mark.parametrize(("schema", "valid", "invalid"), FINITE_CASES, ids=range(len(FINITE_CASES)))
 def test_a_finite_value_set_is_filtered_by_the_whole_schema(compiler, tok, schema, valid, invalid):
-    check = jsonschema.validators.validator_for(schema)(schema).is_valid
-    compiled = compiler.compile(ConstraintSpec("json_schema", schema))
-    for value in valid:
-        assert check(value) and walk_json(compiled, tok, value), value
-    for value in invalid:
-        assert not check(value) and not walk_json(compiled, tok, value), value
+    assert_classified(compiler, tok, schema, valid, invalid)
 
 
 def test_a_finite_value_set_none_of_whose_values_is_valid_is_refused(compiler):
@@ -221,9 +216,4 @@ DRAFT_CASES = [
 
 @pytest.mark.parametrize(("schema", "valid", "invalid"), DRAFT_CASES, ids=["draft-04-oneOf", "draft-07-contains"])
 def test_rewrites_use_keywords_of_the_schemas_draft(compiler, tok, schema, valid, invalid):
-    check = jsonschema.validators.validator_for(schema)(schema).is_valid
-    compiled = compiler.compile(ConstraintSpec("json_schema", schema))
-    for value in valid:
-        assert check(value) and walk_json(compiled, tok, value), value
-    for value in invalid:
-        assert not check(value) and not walk_json(compiled, tok, value), value
+    assert_classified(compiler, tok, schema, valid, invalid)
