@@ -19,6 +19,8 @@ parser limit, or no token allowed: a request would fail there) fails the schema 
 
     python benchmarks/maskbench.py --data ../shared/data/maskbench --limit 500 --backend all
     python benchmarks/maskbench.py --subset Handwritten --backend all --sample 8
+    python benchmarks/maskbench.py --subset MCPspec --json mcp.json  # then, with more such parts:
+    python benchmarks/maskbench.py --report mcp.json snowplow.json --failures
 """
 
 from __future__ import annotations
@@ -523,7 +525,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="also generate K random outputs per compiled schema and validate them")
     ap.add_argument("--json", type=Path, default=None, help="also write raw per-schema results")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--report", type=Path, nargs="+", default=None, metavar="JSON",
+                    help="score nothing: render the table from --json files of earlier runs (one "
+                         "run split by --subset, say), merged in the order given")
     args = ap.parse_args(argv)
+    if args.report:
+        engines, rows, all_results = load_results(args.report)
+        print(render(engines, rows, all_results))
+        if args.failures:
+            print("\n" + render_failures(engines, rows, all_results))
+        return 0
 
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parent), str(ROOT), os.environ.get("PYTHONPATH", "")]
@@ -547,13 +558,40 @@ def main(argv: list[str] | None = None) -> int:
             if engine != engines[-1]:  # partial table: a long run is useful before it ends
                 print(render(list(all_results), rows, all_results) + "\n", file=sys.stderr, flush=True)
     if args.json:
-        slim = {e: [{k: v for k, v in r.items() if k != "mask_ns"} | {"id": row["id"]}
-                    for (_, row), r in zip(rows, res)] for e, res in all_results.items()}
-        args.json.write_text(json.dumps(slim))
+        args.json.write_text(json.dumps(results_json(rows, all_results)))
     print(render(engines, rows, all_results))
     if args.failures:
         print("\n" + render_failures(engines, rows, all_results))
     return 0
+
+
+def results_json(rows: list, all_results: dict[str, list[dict]]) -> dict:
+    """The per-schema results as JSON: each engine's list of results, each with the schema's
+    ``subset`` and ``id`` beside what the worker returned (mask timings included)."""
+    return {e: [r | {"subset": subset, "id": row["id"]} for (subset, row), r in zip(rows, res)]
+            for e, res in all_results.items()}
+
+
+def load_results(paths: list[Path]) -> tuple[list[str], list, dict[str, list[dict]]]:
+    """Merge ``results_json`` files into (engines, rows, results) for ``render``. Every file must
+    hold the same engines, each over the same schemas, so the runs stay side by side."""
+    engines: list[str] = []
+    rows: list = []
+    all_results: dict[str, list[dict]] = {}
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        if not engines:
+            engines = list(data)
+            all_results = {e: [] for e in engines}
+        if list(data) != engines:
+            raise ValueError(f"{path}: engines {list(data)}, expected {engines}")
+        keys = [(r["subset"], r["id"]) for r in data[engines[0]]]
+        for e in engines:
+            if [(r["subset"], r["id"]) for r in data[e]] != keys:
+                raise ValueError(f"{path}: {e} scored other schemas than {engines[0]}")
+            all_results[e].extend(data[e])
+        rows.extend((subset, {"id": id_}) for subset, id_ in keys)
+    return engines, rows, all_results
 
 
 FAILURE_KINDS = ("valid_rejected", "invalid_accepted", "sampled_invalid", "sample_stuck", "disagreed")

@@ -4,6 +4,8 @@ MaskBench has no instances, and a walk the backend cannot go on from is counted 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from benchmarks import maskbench
@@ -85,6 +87,32 @@ def test_a_generated_invalid_or_stuck_schema_does_not_pass():
     assert (total["pass"], total["ginv"], total["stuck"]) == (1, 1, 1)
     table = maskbench.render(["trellis"], rows, {"trellis": results})
     assert "generated invalid | stuck |" in table and "| S | 3 | 1 / 0 / 0 / 0 / 1 / 1 |" in table
+
+
+def test_a_run_split_in_parts_reports_as_one(tmp_path):
+    ok = {"status": "ok", "valid_rejected": False, "invalid_accepted": False, "mask_ns": [5],
+          "compile_ns": 1}
+    bad = {"status": "compile_error", "error": "refused"}
+    parts = [([("A", {"id": "a1"}), ("A", {"id": "a2"})], {"x": [ok, bad], "y": [ok, ok]}),
+             ([("B", {"id": "b1"})], {"x": [ok], "y": [bad]})]
+    paths = []
+    for i, (rows, results) in enumerate(parts):
+        paths.append(tmp_path / f"{i}.json")
+        paths[-1].write_text(json.dumps(maskbench.results_json(rows, results)))
+    engines, rows, results = maskbench.load_results(paths)
+    assert engines == ["x", "y"] and [r["id"] for _, r in rows] == ["a1", "a2", "b1"]
+    sums = {e: maskbench.summarize(rows, results[e]) for e in engines}
+    assert (sums["x"]["A"]["pass"], sums["x"]["B"]["pass"], sums["y"]["total"]["pass"]) == (1, 1, 2)
+    assert sums["x"]["total"]["mask"] == [5, 5]
+
+
+def test_parts_that_are_not_side_by_side_are_refused(tmp_path):
+    ok = {"status": "ok"}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"x": [ok | {"subset": "A", "id": "1"}],
+                                "y": [ok | {"subset": "A", "id": "2"}]}))
+    with pytest.raises(ValueError, match="other schemas"):
+        maskbench.load_results([path])
 
 
 DATA = maskbench.ROOT.parent / "shared" / "data" / "maskbench"
