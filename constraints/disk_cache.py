@@ -11,6 +11,7 @@ least recently used entries (by mtime, touched on every hit).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -30,9 +31,20 @@ _STALE_TMP_S = 3600.0  # temp files this old were left by a crashed writer
 _LIBRARIES = ("xgrammar", "llguidance", "outlines_core")
 
 
+@functools.cache
+def compiler_digest() -> str:
+    """A digest of this package's source: a payload depends on how Trellis rewrote the spec
+    before a backend saw it (a fixed rewrite must not be served from an entry made before)."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).resolve().parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def library_versions() -> dict[str, str]:
-    """Installed versions of the libraries whose objects payloads hold or are built from."""
-    versions = {}
+    """Installed versions of the libraries whose objects payloads hold or are built from, and
+    the digest of the Trellis compiler that rewrote the spec."""
+    versions = {"trellis-constraints": compiler_digest()}
     for name in _LIBRARIES:
         try:
             versions[name] = metadata.version(name)

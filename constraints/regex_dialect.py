@@ -14,6 +14,13 @@ explicit classes:
   ``s`` flag (``(?s)``) asks for "any character";
 * ``[\\b]`` = backspace (ECMA), which the Rust dialect would reject.
 
+For a ``pattern`` inside a JSON schema (``json_string=True``) one more rewrite works around an
+llguidance defect (1.9.1): where a position allows every control character U+0000-U+001F, its
+JSON-string quoting also admits the escapes ``\\"`` and ``\\\\`` even when the class excludes
+``"`` or ``\\``, so ``[^"]`` let ``\\"`` through. Such negated classes also exclude U+0000 (a
+NUL is then never generated there; every other string is unchanged), which keeps the position
+short of the full control range and the quoting exact.
+
 Unicode stays available where it is asked for explicitly: ``\\p{…}`` / ``\\P{…}`` pass
 through unchanged. Everything else is copied verbatim (escaped backslashes, quantifier braces,
 groups, ``\\u`` escapes), so a pattern without shorthands is returned as given. Emitted code
@@ -73,21 +80,38 @@ DOT = f"[^{class_items(LINE_TERMINATORS)}]"
 _DOTALL_FLAG = re.compile(r"\(\?[a-zA-Z]*s[a-zA-Z]*[-:)]")
 
 
-def ecma_regex(regex: str, dotall: bool = False) -> str:
+def ecma_regex(regex: str, dotall: bool = False, json_string: bool = False) -> str:
     """``regex`` with ECMA-262 meanings made explicit (see the module docstring).
 
     ``dotall`` makes ``.`` match every character (Lark's ``/…/s``); an inline ``(?s`` flag
-    anywhere in the pattern does the same. Malformed input is translated as far as it goes and
-    left for the backend to reject.
+    anywhere in the pattern does the same. ``json_string`` marks a pattern that a JSON string's
+    content must match (``pattern``, ``patternProperties``): negated classes are kept exact
+    under llguidance's quoting. Malformed input is translated as far as it goes and left for
+    the backend to reject.
     """
     keep_dot = dotall or _DOTALL_FLAG.search(regex) is not None
-    return _Translator(regex, keep_dot).run()
+    return _Translator(regex, keep_dot, json_string).run()
+
+
+_CONTROLS = [chr(c) for c in range(0x20)]
+
+
+def _quoting_breaks(negated_class: str) -> bool:
+    """Whether llguidance's JSON quoting of ``negated_class`` (a ``[^…]`` as translated) would
+    admit an escaped ``"`` or ``\\`` that the class excludes: it allows every control character
+    but not both of those. A class Python's ``re`` cannot read is left alone."""
+    try:
+        cls = re.compile(negated_class)
+    except (re.error, OverflowError):
+        return False
+    return all(cls.fullmatch(c) for c in _CONTROLS) and not (cls.fullmatch('"') and cls.fullmatch("\\"))
 
 
 class _Translator:
-    def __init__(self, text: str, keep_dot: bool) -> None:
+    def __init__(self, text: str, keep_dot: bool, json_string: bool = False) -> None:
         self.text = text
         self.keep_dot = keep_dot
+        self.json_string = json_string
         self.i = 0
         self.out: list[str] = []
 
@@ -141,9 +165,10 @@ class _Translator:
         self.i = end
         return text[start:end]
 
-    def _class(self) -> None:
+    def _class(self, nested: bool = False) -> None:
         """A bracketed class (nested classes, Rust style, are translated recursively)."""
         text = self.text
+        start = len(self.out)
         self.out.append("[")
         self.i += 1
         if text.startswith("^", self.i):
@@ -155,8 +180,13 @@ class _Translator:
         while self.i < len(text):
             c = text[self.i]
             if c == "]":
-                self.out.append("]")
                 self.i += 1
+                if self.json_string and not nested and self._is_simple_negation(start):
+                    if _quoting_breaks("".join(self.out[start:]) + "]"):
+                        # before a trailing literal "-", which would otherwise start a range
+                        at = len(self.out) - (self.out[-1] == "-" and len(self.out) - start > 2)
+                        self.out.insert(at, "\\u0000")
+                self.out.append("]")
                 return
             if c == "\\":
                 self._escape(in_class=True)
@@ -166,10 +196,17 @@ class _Translator:
                 self.out.append(text[self.i:end])
                 self.i = end
             elif c == "[":
-                self._class()
+                self._class(nested=True)
             else:
                 self.out.append(c)
                 self.i += 1
+
+    def _is_simple_negation(self, start: int) -> bool:
+        """Whether the class written from ``self.out[start]`` is ``[^…`` with no nested class,
+        POSIX class or ``\\p`` property (whose sets ``re`` does not read the same way)."""
+        body = "".join(self.out[start:])
+        return body.startswith("[^") and not any(
+            mark in body[2:] for mark in ("[", "\\p", "\\P", "&&", "--", "~~"))
 
 
 # -- Lark grammars: translate the /regex/ terminals ---------------------------------------------

@@ -186,12 +186,12 @@ def _ecma_patterns(node: dict) -> None:
     from .regex_dialect import ecma_regex
 
     if isinstance(node.get("pattern"), str):
-        node["pattern"] = ecma_regex(node["pattern"])
+        node["pattern"] = ecma_regex(node["pattern"], json_string=True)
     props = node.get("patternProperties")
     if isinstance(props, dict):
         merged: dict[str, Any] = {}
         for key, sub in props.items():
-            key = ecma_regex(key)
+            key = ecma_regex(key, json_string=True)
             # "\\d" and "[0-9]" become the same key: a name matching it must satisfy both
             merged[key] = {"allOf": [merged[key], sub]} if key in merged else sub
         node["patternProperties"] = merged

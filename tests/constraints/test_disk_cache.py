@@ -97,6 +97,20 @@ def test_other_tokenizer_or_spec_misses(tok, writer, cache_dir):
         c.close()
 
 
+def test_entries_of_another_compiler_source_miss(tmp_path, monkeypatch):
+    """A payload reflects Trellis's own rewrites of the spec: entries written before the
+    constraints package changed are not served after it."""
+    from constraints import disk_cache
+
+    before = DiskCache(tmp_path, 1 << 20)
+    assert before.versions["trellis-constraints"] == disk_cache.compiler_digest()
+    assert before.put(before.key("fp", "spec"), "outlines", b"payload")
+    monkeypatch.setattr(disk_cache, "compiler_digest", lambda: "0123456789abcdef")
+    after = DiskCache(tmp_path, 1 << 20)
+    assert after.key("fp", "spec") != before.key("fp", "spec")
+    assert after.get(after.key("fp", "spec")) is None and before.get(before.key("fp", "spec")) is not None
+
+
 def test_failures_not_written(writer, cache_dir):
     before = set(_entries(cache_dir))
     writes = writer.cache_stats()["disk_writes"]

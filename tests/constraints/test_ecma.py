@@ -83,6 +83,23 @@ def test_same_language_on_every_backend(compiler, tok, backend, regex, good, bad
         assert not walk_text(c, tok, text), (backend, text)
 
 
+@pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
+@pytest.mark.parametrize("pattern, good, bad", [
+    ('^[^,"]+$', ["a\\b", "x\ny"], ['a"b', "a,b", ""]),  # MaskBench Github_medium o37613
+    ("^[^\\\\]*$", ['a"b', ""], ["a\\b"]),
+    ('^[^"]*$', ["a\tb"], ['"']),
+])
+def test_a_negated_class_refuses_the_escaped_character(compiler, tok, backend, pattern, good, bad):
+    """llguidance 1.9.1 quoted ``[^"]`` so that the escape ``\\"`` got through. (xgrammar
+    writes no escapes at all in a pattern string: narrower, so ``good`` is llguidance's.)"""
+    schema = {"type": "string", "pattern": pattern}
+    c = compiler.compile(ConstraintSpec("json_schema", schema, {"backend": backend}))
+    for text in good if backend == "llguidance" else ["abc"]:
+        assert walk_json(c, tok, text), (backend, text)
+    for text in bad:
+        assert not walk_json(c, tok, text), (backend, text)
+
+
 def test_pattern_properties_and_lark(compiler, tok):
     schema = {"type": "object", "patternProperties": {r"^\d+$": {"type": "integer"}},
               "additionalProperties": False}

@@ -52,6 +52,25 @@ def test_dotall():
     assert ecma_regex("a.b", dotall=True) == "a.b"
 
 
+@pytest.mark.parametrize("regex, expected", [
+    ('^[^"]*$', r'^[^"\u0000]*$'),
+    (r"[^,\\]", r"[^,\\\u0000]"),
+    (r'[^\d"]', r'[^0-9"\u0000]'),
+    ('[^"-]', r'[^"\u0000-]'),  # before a trailing "-", which would start a range
+    (r'[^]"]', r'[^]"\u0000]'),
+    ('[^a]', '[^a]'),  # admits both " and \ : quoted exactly
+    ('[^"\n]', '[^"\n]'),  # short of the control range already
+    ('.', DOT),
+    (r'[^\p{L}"]', r'[^\p{L}"]'),  # sets re cannot read are left alone
+    ('[^[a]"]', '[^[a]"]'),
+])
+def test_json_string_negations_leave_out_nul(regex, expected):
+    """In a schema ``pattern``, a negated class that allows every control character but not
+    both of ``"`` and ``\\`` also excludes U+0000 (llguidance quoted it loosely)."""
+    assert ecma_regex(regex, json_string=True) == expected
+    assert ecma_regex(regex) == ecma_regex(regex.replace("\\u0000", ""))
+
+
 def test_unterminated_input_is_left_for_the_backend():
     assert ecma_regex("[\\d") == "[0-9"
     assert ecma_regex("\\") == "\\"
