@@ -52,9 +52,39 @@ def layout_options(layout: str) -> dict[str, Any]:
 _ANY_ITEM_RULES = re.compile(r'^(basic_array_items\w* ::= .*|basic_object_properties\w* ::= .*)$', re.M)
 
 
+# \UXXXXXXXX, not preceded by an escaped backslash
+_LONG_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\U([0-9a-fA-F]{8})")
+_VALUE_KEYS = frozenset({"const", "enum", "default", "examples", "example"})  # data, not schemas
+
+
+def braced_escapes(tree: Any) -> Any:
+    """A copy of a schema (or structural tag) whose regexes write code points past U+FFFF as
+    ``\\u{…}``: xgrammar's JSON-schema ``pattern`` reads ``\\U0010ffff`` as the letters
+    ``U0010ffff`` (so ``[\\u0000-/:-\\U0010ffff]`` held the range ``0-U``: ``<`` got through)."""
+    def fix(regex: str) -> str:
+        return _LONG_ESCAPE.sub(lambda m: f"{m.group(1)}\\u{{{int(m.group(2), 16):x}}}", regex)
+
+    if isinstance(tree, list):
+        return [braced_escapes(v) for v in tree]
+    if not isinstance(tree, dict):
+        return tree
+    out = {}
+    for key, value in tree.items():
+        if key in _VALUE_KEYS:
+            out[key] = value
+        elif key == "pattern" and isinstance(value, str):
+            out[key] = fix(value)
+        elif key == "patternProperties" and isinstance(value, dict):
+            out[key] = {fix(k): braced_escapes(v) for k, v in value.items()}
+        else:
+            out[key] = braced_escapes(value)
+    return out
+
+
 def json_grammar(schema: Any, layout: str) -> "xgr.Grammar | str":
     """The grammar of JSON text of ``schema``'s instances in ``layout``."""
-    grammar = xgr.Grammar.from_json_schema(json.dumps(schema), **layout_options(layout), strict_mode=False)
+    grammar = xgr.Grammar.from_json_schema(json.dumps(braced_escapes(schema)), **layout_options(layout),
+                                           strict_mode=False)
     if layout != "compact":
         return grammar
     text = str(grammar)
@@ -172,6 +202,7 @@ class XGrammarBackend(Backend):
 
     @staticmethod
     def _structural_tag(comp: "xgr.GrammarCompiler", tag: dict):
+        tag = braced_escapes(tag)
         if "format" in tag:
             body = dict(tag)
             body["type"] = "structural_tag"

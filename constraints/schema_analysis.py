@@ -36,10 +36,34 @@ SPEC_FORMATS = ENFORCED_FORMATS | frozenset(
      "json-pointer", "relative-json-pointer", "regex", "ip-address", "host-name", "color",
      "utc-millisec", "style", "phone", "duration"}
 )
+
+
+def _uri_template_pattern() -> str:
+    """RFC 6570's URI-Template (section 2) as a regex: literals (any character but controls,
+    space and ``"'%<>\\^`{|}``, non-ASCII only from ``ucschar``/``iprivate``, or a
+    percent-encoding) and ``{op varspec,...}`` expressions (names of ``[A-Za-z0-9_]`` or
+    percent-encodings, dot-separated; a ``:1-9999`` prefix or ``*`` explode modifier)."""
+    from .regex_dialect import class_items
+
+    pct = "%[0-9A-Fa-f]{2}"
+    ascii_literals = [(0x21, 0x21), (0x23, 0x24), (0x26, 0x26), (0x28, 0x3B), (0x3D, 0x3D), (0x3F, 0x5B),
+                      (0x5D, 0x5D), (0x5F, 0x5F), (0x61, 0x7A), (0x7E, 0x7E)]
+    ucschar = [(0xA0, 0xD7FF), (0xF900, 0xFDCF), (0xFDF0, 0xFFEF)] + [
+        (plane, plane + 0xFFFD) for plane in range(0x10000, 0xE0000, 0x10000)] + [(0xE1000, 0xEFFFD)]
+    iprivate = [(0xE000, 0xF8FF), (0xF0000, 0xFFFFD), (0x100000, 0x10FFFD)]
+    # every character as a \u escape: xgrammar reads a bare "$" in a class as an anchor
+    literal = f"[{class_items(sorted(ascii_literals + ucschar + iprivate))}]|{pct}"
+    varchar = rf"(?:[A-Za-z0-9_]|{pct})"
+    varspec = rf"{varchar}(?:\.?{varchar})*(?::[1-9][0-9]{{0,3}}|\*)?"
+    expression = rf"\{{[+#./;?&=,!@|]?{varspec}(?:,{varspec})*\}}"
+    return rf"^(?:{literal}|{expression})*$"
+
+
 # spec formats enforced through an exact pattern instead
 FORMAT_PATTERNS = {
     "json-pointer": r"^(/([^~/]|~[01])*)*$",
     "relative-json-pointer": r"^(0|[1-9][0-9]*)(#|(/([^~/]|~[01])*)*)$",
+    "uri-template": _uri_template_pattern(),
 }
 FORMAT_ALIASES = {"ip-address": "ipv4", "host-name": "hostname"}  # draft-03 names
 ANNOTATIONS = frozenset(

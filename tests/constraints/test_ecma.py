@@ -100,6 +100,15 @@ def test_a_negated_class_refuses_the_escaped_character(compiler, tok, backend, p
         assert not walk_json(c, tok, text), (backend, text)
 
 
+@pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
+def test_schema_patterns_past_the_bmp(compiler, tok, backend):
+    """``[\\D.]`` spells its class up to ``\\U0010ffff``, which xgrammar's schema patterns read
+    as letters unless written ``\\u{10ffff}``."""
+    schema = {"type": "array", "items": {"type": "string", "pattern": r"^[\D.]+$"}}
+    c = compiler.compile(ConstraintSpec("json_schema", schema, {"backend": backend}))
+    assert walk_json(c, tok, ["ab<.>", "~"]) and not walk_json(c, tok, ["a1"])
+
+
 def test_pattern_properties_and_lark(compiler, tok):
     schema = {"type": "object", "patternProperties": {r"^\d+$": {"type": "integer"}},
               "additionalProperties": False}

@@ -233,11 +233,30 @@ def test_unknown_format_is_annotation(compiler, tok):
 
 
 def test_spec_format_never_dropped(compiler, tok):
+    schema = {"type": "object", "properties": {"a": {"type": "string", "format": "uri"},
+                                               "b": {"type": "string", "format": "iri-reference"}}}
     with pytest.raises(UnsupportedConstraintError) as info:
-        compiler.compile(ConstraintSpec("json_schema", {"type": "string", "format": "uri-template"}))
-    assert info.value.keyword == "format"
+        compiler.compile(ConstraintSpec("json_schema", schema))
+    assert info.value.keyword == "format" and info.value.pointer == "/properties/b"
+    assert "'iri-reference' at /properties/b" in info.value.message  # not the first format used
     c = compiler.compile(ConstraintSpec("json_schema", {"type": "string", "format": "json-pointer"}))
     assert walk_json(c, tok, "/a/b~1c") and not walk_json(c, tok, "a/b") and not walk_json(c, tok, "/~2")
+
+
+URI_TEMPLATES = ["http://example.com/{user}/x", "{+path}/here", "{?x,y*,z:30}", "/a%20b{#frag}",
+                 "{/a.b,c}", "?A=[1]&~"]
+NOT_URI_TEMPLATES = ["{}", "{a b}", "a b", "{x:0}", "{x:10000}", "%zz", "{a..b}", "a{b", "a}b",
+                     "<a>", "{x*:2}"]
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
+def test_uri_template_format_is_rfc6570(compiler, tok, backend):
+    """``uri-template`` is enforced by an exact pattern of RFC 6570's grammar (MCPspec's
+    resource references use it)."""
+    schema = {"type": "string", "format": "uri-template"}
+    c = compiler.compile(ConstraintSpec("json_schema", schema, {"backend": backend}))
+    assert all(walk_json(c, tok, text) for text in URI_TEMPLATES)
+    assert not any(walk_json(c, tok, text) for text in NOT_URI_TEMPLATES)
 
 
 def test_extra_stop_tokens(tok):
