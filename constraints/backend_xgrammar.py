@@ -57,15 +57,47 @@ _LONG_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\U([0-9a-fA-F]{8})")
 _VALUE_KEYS = frozenset({"const", "enum", "default", "examples", "example"})  # data, not schemas
 
 
-def braced_escapes(tree: Any) -> Any:
-    """A copy of a schema (or structural tag) whose regexes write code points past U+FFFF as
-    ``\\u{…}``: xgrammar's JSON-schema ``pattern`` reads ``\\U0010ffff`` as the letters
-    ``U0010ffff`` (so ``[\\u0000-/:-\\U0010ffff]`` held the range ``0-U``: ``<`` got through)."""
-    def fix(regex: str) -> str:
-        return _LONG_ESCAPE.sub(lambda m: f"{m.group(1)}\\u{{{int(m.group(2), 16):x}}}", regex)
+def _optional_groups(regex: str) -> str:
+    """``regex`` with every group made optional by ``)?`` written ``){0,1}`` instead."""
+    out, i, in_class = [], 0, False
+    while i < len(regex):
+        c = regex[i]
+        if c == "\\":
+            out.append(regex[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            lead = 2 if regex.startswith("^]", i + 1) else 1 if regex.startswith(("]", "^"), i + 1) else 0
+            out.append(regex[i:i + 1 + lead])
+            i += 1 + lead
+            continue
+        elif c == ")" and regex.startswith("?", i + 1):
+            out.append("){0,1}")
+            i += 2
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
 
+
+def _schema_regex(regex: str) -> str:
+    return _optional_groups(_LONG_ESCAPE.sub(lambda m: f"{m.group(1)}\\u{{{int(m.group(2), 16):x}}}", regex))
+
+
+def xgrammar_patterns(tree: Any) -> Any:
+    """A copy of a schema (or structural tag) with its regexes spelled the way xgrammar 0.2.8's
+    JSON-schema ``pattern`` reads them as written:
+
+    * code points past U+FFFF as ``\\u{…}``: it reads ``\\U0010ffff`` as the letters
+      ``U0010ffff`` (so ``[\\u0000-/:-\\U0010ffff]`` held the range ``0-U``: ``<`` got through);
+    * an optional group as ``(…){0,1}``: it read ``a(?:xb*)?`` as if it were ``ax?b*`` (``ab``
+      got through, and ``^(?:xb*)?$`` matched nothing at all).
+    """
     if isinstance(tree, list):
-        return [braced_escapes(v) for v in tree]
+        return [xgrammar_patterns(v) for v in tree]
     if not isinstance(tree, dict):
         return tree
     out = {}
@@ -73,17 +105,17 @@ def braced_escapes(tree: Any) -> Any:
         if key in _VALUE_KEYS:
             out[key] = value
         elif key == "pattern" and isinstance(value, str):
-            out[key] = fix(value)
+            out[key] = _schema_regex(value)
         elif key == "patternProperties" and isinstance(value, dict):
-            out[key] = {fix(k): braced_escapes(v) for k, v in value.items()}
+            out[key] = {_schema_regex(k): xgrammar_patterns(v) for k, v in value.items()}
         else:
-            out[key] = braced_escapes(value)
+            out[key] = xgrammar_patterns(value)
     return out
 
 
 def json_grammar(schema: Any, layout: str) -> "xgr.Grammar | str":
     """The grammar of JSON text of ``schema``'s instances in ``layout``."""
-    grammar = xgr.Grammar.from_json_schema(json.dumps(braced_escapes(schema)), **layout_options(layout),
+    grammar = xgr.Grammar.from_json_schema(json.dumps(xgrammar_patterns(schema)), **layout_options(layout),
                                            strict_mode=False)
     if layout != "compact":
         return grammar
@@ -202,7 +234,7 @@ class XGrammarBackend(Backend):
 
     @staticmethod
     def _structural_tag(comp: "xgr.GrammarCompiler", tag: dict):
-        tag = braced_escapes(tag)
+        tag = xgrammar_patterns(tag)
         if "format" in tag:
             body = dict(tag)
             body["type"] = "structural_tag"

@@ -109,6 +109,15 @@ def test_schema_patterns_past_the_bmp(compiler, tok, backend):
     assert walk_json(c, tok, ["ab<.>", "~"]) and not walk_json(c, tok, ["a1"])
 
 
+@pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
+def test_schema_patterns_with_optional_groups(compiler, tok, backend):
+    """xgrammar 0.2.8 read ``a(?:xb*)?`` in a schema pattern as ``ax?b*``."""
+    schema = {"type": "string", "pattern": r"^a(?:x[b]*)?c$"}
+    c = compiler.compile(ConstraintSpec("json_schema", schema, {"backend": backend}))
+    assert all(walk_json(c, tok, text) for text in ["ac", "axc", "axbbc"])
+    assert not any(walk_json(c, tok, text) for text in ["abc", "ab", "axb"])
+
+
 def test_pattern_properties_and_lark(compiler, tok):
     schema = {"type": "object", "patternProperties": {r"^\d+$": {"type": "integer"}},
               "additionalProperties": False}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import random
 
 import jsonschema
@@ -234,13 +235,54 @@ def test_unknown_format_is_annotation(compiler, tok):
 
 def test_spec_format_never_dropped(compiler, tok):
     schema = {"type": "object", "properties": {"a": {"type": "string", "format": "uri"},
-                                               "b": {"type": "string", "format": "iri-reference"}}}
+                                               "b": {"type": "string", "format": "regex"}}}
     with pytest.raises(UnsupportedConstraintError) as info:
         compiler.compile(ConstraintSpec("json_schema", schema))
     assert info.value.keyword == "format" and info.value.pointer == "/properties/b"
-    assert "'iri-reference' at /properties/b" in info.value.message  # not the first format used
+    assert "'regex' at /properties/b" in info.value.message  # not the first format used
     c = compiler.compile(ConstraintSpec("json_schema", {"type": "string", "format": "json-pointer"}))
     assert walk_json(c, tok, "/a/b~1c") and not walk_json(c, tok, "a/b") and not walk_json(c, tok, "/~2")
+
+
+URI_REFERENCES = ["http://example.com/a?b=c#d", "#/definitions/x", "../a/b", "//host:80/p", "a:b",
+                  "http://[2001:db8::7]/c", "http://[v7.fe80::a+en1]", "", "?q", "/a//b"]
+NOT_URI_REFERENCES = ["a b", "http://a/%zz", "http://[1::2::3]/", ":a", "http://a/<b>", "a\\b"]
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
+@pytest.mark.parametrize("fmt", ["uri-reference", "iri", "iri-reference"])
+def test_uri_and_iri_references_are_rfc3986_and_3987(compiler, tok, backend, fmt):
+    c = compiler.compile(ConstraintSpec("json_schema", {"type": "string", "format": fmt}, {"backend": backend}))
+    relative = fmt != "iri"
+    for text in URI_REFERENCES:
+        assert walk_json(c, tok, text) is (relative or ":" in text.split("/")[0]), text
+    assert not any(walk_json(c, tok, text) for text in NOT_URI_REFERENCES)
+
+
+@pytest.mark.parametrize("fmt", ["uri-reference", "iri", "iri-reference"])
+def test_uri_patterns_agree_with_a_validator(fmt):
+    """The patterns against an independent RFC 3986 / 3987 implementation, on 20,000 random
+    strings over URI delimiters, letters and characters that are never allowed."""
+    import random
+
+    from constraints.schema_analysis import FORMAT_PATTERNS
+
+    if fmt == "uri-reference":
+        from rfc3986_validator import validate_rfc3986
+
+        def check(text: str) -> bool:
+            return bool(validate_rfc3986(text, rule="URI_reference"))
+    else:
+        rfc3987 = pytest.importorskip("rfc3987")
+
+        def check(text: str) -> bool:
+            return rfc3987.match(text, rule={"iri": "IRI", "iri-reference": "IRI_reference"}[fmt]) is not None
+    rx = re.compile(FORMAT_PATTERNS[fmt])
+    rng = random.Random(7)
+    alphabet = "ab:/?#[]@!$&'()*+,;=%-._~0F \u00e91<>\"{}|\\^`v\ue000"
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 10))) for _ in range(20_000)]
+    wrong = [t for t in texts + URI_REFERENCES + NOT_URI_REFERENCES if bool(rx.fullmatch(t)) != check(t)]
+    assert not wrong, wrong[:5]
 
 
 URI_TEMPLATES = ["http://example.com/{user}/x", "{+path}/here", "{?x,y*,z:30}", "/a%20b{#frag}",
