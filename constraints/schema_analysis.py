@@ -30,11 +30,13 @@ ENFORCED_FORMATS = frozenset(
     {"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri"}
 )
 # formats the JSON Schema drafts define: validators may assert them, so they are never dropped;
-# any other format name is a pure annotation (no validator can check it) and is dropped
+# any other format name is a pure annotation (no validator can check it) and is dropped, and so
+# is draft-03's "utc-millisec": it gives a number a meaning (milliseconds since 1970) and
+# allows every number
 SPEC_FORMATS = ENFORCED_FORMATS | frozenset(
     {"idn-email", "idn-hostname", "uri-reference", "iri", "iri-reference", "uri-template",
      "json-pointer", "relative-json-pointer", "regex", "ip-address", "host-name", "color",
-     "utc-millisec", "style", "phone", "duration"}
+     "style", "phone", "duration"}
 )
 
 

@@ -231,6 +231,9 @@ def test_rewrites_are_equivalent_and_enforced(compiler, tok, schema, docs):
 def test_unknown_format_is_annotation(compiler, tok):
     c = compiler.compile(ConstraintSpec("json_schema", {"type": "string", "format": "file-path"}))
     assert walk_json(c, tok, "../a b")
+    schema = {"$schema": "http://json-schema.org/draft-03/schema#", "type": "number", "format": "utc-millisec"}
+    c = compiler.compile(ConstraintSpec("json_schema", schema))  # any number is milliseconds
+    assert walk_json(c, tok, 1732380000000) and walk_json(c, tok, -1.5) and not walk_json(c, tok, "1")
 
 
 def test_spec_format_never_dropped(compiler, tok):
