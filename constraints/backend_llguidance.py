@@ -49,19 +49,6 @@ def parser_limits(rescue: bool = False) -> "llguidance.LLParserLimits":
 
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \["([^"]+)"')
 _FORMAT = re.compile(r"Unknown format: (\S+)")
-
-
-def _format_pointer(schema: Any, name: str) -> str | None:
-    """Pointer of the first subschema of ``schema`` with ``"format": name`` (the first use of
-    any format would name the wrong place)."""
-    from .schema_analysis import subschemas
-
-    if not isinstance(schema, (dict, bool)):
-        return None
-    for pointer, node in subschemas(schema):
-        if isinstance(node, dict) and node.get("format") == name:
-            return pointer or "/"
-    return None
 # llguidance refusals that concern one keyword: the planner then names where it is
 _KEYWORD_LIMITS = (
     ("oneOf constraints are not supported", "oneOf"),
@@ -424,7 +411,10 @@ class LLGuidanceBackend(Backend):
                     f"keyword {keyword!r} is not supported for enforcement", keyword=keyword
                 )
         if m := _FORMAT.search(err):
-            pointer = _format_pointer(spec.source, m.group(1))
+            from .schema_analysis import find_keyword
+
+            # the first use of any format could be another one, which compiled
+            pointer = find_keyword(spec.source, "format", m.group(1)) if isinstance(spec.source, dict) else None
             where = f" at {pointer}" if pointer else ""
             return UnsupportedConstraintError(
                 f"format {m.group(1)!r}{where} is not supported for enforcement", keyword="format", pointer=pointer

@@ -40,21 +40,6 @@ SPEC_FORMATS = ENFORCED_FORMATS | frozenset(
 )
 
 
-def _uri_template_pattern() -> str:
-    """RFC 6570's URI-Template (section 2) as a regex: literals (any character but controls,
-    space and ``"'%<>\\^`{|}``, non-ASCII only from ``ucschar``/``iprivate``, or a
-    percent-encoding) and ``{op varspec,...}`` expressions (names of ``[A-Za-z0-9_]`` or
-    percent-encodings, dot-separated; a ``:1-9999`` prefix or ``*`` explode modifier)."""
-    pct = "%[0-9A-Fa-f]{2}"
-    ascii_literals = [(0x21, 0x21), (0x23, 0x24), (0x26, 0x26), (0x28, 0x3B), (0x3D, 0x3D), (0x3F, 0x5B),
-                      (0x5D, 0x5D), (0x5F, 0x5F), (0x61, 0x7A), (0x7E, 0x7E)]
-    literal = f"{_char_class('', ascii_literals + _UCSCHAR + _IPRIVATE)}|{pct}"
-    varchar = rf"(?:[A-Za-z0-9_]|{pct})"
-    varspec = rf"{varchar}(?:\.?{varchar})*(?::[1-9][0-9]{{0,3}}|\*)?"
-    expression = rf"\{{[+#./;?&=,!@|]?{varspec}(?:,{varspec})*\}}"
-    return rf"^(?:{literal}|{expression})*$"
-
-
 _UCSCHAR = [(0xA0, 0xD7FF), (0xF900, 0xFDCF), (0xFDF0, 0xFFEF)] + [
     (plane, plane + 0xFFFD) for plane in range(0x10000, 0xE0000, 0x10000)] + [(0xE1000, 0xEFFFD)]
 _IPRIVATE = [(0xE000, 0xF8FF), (0xF0000, 0xFFFFD), (0x100000, 0x10FFFD)]
@@ -110,6 +95,21 @@ def _uri_pattern(iri: bool, reference: bool) -> str:
     relative = (f"(?://{authority}{path_abempty}|/(?:{segment_nz}{path_abempty})?"
                 f"|{segment_nz_nc}{path_abempty}|){tail}")
     return f"^(?:{absolute}|{relative})$"
+
+
+def _uri_template_pattern() -> str:
+    """RFC 6570's URI-Template (section 2) as a regex: literals (any character but controls,
+    space and ``"'%<>\\^`{|}``, non-ASCII only from ``ucschar``/``iprivate``, or a
+    percent-encoding) and ``{op varspec,...}`` expressions (names of ``[A-Za-z0-9_]`` or
+    percent-encodings, dot-separated; a ``:1-9999`` prefix or ``*`` explode modifier)."""
+    pct = "%[0-9A-Fa-f]{2}"
+    ascii_literals = [(0x21, 0x21), (0x23, 0x24), (0x26, 0x26), (0x28, 0x3B), (0x3D, 0x3D), (0x3F, 0x5B),
+                      (0x5D, 0x5D), (0x5F, 0x5F), (0x61, 0x7A), (0x7E, 0x7E)]
+    literal = f"{_char_class('', ascii_literals + _UCSCHAR + _IPRIVATE)}|{pct}"
+    varchar = rf"(?:[A-Za-z0-9_]|{pct})"
+    varspec = rf"{varchar}(?:\.?{varchar})*(?::[1-9][0-9]{{0,3}}|\*)?"
+    expression = rf"\{{[+#./;?&=,!@|]?{varspec}(?:,{varspec})*\}}"
+    return rf"^(?:{literal}|{expression})*$"
 
 
 # spec formats enforced through an exact pattern instead
@@ -1148,9 +1148,9 @@ def open_property_count(schema: Any) -> str | None:
     return None
 
 
-def find_keyword(schema: Any, keyword: str) -> str | None:
-    """Pointer of the first subschema using ``keyword``."""
+def find_keyword(schema: Any, keyword: str, value: Any = None) -> str | None:
+    """Pointer of the first subschema using ``keyword`` (with ``value``, when one is given)."""
     for pointer, node in subschemas(schema):
-        if isinstance(node, dict) and keyword in node:
+        if isinstance(node, dict) and keyword in node and (value is None or node[keyword] == value):
             return pointer or "/"
     return None
