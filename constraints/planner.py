@@ -194,6 +194,7 @@ def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
     from .property_order import any_order
     from .schema_analysis import (check_schema, normalise_schema, open_property_count, rewrite_schema,
                                   xgrammar_gaps)
+    from .schema_intersection import precompute_intersections
     from .schema_lark import LarkSchema, needs_lark
 
     schema = normalise_schema(spec.source)
@@ -211,7 +212,7 @@ def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
     # llguidance takes small objects' properties in any order; xgrammar keeps the declared
     # order (an anyOf of objects costs it seconds to compile); refusals name the keyword where
     # the client wrote it (pointers of ``rewritten``)
-    attempts = [Attempt("llguidance", any_order(rewritten))]
+    attempts = [Attempt("llguidance", any_order(precompute_intersections(rewritten)))]
     if needs_lark(rewritten):  # llguidance's JSON compiler refuses contains: as a Lark grammar
         attempts.insert(0, Attempt("llguidance", LarkSchema(rewritten)))
     gaps = xgrammar_gaps(rewritten)
