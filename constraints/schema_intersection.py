@@ -22,6 +22,7 @@ meaning depends on siblings not merged here, ...) the object is left as it was.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 from urllib.parse import unquote
 
@@ -73,9 +74,8 @@ def precompute_intersections(schema: dict) -> dict:
                for ref in [n.get("$ref")] if isinstance(ref, str)}
     intersector = _Intersector(schema)
     for pointer, node in list(subschemas(schema)):
-        if not isinstance(node, dict):
-            continue
-        if not any(t.startswith((f"{pointer}/properties/", f"{pointer}/patternProperties/")) for t in targets):
+        if isinstance(node, dict) and node.get("properties") and node.get("patternProperties") and not any(
+                t.startswith((f"{pointer}/properties/", f"{pointer}/patternProperties/")) for t in targets):
             _narrow_universal_pattern(node, intersector)
     if intersector.defs:
         schema.setdefault("$defs", {}).update(intersector.defs)
@@ -111,6 +111,12 @@ def _drop_implied_types(schema: dict) -> None:
 
 def _matches_every_name(pattern: str) -> bool:
     from .pattern_disjoint import _language
+
+    try:  # a cheap first look: most patterns miss one of these names (a DFA costs ~0.1 s)
+        if not all(re.search(pattern, name) for name in ("", "a", "Z9_-", "\n", "\u00e9")):
+            return False
+    except (re.error, RecursionError, OverflowError):
+        return False
 
     language = _language(pattern)
     try:
