@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 from typing import Any, Iterator
+from urllib.parse import unquote
 
 from .errors import ConstraintTooLargeError, InvalidConstraintError, UnsupportedConstraintError
 
@@ -407,9 +408,61 @@ def _check_size(schema: dict) -> None:
 def rewrite_schema(schema: dict) -> dict:
     """An equivalent schema with fewer keywords that backends skip (input is not modified)."""
     try:
-        return _Rewriter(copy.deepcopy(schema)).run()
+        return _Rewriter(hoist_ref_targets(copy.deepcopy(schema))).run()
     except RecursionError:  # cyclic $refs through negation: leave the schema to the backends
         return copy.deepcopy(schema)
+
+
+# keywords whose subschemas the rewrite replaces (a ``not`` negated, a ``oneOf`` turned into an
+# ``anyOf``, ``if``/``then``/``else`` spelled out, ...): a JSON pointer through them may lead
+# nowhere afterwards, or to another subschema
+_REWRITTEN_KEYWORDS = frozenset(
+    {"not", "oneOf", "anyOf", "allOf", "if", "then", "else", "dependencies", "dependentSchemas",
+     "contains", "propertyNames"}
+)
+HOISTED_PREFIX = "trellis-ref-"
+
+
+def hoist_ref_targets(schema: dict) -> dict:
+    """``schema`` (changed in place) with each subschema that a local ``$ref`` reaches through a
+    rewritten keyword (``#/allOf/1/not``) copied, as written, to ``$defs`` and the reference
+    pointed there. The copy means the same; the pointer now survives the rewrite. Left alone
+    when a nested ``$id`` moves the base URI (a copy would resolve its references elsewhere)."""
+    if any(pointer and isinstance(node, dict) and any(isinstance(node.get(k), str) for k in ("$id", "id"))
+           for pointer, node in subschemas(schema)):
+        return schema
+    original = copy.deepcopy(schema)
+    names: dict[str, str] = {}
+    while True:
+        moved = False
+        for _, node in list(subschemas(schema)):
+            ref = node.get("$ref") if isinstance(node, dict) else None
+            if not isinstance(ref, str) or not ref.startswith("#/"):
+                continue
+            parts = [unquote(p).replace("~1", "/").replace("~0", "~") for p in ref[2:].split("/")]
+            if not _REWRITTEN_KEYWORDS.intersection(parts):
+                continue
+            target = _at(original, parts)
+            if target is None:
+                continue  # unresolvable: check_refs names it
+            if ref not in names:
+                names[ref] = f"{HOISTED_PREFIX}{len(names)}"
+                schema.setdefault("$defs", {})[names[ref]] = copy.deepcopy(target)
+            node["$ref"] = f"#/$defs/{names[ref]}"
+            moved = True
+        if not moved:
+            return schema
+
+
+def _at(document: Any, parts: list[str]) -> Any:
+    for part in parts:
+        if isinstance(document, dict) and part in document:
+            document = document[part]
+        elif isinstance(document, list) and part.isdigit() and int(part) < len(document):
+            document = document[int(part)]
+        else:
+            return None
+    return document
 
 
 class _Rewriter:

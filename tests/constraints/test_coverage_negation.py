@@ -108,3 +108,22 @@ def test_negations_without_an_exact_form_are_refused(compiler, schema):
 ])
 def test_finite_strings(pattern, strings):
     assert finite_strings(ecma_regex(pattern)) == strings
+
+
+# a $ref into a subschema the rewrite replaces (a double "not", an "if"/"then") still reaches it:
+# the target is copied to $defs first (MaskBench Synthesized draft2019_09_nonvalid_ref_id1)
+REF_INTO_REWRITTEN = [
+    ({"allOf": [{"enum": [{"foo": False}, {"foo": {"foo": {}}}, {"foo": 1}]},
+                {"not": {"not": {"additionalProperties": False, "properties": {"foo": {"$ref": "#/allOf/1/not/not"}}}}}]},
+     [{"foo": False}, {"foo": {"foo": {}}}, {"foo": 1}], [{"foo": False, "bar": True}, {}, {"foo": {"x": 1}}]),
+    ({"type": "object", "properties": {"a": {"$ref": "#/then/properties/b"}},
+      "if": {"required": ["a"]}, "then": {"properties": {"b": {"type": "integer", "minimum": 2}}}},
+     [{"a": 2}, {"a": 3, "b": 9}, {}], [{"a": 1}, {"a": "x"}, {"a": 2, "b": 1}]),
+]
+
+
+@pytest.mark.parametrize(("schema", "valid", "invalid"), REF_INTO_REWRITTEN, ids=["double-not", "then"])
+def test_references_into_rewritten_keywords_still_resolve(compiler, tok, schema, valid, invalid):
+    from .conftest import assert_classified
+
+    assert_classified(compiler, tok, schema, valid, invalid)
