@@ -93,28 +93,15 @@ def _kept_branches(schema: dict) -> set[str]:
 
 def _add_chain(schema: dict, pointer: str, branch: Any, out: set[str]) -> None:
     """``pointer`` and every target of the ``$ref`` chain that starts at ``branch``."""
+    from .schema_analysis import at_pointer
+
     out.add(pointer)
     for _ in range(16):
         ref = branch.get("$ref") if isinstance(branch, dict) else None
         if not (isinstance(ref, str) and ref.startswith("#/")):
             return
         out.add(ref[1:])
-        branch = _at(schema, ref[1:])
-
-
-def _at(schema: Any, pointer: str) -> Any:
-    from urllib.parse import unquote
-
-    node = schema
-    for part in pointer[1:].split("/"):
-        part = unquote(part).replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node
+        branch = at_pointer(schema, ref[1:])
 
 
 class _State:

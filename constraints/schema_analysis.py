@@ -356,18 +356,20 @@ def _fragment_resolves(root: Any, fragment: str, anchors: set[str]) -> bool:
         return True
     if not fragment.startswith("/"):
         return fragment in anchors
-    from urllib.parse import unquote
+    return isinstance(at_pointer(root, fragment), (dict, bool))
 
-    target = root
-    for part in fragment[1:].split("/"):
+
+def at_pointer(document: Any, pointer: str) -> Any:
+    """The value at JSON pointer ``pointer`` (``/a/b``, URI-escaped or not), or None."""
+    for part in pointer[1:].split("/"):
         part = unquote(part).replace("~1", "/").replace("~0", "~")
-        if isinstance(target, dict) and part in target:
-            target = target[part]
-        elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
-            target = target[int(part)]
+        if isinstance(document, dict) and part in document:
+            document = document[part]
+        elif isinstance(document, list) and part.isdigit() and int(part) < len(document):
+            document = document[int(part)]
         else:
-            return False
-    return isinstance(target, (dict, bool))
+            return None
+    return document
 
 
 def _depth(node: Any, limit: int) -> int:
@@ -442,7 +444,7 @@ def hoist_ref_targets(schema: dict) -> dict:
             parts = [unquote(p).replace("~1", "/").replace("~0", "~") for p in ref[2:].split("/")]
             if not _REWRITTEN_KEYWORDS.intersection(parts):
                 continue
-            target = _at(original, parts)
+            target = at_pointer(original, ref[1:])
             if target is None:
                 continue  # unresolvable: check_refs names it
             if ref not in names:
@@ -452,17 +454,6 @@ def hoist_ref_targets(schema: dict) -> dict:
             moved = True
         if not moved:
             return schema
-
-
-def _at(document: Any, parts: list[str]) -> Any:
-    for part in parts:
-        if isinstance(document, dict) and part in document:
-            document = document[part]
-        elif isinstance(document, list) and part.isdigit() and int(part) < len(document):
-            document = document[int(part)]
-        else:
-            return None
-    return document
 
 
 class _Rewriter:
