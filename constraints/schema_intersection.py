@@ -98,6 +98,7 @@ def _plain_references(schema: dict) -> bool:
 
 
 def _drop_implied_types(schema: dict) -> None:
+    """Drop each ``type`` that the applicators beside it already imply (exact: same instances)."""
     for _, node in subschemas(schema):
         if not isinstance(node, dict) or "type" not in node or not any(k in node for k in _APPLICATORS):
             continue
@@ -126,6 +127,8 @@ def _matches_every_name(pattern: str) -> bool:
 
 
 def _narrow_universal_pattern(node: dict, intersector: "_Intersector") -> None:
+    """The one catch-all pattern of an object stops matching its listed names, whose schemas
+    take the pattern's in; left as written when an intersection is not exact."""
     props, patterns = node.get("properties"), node.get("patternProperties")
     if not isinstance(props, dict) or not props or not isinstance(patterns, dict):
         return
