@@ -433,7 +433,7 @@ def hoist_ref_targets(schema: dict) -> dict:
     if any(pointer and isinstance(node, dict) and any(isinstance(node.get(k), str) for k in ("$id", "id"))
            for pointer, node in subschemas(schema)):
         return schema
-    original = copy.deepcopy(schema)
+    original: Any = None  # the schema as written, copied once a reference needs it
     names: dict[str, str] = {}
     while True:
         moved = False
@@ -444,6 +444,8 @@ def hoist_ref_targets(schema: dict) -> dict:
             parts = [unquote(p).replace("~1", "/").replace("~0", "~") for p in ref[2:].split("/")]
             if not _REWRITTEN_KEYWORDS.intersection(parts):
                 continue
+            if original is None:
+                original = copy.deepcopy(schema)
             target = at_pointer(original, ref[1:])
             if target is None:
                 continue  # unresolvable: check_refs names it
