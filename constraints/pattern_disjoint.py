@@ -46,9 +46,10 @@ def patterns_disjoint(a: str, b: str) -> bool:
 
 
 @lru_cache(maxsize=256)
-def _language(pattern: str):
-    """The DFA of the strings ``pattern`` accepts (search semantics), or None."""
-    if len(pattern) > MAX_PATTERN_CHARS or _UNSAFE.search(pattern):
+def _language(pattern: str, limit: int = MAX_PATTERN_CHARS):
+    """The DFA of the strings ``pattern`` accepts (search semantics), or None (also for a
+    pattern longer than ``limit``)."""
+    if len(pattern) > limit or _UNSAFE.search(pattern):
         return None
     body, anchored_start, anchored_end = _strip_outer_anchors(pattern)
     if body is None:

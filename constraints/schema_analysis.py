@@ -791,6 +791,11 @@ def _negate_keyword(key: str, s: dict, root: dict) -> Any:
             if neg is not False:
                 branches.append({"required": [name], "properties": {name: neg}})
         return _only_objects(branches) if branches else False
+    if key == "pattern" and isinstance(value, str):  # strings it matches nowhere
+        from .regex_complement import complement_pattern
+
+        other = complement_pattern(value)
+        return None if other is None else {"type": "string", "pattern": other}
     if key in ("const", "enum"):
         values = [value] if key == "const" else value
         if not isinstance(values, list):

@@ -67,12 +67,23 @@ CASES += [
         [{}],
         [{"a": 1}],
     ),
+    (  # not a pattern: the strings it matches nowhere (a complement DFA written back as a regex)
+        {"type": "string", "not": {"pattern": "^[.,*\\s-]+$"}},
+        ["a", "", "a.", ". b", "x y"],
+        ["...", "- -", " "],
+    ),
+    (  # oneOf over patterns a string can match together: exactly one of them
+        {"type": "string", "oneOf": [{"pattern": "cat"}, {"pattern": "dog"}, {"pattern": "^[a-z]{3}$"}]},
+        ["a cat", "dogs", "cow", "hotdog!"],
+        ["catdog", "cat", "dog", "owl!", "", "dog cat"],
+    ),
 ]
 
 
 @pytest.mark.parametrize(("schema", "valid", "invalid"), CASES,
                          ids=["name-const", "name-false", "pattern-false", "pattern-value", "contains",
-                              "unlisted-ref", "bounded-multiples", "oneof-listed", "unknown-keyword"])
+                              "unlisted-ref", "bounded-multiples", "oneof-listed", "unknown-keyword",
+                              "not-pattern", "oneof-patterns"])
 def test_negated_keyword_is_enforced_exactly(compiler, tok, schema, valid, invalid):
     compiled = compiler.compile(ConstraintSpec("json_schema", schema))
     for value in valid:

@@ -1,0 +1,160 @@
+"""The complement of a JSON Schema ``pattern``, as a pattern: ``not: {"pattern": P}``.
+
+Neither backend can negate a regex in a JSON schema, so ``not`` over a ``pattern`` (and a
+``oneOf`` over patterns, which needs each branch negated) was refused. Here the strings ``P``
+does not match (ECMA-262 search semantics) are built as a DFA (interegular: the language of
+``P`` as :mod:`constraints.pattern_disjoint` builds it, complemented), and the DFA is written back
+as a regex by state elimination. The result is checked: its own DFA must equal the complement,
+or no pattern is given (the caller then refuses as before). Large DFAs or results are not
+attempted: state elimination can grow a regex exponentially.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .regex_dialect import class_items, ecma_regex
+
+MAX_STATES = 24  # complement DFAs larger than this are not written out
+MAX_PATTERN_CHARS = 4_000  # nor are results longer than this
+
+
+def complement_pattern(pattern: str) -> str | None:
+    """A pattern (ECMA-normalised, anchored) matching exactly the strings ``pattern`` matches
+    nowhere, or None when that cannot be written here."""
+    from .pattern_disjoint import _language
+
+    language = _language(pattern)
+    if language is None:
+        return None
+    try:
+        negated = _trimmed(language.everythingbut().reduce())
+        if negated is None or len(negated.states) > MAX_STATES:
+            return None
+        body = _eliminate(negated)
+        if body is None:
+            return None
+        plain = ecma_regex(f"^(?:{body})$")
+        if len(plain) > MAX_PATTERN_CHARS:
+            return None
+        written = _language(plain, limit=MAX_PATTERN_CHARS)
+        if written is None or not (written ^ negated).empty():
+            return None
+        # as a JSON string's pattern: the llguidance quoting workaround (never a NUL there)
+        return ecma_regex(f"^(?:{body})$", json_string=True)
+    except Exception:  # interegular gave up somewhere: nothing is promised
+        return None
+
+
+def _trimmed(fsm: Any) -> Any:
+    """``fsm`` without the states from which no final state can be reached (None when that
+    leaves nothing: the complement is empty, which ``not`` handles on its own)."""
+    live = set(fsm.finals)
+    changed = True
+    while changed:
+        changed = False
+        for state, moves in fsm.map.items():
+            if state not in live and any(target in live for target in moves.values()):
+                live.add(state)
+                changed = True
+    if fsm.initial not in live:
+        return None
+    from interegular.fsm import FSM
+
+    return FSM(alphabet=fsm.alphabet, states=live, initial=fsm.initial, finals=set(fsm.finals) & live,
+               map={s: {t: q for t, q in fsm.map[s].items() if q in live} for s in live if s in fsm.map})
+
+
+def _eliminate(fsm: Any) -> str | None:
+    """The regex of ``fsm``'s language by state elimination (edges hold regex strings)."""
+    start, end = object(), object()
+    edges: dict[Any, dict[Any, str]] = {start: {fsm.initial: ""}}
+    for state, moves in fsm.map.items():
+        by_target: dict[Any, list[int]] = {}
+        for transition, target in moves.items():
+            by_target.setdefault(target, []).append(transition)
+        edges[state] = {target: _label(fsm.alphabet, ts) for target, ts in by_target.items()}
+    for state in fsm.finals:
+        out = edges.setdefault(state, {})
+        out[end] = _union(out[end], "") if end in out else ""
+    remaining = set(fsm.states)
+    while remaining:
+        state = min(remaining, key=lambda s: _degree(edges, s))
+        remaining.discard(state)
+        loop = edges.get(state, {}).pop(state, None)
+        middle = f"(?:{loop})*" if loop else ""
+        outgoing = edges.pop(state, {})
+        for source, out in edges.items():
+            if state not in out:
+                continue
+            into = out.pop(state)
+            for target, label in outgoing.items():
+                path = _concat(into, middle, label)
+                out[target] = _union(out[target], path) if target in out else path
+        if sum(len(label) for out in edges.values() for label in out.values()) > MAX_PATTERN_CHARS:
+            return None
+    return edges[start].get(end)
+
+
+def _degree(edges: dict, state: Any) -> int:
+    into = sum(1 for out in edges.values() if state in out)
+    return into * len(edges.get(state, {}))
+
+
+def _label(alphabet: Any, transitions: list[int]) -> str:
+    """The character class of the characters that take any of ``transitions``; the transition
+    of every character the pattern does not name makes it a negated class of named ones."""
+    from interegular.fsm import anything_else
+
+    chars = [c for t in transitions for c in alphabet.by_transition[t]]
+    points = {ord(c) for c in chars if c is not anything_else}
+    if anything_else in chars:
+        others = sorted(ord(c) for c in alphabet.keys() if c is not anything_else and ord(c) not in points)
+        if others:
+            return f"[^{class_items(_ranges(others))}]"
+        # every character: a named one or any other (not [\s\S], which interegular would
+        # spell out character by character when checking the result)
+        named = class_items(_ranges(sorted(points)) or [(0, 0)])
+        return f"(?:[{named}]|[^{named}])"
+    return f"[{class_items(_ranges(sorted(points)))}]"
+
+
+def _ranges(points: list[int]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for cp in points:
+        if out and out[-1][1] == cp - 1:
+            out[-1] = (out[-1][0], cp)
+        else:
+            out.append((cp, cp))
+    return out
+
+
+def _union(a: str, b: str) -> str:
+    return a if a == b else f"(?:{a}|{b})"
+
+
+def _concat(*parts: str) -> str:
+    return "".join(f"(?:{p})" if "|" in p and not (p.startswith("(?:") and _balanced_group(p)) else p
+                   for p in parts)
+
+
+def _balanced_group(p: str) -> bool:
+    """Whether ``p`` is one group ``(?:…)`` from its first to its last character."""
+    depth, escaped, in_class = 0, False, False
+    for i, ch in enumerate(p):
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif in_class:
+            in_class = ch != "]"
+        elif ch == "[":
+            in_class = True
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0 and i != len(p) - 1:
+                return False
+    return True
+
