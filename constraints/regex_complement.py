@@ -134,27 +134,6 @@ def _union(a: str, b: str) -> str:
 
 
 def _concat(*parts: str) -> str:
-    return "".join(f"(?:{p})" if "|" in p and not (p.startswith("(?:") and _balanced_group(p)) else p
-                   for p in parts)
+    from .pattern_disjoint import _top_level_alternation
 
-
-def _balanced_group(p: str) -> bool:
-    """Whether ``p`` is one group ``(?:…)`` from its first to its last character."""
-    depth, escaped, in_class = 0, False, False
-    for i, ch in enumerate(p):
-        if escaped:
-            escaped = False
-        elif ch == "\\":
-            escaped = True
-        elif in_class:
-            in_class = ch != "]"
-        elif ch == "[":
-            in_class = True
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-            if depth == 0 and i != len(p) - 1:
-                return False
-    return True
-
+    return "".join(f"(?:{p})" if _top_level_alternation(p) else p for p in parts)
