@@ -192,8 +192,8 @@ def _only(forced: str | None, attempts: list[Attempt]) -> list[Attempt]:
 def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
     from .grammar_analysis import check_schema_productive
     from .property_order import any_order
-    from .schema_analysis import (check_schema, normalise_schema, open_property_count, rewrite_schema,
-                                  xgrammar_gaps)
+    from .schema_analysis import (before_draft_06, check_schema, normalise_schema, open_property_count,
+                                  rewrite_schema, xgrammar_gaps)
     from .schema_intersection import precompute_intersections
     from .schema_lark import LarkSchema, needs_lark
 
@@ -215,6 +215,8 @@ def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
     attempts = [Attempt("llguidance", any_order(precompute_intersections(rewritten)))]
     if needs_lark(rewritten):  # llguidance's JSON compiler refuses contains: as a Lark grammar
         attempts.insert(0, Attempt("llguidance", LarkSchema(rewritten)))
+        if before_draft_06(rewritten) and not needs_lark(schema):
+            del attempts[1]  # ... or skips it in draft 3 / 4, where the rewrite's contains is no keyword
     gaps = xgrammar_gaps(rewritten)
     if not gaps:
         attempts.append(Attempt("xgrammar", rewritten))

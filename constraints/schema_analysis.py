@@ -833,6 +833,13 @@ def _negate_keyword(key: str, s: dict, root: dict) -> Any:
     return None
 
 
+def before_draft_06(root: dict) -> bool:
+    """Whether the root's ``$schema`` names draft 3 or 4, where ``contains``, ``const`` and
+    ``propertyNames`` are no keywords (llguidance's JSON compiler then skips them)."""
+    uri = root.get("$schema") if isinstance(root, dict) else None
+    return isinstance(uri, str) and any(d in uri for d in ("draft-03", "draft-04"))
+
+
 # every keyword some JSON Schema draft gives a meaning (assertions, applicators, identifiers)
 SPEC_KEYWORDS = REF_IGNORED_SIBLINGS | ANNOTATIONS | frozenset(
     {"$ref", "$defs", "definitions", "dependentRequired", "dependentSchemas", "unevaluatedProperties",

@@ -100,6 +100,9 @@ def test_negated_keyword_is_enforced_exactly(compiler, tok, schema, valid, inval
     # not items = contains the negation: enforced as a grammar from the root (tests/constraints/
     # test_schema_lark.py), not inside an object property
     {"type": "object", "properties": {"a": {"not": {"items": {"type": "string"}}}}},
+    # the same in draft 4, where "contains" is no keyword: llguidance's JSON compiler would skip it
+    {"$schema": "http://json-schema.org/draft-04/schema#", "type": "object",
+     "properties": {"a": {"not": {"type": "array", "items": {"type": "string"}}}}},
 ])
 def test_negations_without_an_exact_form_are_refused(compiler, schema):
     with pytest.raises(UnsupportedConstraintError, match="'not'|'contains'"):
