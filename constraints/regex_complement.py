@@ -17,6 +17,16 @@ from .regex_dialect import class_items, ecma_regex
 
 MAX_STATES = 24  # complement DFAs larger than this are not written out
 MAX_PATTERN_CHARS = 4_000  # nor are results longer than this
+MAX_REMEMBERED = 1_024
+# complement -> the pattern it was written for, so that "not not P" is P as written (llguidance
+# cannot always tell whether an intersection of long written-out complements is empty); kept for
+# one schema rewrite at a time (forget_complements), so a result never depends on earlier requests
+_COMPLEMENTED: dict[str, str] = {}
+
+
+def forget_complements() -> None:
+    """Start a schema rewrite with no complements remembered."""
+    _COMPLEMENTED.clear()
 
 
 def complement_pattern(pattern: str) -> str | None:
@@ -24,7 +34,9 @@ def complement_pattern(pattern: str) -> str | None:
     nowhere, or None when that cannot be written here."""
     from .pattern_disjoint import _language
 
-    language = _language(pattern)
+    if pattern in _COMPLEMENTED:  # not (not P) = P, as written
+        return _COMPLEMENTED[pattern]
+    language = _language(pattern, limit=MAX_PATTERN_CHARS)
     if language is None:
         return None
     try:
@@ -41,9 +53,13 @@ def complement_pattern(pattern: str) -> str | None:
         if written is None or not (written ^ negated).empty():
             return None
         # as a JSON string's pattern: the llguidance quoting workaround (never a NUL there)
-        return ecma_regex(f"^(?:{body})$", json_string=True)
+        result = ecma_regex(f"^(?:{body})$", json_string=True)
     except Exception:  # interegular gave up somewhere: nothing is promised
         return None
+    if len(_COMPLEMENTED) >= MAX_REMEMBERED:
+        _COMPLEMENTED.clear()
+    _COMPLEMENTED[result] = pattern
+    return result
 
 
 def _trimmed(fsm: Any) -> Any:

@@ -409,6 +409,9 @@ def _check_size(schema: dict) -> None:
 
 def rewrite_schema(schema: dict) -> dict:
     """An equivalent schema with fewer keywords that backends skip (input is not modified)."""
+    from .regex_complement import forget_complements
+
+    forget_complements()
     try:
         return _Rewriter(hoist_ref_targets(copy.deepcopy(schema))).run()
     except RecursionError:  # cyclic $refs through negation: leave the schema to the backends
