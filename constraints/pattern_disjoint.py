@@ -36,7 +36,7 @@ def _interegular_syntax(pattern: str) -> str:
 def patterns_disjoint(a: str, b: str) -> bool:
     """True only when no string contains a match of both ``a`` and ``b`` (ECMA-normalised
     patterns, as :func:`constraints.regex_dialect.ecma_regex` writes them)."""
-    fa, fb = _language(a), _language(b)
+    fa, fb = pattern_language(a), pattern_language(b)
     if fa is None or fb is None:
         return False
     try:
@@ -46,7 +46,7 @@ def patterns_disjoint(a: str, b: str) -> bool:
 
 
 @lru_cache(maxsize=256)
-def _language(pattern: str, limit: int = MAX_PATTERN_CHARS):
+def pattern_language(pattern: str, limit: int = MAX_PATTERN_CHARS):
     """The DFA of the strings ``pattern`` accepts (search semantics), or None (also for a
     pattern longer than ``limit``)."""
     if len(pattern) > limit or _UNSAFE.search(pattern):

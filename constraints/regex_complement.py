@@ -32,11 +32,11 @@ def forget_complements() -> None:
 def complement_pattern(pattern: str) -> str | None:
     """A pattern (ECMA-normalised, anchored) matching exactly the strings ``pattern`` matches
     nowhere, or None when that cannot be written here."""
-    from .pattern_disjoint import _language
+    from .pattern_disjoint import pattern_language
 
     if pattern in _COMPLEMENTED:  # not (not P) = P, as written
         return _COMPLEMENTED[pattern]
-    language = _language(pattern, limit=MAX_PATTERN_CHARS)
+    language = pattern_language(pattern, limit=MAX_PATTERN_CHARS)
     if language is None:
         return None
     try:
@@ -49,7 +49,7 @@ def complement_pattern(pattern: str) -> str | None:
         plain = ecma_regex(f"^(?:{body})$")
         if len(plain) > MAX_PATTERN_CHARS:
             return None
-        written = _language(plain, limit=MAX_PATTERN_CHARS)
+        written = pattern_language(plain, limit=MAX_PATTERN_CHARS)
         if written is None or not (written ^ negated).empty():
             return None
         # as a JSON string's pattern: the llguidance quoting workaround (never a NUL there)

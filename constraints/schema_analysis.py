@@ -245,8 +245,13 @@ _LEGACY_DRAFTS = ("draft-03", "draft-04", "draft-06", "draft-07")
 def _ref_overrides_siblings(schema: Any) -> bool:
     """True when the root's ``$schema`` names draft 3, 4, 6 or 7 (no ``$schema``: the latest
     draft, where keywords beside ``$ref`` apply)."""
-    uri = schema.get("$schema") if isinstance(schema, dict) else None
-    return isinstance(uri, str) and any(d in uri for d in _LEGACY_DRAFTS)
+    return names_draft(schema, _LEGACY_DRAFTS)
+
+
+def names_draft(root: Any, drafts: tuple[str, ...]) -> bool:
+    """Whether the root's ``$schema`` names one of ``drafts`` (``"draft-04"``, ``"2019-09"``, ...)."""
+    uri = root.get("$schema") if isinstance(root, dict) else None
+    return isinstance(uri, str) and any(d in uri for d in drafts)
 
 
 def _integer_keywords(node: dict, pointer: str) -> None:
@@ -359,10 +364,14 @@ def _fragment_resolves(root: Any, fragment: str, anchors: set[str]) -> bool:
     return isinstance(at_pointer(root, fragment), (dict, bool))
 
 
+def pointer_parts(pointer: str) -> list[str]:
+    """The reference tokens of JSON pointer ``pointer`` (``/a/b``, URI-escaped or not)."""
+    return [unquote(part).replace("~1", "/").replace("~0", "~") for part in pointer[1:].split("/")]
+
+
 def at_pointer(document: Any, pointer: str) -> Any:
     """The value at JSON pointer ``pointer`` (``/a/b``, URI-escaped or not), or None."""
-    for part in pointer[1:].split("/"):
-        part = unquote(part).replace("~1", "/").replace("~0", "~")
+    for part in pointer_parts(pointer):
         if isinstance(document, dict) and part in document:
             document = document[part]
         elif isinstance(document, list) and part.isdigit() and int(part) < len(document):
@@ -444,8 +453,7 @@ def hoist_ref_targets(schema: dict) -> dict:
             ref = node.get("$ref") if isinstance(node, dict) else None
             if not isinstance(ref, str) or not ref.startswith("#/"):
                 continue
-            parts = [unquote(p).replace("~1", "/").replace("~0", "~") for p in ref[2:].split("/")]
-            if not _REWRITTEN_KEYWORDS.intersection(parts):
+            if not _REWRITTEN_KEYWORDS.intersection(pointer_parts(ref[1:])):
                 continue
             if original is None:
                 original = copy.deepcopy(schema)
@@ -839,8 +847,7 @@ def _negate_keyword(key: str, s: dict, root: dict) -> Any:
 def before_draft_06(root: dict) -> bool:
     """Whether the root's ``$schema`` names draft 3 or 4, where ``contains``, ``const`` and
     ``propertyNames`` are no keywords (llguidance's JSON compiler then skips them)."""
-    uri = root.get("$schema") if isinstance(root, dict) else None
-    return isinstance(uri, str) and any(d in uri for d in ("draft-03", "draft-04"))
+    return names_draft(root, ("draft-03", "draft-04"))
 
 
 # every keyword some JSON Schema draft gives a meaning (assertions, applicators, identifiers)

@@ -273,9 +273,9 @@ def _contains(node: dict, root: dict, negate: Callable[[Any, dict], Any]) -> Any
 def _positional(root: dict) -> str:
     """The keyword for per-position item schemas in ``root``'s draft: drafts before 2020-12 know
     no ``prefixItems`` (llguidance then ignores it) and write them as an ``items`` array."""
-    dialect = root.get("$schema")
-    legacy = isinstance(dialect, str) and any(d in dialect for d in ("draft-03", "draft-04", "draft-06",
-                                                                         "draft-07", "2019-09"))
+    from .schema_analysis import names_draft
+
+    legacy = names_draft(root, ("draft-03", "draft-04", "draft-06", "draft-07", "2019-09"))
     return "items" if legacy else "prefixItems"
 
 

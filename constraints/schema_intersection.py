@@ -111,7 +111,7 @@ def _drop_implied_types(schema: dict) -> None:
 
 
 def _matches_every_name(pattern: str) -> bool:
-    from .pattern_disjoint import _language
+    from .pattern_disjoint import pattern_language
 
     try:  # a cheap first look: most patterns miss one of these names (a DFA costs ~0.1 s)
         if not all(re.search(pattern, name) for name in ("", "a", "Z9_-", "\n", "\u00e9")):
@@ -119,7 +119,7 @@ def _matches_every_name(pattern: str) -> bool:
     except (re.error, RecursionError, OverflowError):
         return False
 
-    language = _language(pattern)
+    language = pattern_language(pattern)
     try:
         return language is not None and language.everythingbut().empty()
     except Exception:  # interegular gave up: nothing is promised
@@ -332,9 +332,9 @@ def _member(props: dict, patterns: dict, rest: Any, name: str, intersector: "_In
 
 
 def _matches(pattern: str, name: str) -> bool:
-    from .pattern_disjoint import _language
+    from .pattern_disjoint import pattern_language
 
-    language = _language(pattern)
+    language = pattern_language(pattern)
     if language is None:
         raise _GiveUp
     return bool(language.accepts(name))
