@@ -26,7 +26,8 @@ import re
 from typing import Any
 from urllib.parse import unquote
 
-from .schema_analysis import _possible_types, _resolve, _type_list, complement_regex, subschemas
+from .schema_analysis import (ANNOTATIONS, SPEC_KEYWORDS, _possible_types, _resolve, _type_list, complement_regex,
+                              subschemas)
 
 MAX_STEPS = 20_000  # intersection steps for one node; beyond, the node is left alone
 DEFS_PREFIX = "trellis-and-"
@@ -44,16 +45,9 @@ _MERGED = frozenset(
 )
 
 
-# every keyword of drafts 3 to 2020-12 that constrains instances
-_KEYWORDS = frozenset(
-    {"type", "enum", "const", "properties", "patternProperties", "additionalProperties", "required",
-     "items", "prefixItems", "additionalItems", "contains", "minContains", "maxContains", "minItems",
-     "maxItems", "uniqueItems", "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
-     "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minProperties", "maxProperties",
-     "propertyNames", "dependencies", "dependentRequired", "dependentSchemas", "allOf", "anyOf",
-     "oneOf", "not", "if", "then", "else", "$ref", "$dynamicRef", "$recursiveRef",
-     "unevaluatedProperties", "unevaluatedItems", "disallow", "extends", "divisibleBy"}
-)
+# the keywords of drafts 3 to 2020-12 that constrain instances
+_KEYWORDS = SPEC_KEYWORDS - ANNOTATIONS - {"$defs", "definitions", "$dynamicAnchor", "$recursiveAnchor",
+                                           "$vocabulary", "contentSchema"}
 
 
 class _Empty(Exception):
