@@ -36,13 +36,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import partial
 from typing import NamedTuple
 
 import torch
 
 from kernels import apply_token_bitmask_rows_inplace
 from sampler import ops
-from sampler.params import LOGPROB_FLOOR, MAX_TOP_LOGPROBS, SampleResult, TokenLogprobs
+from sampler.params import LOGPROB_FLOOR, MAX_TOP_LOGPROBS, PendingSample, SampleResult, TokenLogprobs, read_back
 from sampler.row import SamplingRow
 
 IN_GRAPH_TOP_LOGPROBS = MAX_TOP_LOGPROBS  # every request's top_logprobs fits
@@ -212,21 +213,34 @@ class StaticSampler:
     # ---------------------------------------------------------------- read back
     def read(self, rows: Sequence[SamplingRow], variant: Variant) -> SampleResult:
         """The ids (and logprobs) of the last run for ``rows``: one device→host transfer."""
+        pending = self.read_async(rows, variant)
+        if self.ids.device.type == "cuda":
+            torch.cuda.current_stream(self.ids.device).synchronize()
+        return pending.result()
+
+    def read_async(self, rows: Sequence[SamplingRow], variant: Variant) -> PendingSample:
+        """:meth:`read` without waiting: the ids copied out of the static buffer (the next run
+        overwrites it) and on their way to the host (see :class:`PendingSample`)."""
         n = len(rows)
-        logprobs: list[TokenLogprobs | None] = [None] * n
+        ids = self.ids[:n].clone()
         if not variant.logprobs:
-            return SampleResult(self.ids[:n].tolist(), logprobs)
-        host = self.packed[:n].cpu()
-        token_ids = host[:, 0].long().tolist()
-        chosen = host[:, 1].tolist()
-        k = self.top
-        for i, row in enumerate(rows):
-            if not row.params.logprobs:
-                continue
-            top_n = row.params.top_logprobs
-            top = list(zip(host[i, 2 + k : 2 + k + top_n].long().tolist(), host[i, 2 : 2 + top_n].tolist()))
-            logprobs[i] = TokenLogprobs(token_ids[i], chosen[i], top)
-        return SampleResult(token_ids, logprobs)
+            return PendingSample(ids, read_back(ids), lambda host: SampleResult(host.tolist(), [None] * n))
+        params = [row.params for row in rows]
+        return PendingSample(ids, read_back(self.packed[:n].clone()), partial(_decode_packed, params=params, k=self.top))
+
+
+def _decode_packed(host: torch.Tensor, params: list, k: int) -> SampleResult:
+    """Rows of (id, chosen logprob, top-k values, top-k ids) as a result."""
+    token_ids = host[:, 0].long().tolist()
+    chosen = host[:, 1].tolist()
+    logprobs: list[TokenLogprobs | None] = [None] * len(params)
+    for i, p in enumerate(params):
+        if not p.logprobs:
+            continue
+        top_n = p.top_logprobs
+        top = list(zip(host[i, 2 + k : 2 + k + top_n].long().tolist(), host[i, 2 : 2 + top_n].tolist()))
+        logprobs[i] = TokenLogprobs(token_ids[i], chosen[i], top)
+    return SampleResult(token_ids, logprobs)
 
 
 def row_parameters_padding(vocab_size: int) -> tuple[float, float, float, float, float]:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+import torch
+
 MAX_TOP_LOGPROBS = 20
 LOGPROB_FLOOR = -9999.0  # reported instead of -inf (OpenAI's convention for impossible tokens)
 
@@ -122,3 +124,33 @@ class SampleResult:
     token_ids: list[int]
     logprobs: list[TokenLogprobs | None]
     failures: dict[int, str] = field(default_factory=dict)  # row → why it failed (its token is void)
+
+
+@dataclass
+class PendingSample:
+    """A sampler pass whose ids (and logprobs) are on their way to the host.
+
+    ``ids`` [B] int64 stays on the device (the next step's inputs can be gathered from it
+    without the host); ``host`` is filled by a non-blocking copy, so :meth:`result` may be read
+    only once that copy is known to be done (a device event recorded after the pass, or at once
+    on the CPU)."""
+
+    ids: torch.Tensor
+    host: torch.Tensor
+    decode: Callable[[torch.Tensor], SampleResult]
+    failures: dict[int, str] = field(default_factory=dict)
+
+    def result(self) -> SampleResult:
+        result = self.decode(self.host)
+        result.failures.update(self.failures)
+        return result
+
+
+def read_back(packed: torch.Tensor) -> torch.Tensor:
+    """``packed`` on the host: a non-blocking copy into pinned memory from CUDA, as is elsewhere."""
+    if packed.device.type != "cuda":
+        return packed
+    host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+    host.copy_(packed, non_blocking=True)
+    return host
+

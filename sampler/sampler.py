@@ -13,7 +13,7 @@ from kernels import apply_penalties_inplace, apply_token_bitmask_inplace, dfa_ap
 from sampler import ops
 from sampler.custom import RequestView, apply_group
 from sampler.dfa import DeviceDFA, DFATables, flush_dfas, normalize_device
-from sampler.params import LOGPROB_FLOOR, SampleResult, SamplingParams, TokenLogprobs
+from sampler.params import LOGPROB_FLOOR, PendingSample, SampleResult, SamplingParams, TokenLogprobs, read_back
 from sampler.pool import PenaltyPool, to_device
 from sampler.row import SamplingRow
 
@@ -107,7 +107,8 @@ class Sampler:
         bitmask: torch.Tensor | None = None,
         bitmask_indices: torch.Tensor | None = None,
     ) -> SampleResult:
-        """Sample one token for each row (see the class doc for the processing order).
+        """Sample one token for each row (see the class doc for the processing order) and read
+        the result back (the pass's one host sync).
 
         Args:
             logits: [B, V'] with ``V' >= vocab_size``; may be modified in place.
@@ -116,13 +117,28 @@ class Sampler:
                 ``bitmask_indices`` ([R] batch positions); or [B, W] with indices None.
                 Pass it on the sampler's device (or pinned) to avoid a blocking copy.
         """
+        pending = self.sample_async(logits, rows, bitmask, bitmask_indices)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        return pending.result()
+
+    def sample_async(
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        bitmask: torch.Tensor | None = None,
+        bitmask_indices: torch.Tensor | None = None,
+    ) -> PendingSample:
+        """:meth:`sample` without waiting: the ids stay on the device and reach the host by one
+        non-blocking copy; read :meth:`PendingSample.result` once the device got there."""
         n_rows = len(rows)
         if logits.dim() != 2 or logits.shape[0] != n_rows:
             raise ValueError(f"logits must be [{n_rows}, V], got {tuple(logits.shape)}")
         if logits.shape[1] < self.vocab_size:
             raise ValueError(f"logits have {logits.shape[1]} columns < vocab_size {self.vocab_size}")
         if n_rows == 0:
-            return SampleResult([], [])
+            empty = torch.empty(0, dtype=torch.long)
+            return PendingSample(empty, empty, lambda _host: SampleResult([], []))
         plan = self._plan_for(rows)
         self._flush(rows, plan)
         x = logits[:, : self.vocab_size]  # [B, V]
@@ -263,15 +279,16 @@ class Sampler:
 
     def _finish(
         self, ids: torch.Tensor, x: torch.Tensor, rows: Sequence[SamplingRow], plan: _Plan, failures: dict[int, str]
-    ) -> SampleResult:
-        """Read ids and logprobs back: one device→host transfer (the pass's host sync).
+    ) -> PendingSample:
+        """Start reading ids and logprobs back: one device→host transfer (the pass's host sync,
+        once its result is read).
 
         With logprobs, the ids, chosen logprobs and top-k values/indices travel together as one
         float64 tensor: float64 holds every float32 value and every token id exactly, so the
         host sees the same numbers as from one transfer per piece."""
-        logprobs: list[TokenLogprobs | None] = [None] * len(rows)
         if not plan.logprob_pos:
-            return SampleResult(ids.tolist(), logprobs, failures)
+            n = len(rows)
+            return PendingSample(ids, read_back(ids), lambda host: SampleResult(host.tolist(), [None] * n), failures)
         lp = ops.take(x.float(), plan.logprob_idx).log_softmax(dim=-1)  # [L, V]
         chosen_ids = ops.take(ids.unsqueeze(1), plan.logprob_idx)  # [L, 1]
         chosen = lp.gather(1, chosen_ids).squeeze(1).clamp(min=LOGPROB_FLOOR)  # [L]
@@ -280,17 +297,9 @@ class Sampler:
         if k:
             top_v, top_i = lp.topk(k, dim=-1)
             pieces += [top_v.clamp(min=LOGPROB_FLOOR).double().flatten(), top_i.double().flatten()]
-        host = torch.cat(pieces).cpu()
-        n, m = len(rows), len(plan.logprob_pos)
-        token_ids = host[:n].long().tolist()
-        chosen_list = host[n : n + m].tolist()
-        top_v_list = host[n + m : n + m + m * k].view(m, k).tolist() if k else None
-        top_i_list = host[n + m + m * k :].view(m, k).long().tolist() if k else None
-        for j, i in enumerate(plan.logprob_pos):
-            top_n = rows[i].params.top_logprobs
-            top = list(zip(top_i_list[j][:top_n], top_v_list[j][:top_n])) if top_n and k else []
-            logprobs[i] = TokenLogprobs(token_ids[i], chosen_list[j], top)
-        return SampleResult(token_ids, logprobs, failures)
+        params = [row.params for row in rows]
+        decode = lambda host: _decode_with_logprobs(host, params, plan.logprob_pos, k)  # noqa: E731
+        return PendingSample(ids, read_back(torch.cat(pieces)), decode, failures)
 
     # ----------------------------------------------------------------- bookkeeping
     def _flush(self, rows: Sequence[SamplingRow], plan: _Plan) -> None:
@@ -314,6 +323,21 @@ class Sampler:
         if self._plan is None or not self._plan.matches(rows):
             self._plan = _build_plan(rows, self.vocab_size, self.device)
         return self._plan
+
+
+def _decode_with_logprobs(host: torch.Tensor, params: list[SamplingParams], logprob_pos: list[int], k: int) -> SampleResult:
+    """The packed float64 read-back (ids, chosen logprobs, top-k values, top-k ids) as a result."""
+    n, m = len(params), len(logprob_pos)
+    token_ids = host[:n].long().tolist()
+    chosen_list = host[n : n + m].tolist()
+    top_v_list = host[n + m : n + m + m * k].view(m, k).tolist() if k else None
+    top_i_list = host[n + m + m * k :].view(m, k).long().tolist() if k else None
+    logprobs: list[TokenLogprobs | None] = [None] * n
+    for j, i in enumerate(logprob_pos):
+        top_n = params[i].top_logprobs
+        top = list(zip(top_i_list[j][:top_n], top_v_list[j][:top_n])) if top_n and k else []
+        logprobs[i] = TokenLogprobs(token_ids[i], chosen_list[j], top)
+    return SampleResult(token_ids, logprobs)
 
 
 def _processor_params(row: SamplingRow) -> dict[str, Any]:

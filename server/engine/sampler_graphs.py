@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from sampler.graphable import VARIANTS, StaticSampler, Variant
-from sampler.params import SampleResult
+from sampler.params import PendingSample, SampleResult
 from sampler.row import SamplingRow
 
 log = logging.getLogger("trellis.engine")
@@ -62,6 +62,17 @@ class SamplerGraphs:
                indices: torch.Tensor | None = None) -> SampleResult | None:
         """``Sampler.sample``'s result for a step the pass takes (arguments alike), or None when a
         row does not qualify or the batch has no captured bucket: sample it eagerly then."""
+        pending = self.sample_async(logits, rows, bitmask, indices)
+        if pending is None:
+            return None
+        if logits.device.type == "cuda":
+            torch.cuda.current_stream(logits.device).synchronize()
+        return pending.result()
+
+    @torch.inference_mode()
+    def sample_async(self, logits: torch.Tensor, rows: Sequence[SamplingRow], bitmask: torch.Tensor | None = None,
+                     indices: torch.Tensor | None = None) -> PendingSample | None:
+        """:meth:`sample` without waiting for the read-back (``Sampler.sample_async``'s contract)."""
         bucket = self.bucket(len(rows))
         if bucket is None or not (self.run_uncaptured or (bucket, VARIANTS[0]) in self._graphs):
             return None
@@ -73,7 +84,7 @@ class SamplerGraphs:
             graph.replay()
         else:
             self.static.run(bucket, variant)
-        return self.static.read(rows, variant)
+        return self.static.read_async(rows, variant)
 
     @torch.inference_mode()
     def capture(self, graph_factory: Callable, pool: Any, warm_up: Callable[[Callable[[], None]], None]) -> Any:

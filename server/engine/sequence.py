@@ -95,7 +95,7 @@ def error_delta(request: GenerationRequest, message: str) -> SequenceDelta:
     )
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the batch lists look sequences up by object, never by value
 class Sequence:
     """Engine-side state of one running sequence."""
 
