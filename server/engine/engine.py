@@ -49,11 +49,13 @@ import torch
 
 from constraints.batch_fill import fill_bitmasks
 from sampler import Sampler, TokenLogprobs
+from sampler.params import PendingSample
 from sampler.pool import to_device
 from server.engine.admission import AdmissionControl
 from server.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from server.engine.drafts import Draft
 from server.engine.host_buffers import HostStaging
+from server.engine.inflight import SAMPLED, InFlight, device_event, resolve, unfeed
 from server.engine.errors import EngineDead, EngineOverloaded, EngineUnavailable
 from server.engine.block_manager import BlockManager, BlockTable
 from server.engine.model import ModelRunner
@@ -116,7 +118,7 @@ class Engine:
         max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS,
         enable_prefix_caching: bool = True,
         mask_fill_threads: int = 0,
-        overlap_delivery: bool | None = None,
+        overlap: bool | None = None,
     ) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
@@ -146,10 +148,10 @@ class Engine:
         self._valid_bits = _valid_bits(runner.vocab_size, self._words)
         self._step_staging = HostStaging(runner.device)  # the step's integer arrays (StepBatch.build)
         self._mask_staging = HostStaging(runner.device)  # bitmasks and their row indices
-        self._step_hidden: torch.Tensor | None = None  # [R, D] for the rows sampled this step
-        # None: on CUDA only, where the forward runs asynchronously (see the module docstring)
-        self.overlap_delivery = runner.device.type == "cuda" if overlap_delivery is None else overlap_delivery
-        self._deferred: dict[int, Sequence] = {}  # sequences whose delta goes out after the next launch
+        self._step_hidden: torch.Tensor | None = None  # [C, D] for this step's sampling candidates
+        # None: where the forward runs asynchronously, i.e. not on the CPU (see the module docstring)
+        self.overlap = runner.device.type != "cpu" or hasattr(runner, "new_event") if overlap is None else overlap
+        self._inflight: InFlight | None = None  # the last sampler pass, not yet read by the host
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -283,36 +285,64 @@ class Engine:
 
     @torch.inference_mode()
     def step(self) -> None:
-        """Run one scheduling + forward + sampling step."""
+        """One step: schedule, launch the forward, read the previous step's tokens while the
+        device computes (overlapped loop; the synchronous loop has read them already), fill the
+        masks, sample (the ids stay on the device), then report and retire."""
         self._drain_inbox()
         self._admit()
+        if self._inflight is not None and self._needs_tokens_first():
+            self._process_inflight()
         if not self.scheduler.running:
-            self._deliver_deferred()
+            self._process_inflight()
+            self._report_and_retire()
             return
         self.stats.steps += 1
         decode_rows, extend_plan = self._plan_drafts(*self.scheduler.schedule())
         scoring = self._plan_scoring()
-        sampled = decode_rows + [seq for seq, take in extend_plan if take == len(seq.pending) and not seq.scoring]
-        drafting = [(seq, len(seq.output_ids)) for seq in sampled if seq.verify]
-        masked = [i for i, seq in enumerate(sampled) if _needs_host_mask(seq)]
-        fill = self._start_mask_fill([sampled[i] for i in masked], masked)
+        candidates = decode_rows + [seq for seq, take in extend_plan if take == len(seq.pending) and not seq.scoring]
+        # matchers are current unless a pass is in flight: then the fill waits for its tokens
+        fill = None if self._inflight is not None else self._start_mask_fill(candidates)
         try:
             try:
                 logits = self._forward(decode_rows, extend_plan, scoring)
             finally:
                 self._free_branches(scoring)
-                self._deliver_deferred()  # when the forward did not already (no rows, or it raised)
         except Exception as exc:
-            _wait_quietly(fill)  # its matchers must be idle before anyone touches them again
+            _wait_quietly(fill[0] if fill else None)  # its matchers must be idle before anyone touches them again
+            self._process_inflight()  # the previous step's tokens are good
             failed = decode_rows + [seq for seq, _ in extend_plan] + [seq for seq, _ in scoring]
             self._fail_batch(failed, f"model forward failed: {_describe(exc)}")
-        else:
-            bitmask, indices = self._finish_mask_fill(fill, masked, sampled)
-            if logits is not None:
-                self._sample(logits, sampled, bitmask, indices)
-            self._verify_drafts(drafting)
-            self._finish_scoring([seq for seq, _ in scoring])
+            self._report_and_retire()
+            return
+        sampled = candidates
+        if self._inflight is not None:
+            self._process_inflight()  # overlapped: the device runs this step's forward meanwhile
+            # a row whose last token ended it, or was followed by forced or replaced tokens, has
+            # logits at a position it no longer samples from
+            sampled = [seq for seq in candidates if not seq.finished and not seq.pending]
+            fill = self._start_mask_fill(sampled)
+        bitmask, indices = self._finish_mask_fill(fill, sampled)
+        if logits is not None and sampled:
+            if len(sampled) < len(candidates):
+                logits = self._select_rows(logits, candidates, sampled)
+            self._sample(logits, sampled, bitmask, indices)
+        drafting = [(seq, len(seq.output_ids)) for seq in sampled if seq.verify]
+        if not self.overlap or drafting:
+            self._process_inflight()
+        self._verify_drafts(drafting)
+        self._finish_scoring([seq for seq, _ in scoring])
         self._report_and_retire()
+
+    def flush(self) -> None:
+        """Read the tokens of a pass still in flight and report them (benchmarks, shutdown)."""
+        with torch.inference_mode():
+            self._process_inflight()
+            self._report_and_retire()
+
+    def _needs_tokens_first(self) -> bool:
+        """Whether this step's inputs depend on the in-flight tokens on the host: draft
+        proposals continue from them (the synchronous loop always reads them first)."""
+        return not self.overlap or any(seq.draft is not None for seq in self.scheduler.running)
 
     def _drain_inbox(self) -> None:
         while True:
@@ -404,9 +434,9 @@ class Engine:
         batch = StepBatch.build(rows, self.runner.block_size, self.runner.device,
                                 logit_counts=counts if max(counts) > 1 else None, row_adapters=adapters,
                                 staging=self._step_staging)
+        self._gather_sampled(decode_rows, extend_plan, batch)
         logits = self.runner.forward(batch)
         self.stats.forward_s += time.perf_counter() - started
-        self._deliver_deferred()  # the launch is queued: the last step's deltas go out while the device runs it
         first_rows = None  # with per-position logits: each row's first position
         if batch.logit_counts is not None:
             logits, first_rows = self._split_logits(logits, counts, extend_plan, scoring, len(decode_rows))
@@ -431,6 +461,22 @@ class Engine:
         self._keep_hidden(decode_rows, extend_plan, first_rows, keep)
         return logits[keep]
 
+    def _gather_sampled(self, decode_rows, extend_plan, batch: StepBatch) -> None:
+        """Rows fed the token sampled last step take it from the device (overlapped loop):
+        they are decode rows, so row i's token is token i of the batch."""
+        inflight = self._inflight
+        if inflight is None:
+            return
+        positions, rows = [], []
+        for i, seq in enumerate(decode_rows):
+            if seq.pending[0] == SAMPLED:
+                positions.append(i)
+                rows.append(inflight.row_of(seq))
+        if any(SAMPLED in seq.pending[:take] for seq, take in extend_plan):
+            raise RuntimeError("a sampled token still on the device was scheduled in an extension")
+        if positions:
+            inflight.gather_into(batch.tokens, positions, rows)
+
     def _keep_hidden(self, decode_rows, extend_plan, first_rows, keep: torch.Tensor | None) -> None:
         """The sampled rows' last-layer hidden states of this forward, when a sequence asks for them."""
         if any(s.request.return_hidden_states for s in decode_rows) or any(
@@ -440,42 +486,67 @@ class Engine:
             hidden = hidden if first_rows is None else hidden[first_rows]
             self._step_hidden = hidden if keep is None else hidden[keep]
 
+    def _select_rows(self, logits: torch.Tensor, candidates: list[Sequence], sampled: list[Sequence]) -> torch.Tensor:
+        """The logits (and hidden states) of ``sampled``, a subsequence of ``candidates``."""
+        position = {id(seq): i for i, seq in enumerate(candidates)}
+        index = to_device([position[id(seq)] for seq in sampled], torch.long, logits.device)
+        if self._step_hidden is not None:
+            self._step_hidden = self._step_hidden.index_select(0, index)
+        return logits.index_select(0, index)
+
     def _sample(self, logits: torch.Tensor, sampled: list[Sequence], bitmask, indices) -> None:
+        """Queue the sampler pass over ``sampled``: each row's next token stays on the device
+        (:data:`SAMPLED` in its pending tokens) until :meth:`_process_inflight` reads it."""
         started = time.perf_counter()
         try:
-            result = self._run_sampler(logits, [s.row for s in sampled], bitmask, indices)
+            pending = self._run_sampler(logits, [s.row for s in sampled], bitmask, indices)
         except Exception as exc:
             self._fail_batch(sampled, f"sampler failed: {_describe(exc)}")
             return
+        event = device_event(self.runner)
+        event.record()
+        hidden_rows = [i for i, seq in enumerate(sampled) if seq.request.return_hidden_states]
+        hidden = self._step_hidden
+        if hidden is not None and hidden_rows:  # a copy: a graph's buffer is overwritten next step
+            hidden = hidden.index_select(0, to_device(hidden_rows, torch.long, hidden.device))
+        for seq in sampled:
+            seq.pending = [SAMPLED]
+        self._inflight = InFlight(sampled, pending, event, hidden if hidden_rows else None, hidden_rows)
         self.stats.sample_s += time.perf_counter() - started
+
+    def _process_inflight(self) -> None:
+        """Read the in-flight pass's tokens and take each into its sequence (matcher, stops,
+        detokenizer, forced tokens); nothing when no pass is in flight."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is None:
+            return
+        try:
+            result = inflight.wait()
+            hidden = inflight.hidden_lists()
+        except Exception as exc:
+            for seq in inflight.seqs:
+                resolve(seq, 0)  # the placeholder must not stay in the cache's token record
+            self._fail_batch(inflight.seqs, f"sampler failed: {_describe(exc)}")
+            return
         for i, message in result.failures.items():  # a row's own processing failed (client code)
-            self._fail(sampled[i], message)
-        hidden = self._hidden_rows(sampled)
-        for i, (seq, token, logprob) in enumerate(zip(sampled, result.token_ids, result.logprobs)):
+            self._fail(inflight.seqs[i], message)
+        for i, (seq, token, logprob) in enumerate(zip(inflight.seqs, result.token_ids, result.logprobs)):
+            fed = resolve(seq, token)
             if i in hidden and not seq.finished:
                 seq.step_hidden.append(hidden[i])
-            self._accept_sampled(seq, token, logprob)
+            self._accept_sampled(seq, token, logprob, fed)
 
-    def _run_sampler(self, logits: torch.Tensor, rows, bitmask, indices):
+    def _run_sampler(self, logits: torch.Tensor, rows, bitmask, indices) -> PendingSample:
         """The in-graph sampling pass when the runner has one and every row qualifies, else the
         eager sampler (same tokens for greedy rows, same distributions for the others)."""
-        result = None
+        pending = None
         if self._graph_sampler is not None:
-            result = self._graph_sampler.sample(logits, rows, bitmask, indices)
-        if result is not None:
+            pending = self._graph_sampler.sample_async(logits, rows, bitmask, indices)
+        if pending is not None:
             self.stats.sampled_in_graph += 1
-            return result
+            return pending
         self.stats.sampled_eagerly += 1
-        return self.sampler.sample(logits, rows, bitmask, indices)
-
-    def _hidden_rows(self, sampled: list[Sequence]) -> dict[int, list[float]]:
-        """{row: its hidden state} for the rows that ask for them, read back in one transfer."""
-        hidden = self._step_hidden
-        wanted = [i for i, seq in enumerate(sampled) if seq.request.return_hidden_states]
-        if hidden is None or not wanted:
-            return {}
-        rows = hidden.index_select(0, to_device(wanted, torch.long, hidden.device)).float().cpu()
-        return dict(zip(wanted, rows.tolist()))
+        return self.sampler.sample_async(logits, rows, bitmask, indices)
 
     # ------------------------------------------------------------------ predicted outputs
 
@@ -544,12 +615,11 @@ class Engine:
     def _sample_draft_position(self, seqs: list[Sequence], position: int) -> None:
         """One sampler pass over the logits after draft token ``position`` of each row."""
         logits = torch.stack([seq.verify_logits[position] for seq in seqs])
-        masked = [i for i, seq in enumerate(seqs) if _needs_host_mask(seq)]
-        fill = self._start_mask_fill([seqs[i] for i in masked], masked)
-        bitmask, indices = self._finish_mask_fill(fill, masked, seqs)
+        bitmask, indices = self._finish_mask_fill(self._start_mask_fill(seqs), seqs)
         hidden, self._step_hidden = self._step_hidden, None  # no forward of its own: no hidden states
         try:
             self._sample(logits, seqs, bitmask, indices)
+            self._process_inflight()
         finally:
             self._step_hidden = hidden
 
@@ -686,12 +756,14 @@ class Engine:
 
     # ------------------------------------------------------------------ constraints
 
-    def _start_mask_fill(self, masked: list[Sequence], rows: list[int]) -> Future | None:
-        """Fill the bitmasks of ``masked`` (batch rows ``rows``) on the mask thread, into a
-        staging buffer (pinned and reused on CUDA): the row indices [M] int64, then the bitmask
-        [M, W] int32."""
-        if not masked:
+    def _start_mask_fill(self, sampled: list[Sequence]) -> tuple[Future, list[int]] | None:
+        """Fill the bitmasks of the rows of ``sampled`` whose mask the host computes, on the
+        mask thread, into a staging buffer (pinned and reused on CUDA): the row indices [M]
+        int64, then the bitmask [M, W] int32. Returns the fill and those rows."""
+        rows = [i for i, seq in enumerate(sampled) if _needs_host_mask(seq)]
+        if not rows:
             return None
+        masked = [sampled[i] for i in rows]
         host = self._mask_staging.buffer(8 * len(rows) + 4 * len(rows) * self._words)
         host[: 8 * len(rows)].view(torch.int64).copy_(torch.tensor(rows, dtype=torch.int64))
         bitmask = host[8 * len(rows) :].view(torch.int32).view(len(rows), self._words)
@@ -707,15 +779,16 @@ class Engine:
             self.stats.mask_fill_s += time.perf_counter() - started
             return host, failures
 
-        return self._mask_pool.submit(fill)
+        return self._mask_pool.submit(fill), rows
 
-    def _finish_mask_fill(self, fill: Future | None, masked: list[int], sampled: list[Sequence]):
+    def _finish_mask_fill(self, fill: tuple[Future, list[int]] | None, sampled: list[Sequence]):
         """Wait for the bitmask and fail the rows whose matcher raised or allows nothing;
         returns (bitmask [M, W] int32, row indices [M] int64) on the model's device, both views
         of one non-blocking copy from the staging buffer (none on the CPU)."""
         if fill is None:
             return None, None
-        host, failures = fill.result()
+        future, masked = fill
+        host, failures = future.result()
         for i, message in failures.items():
             self._fail(sampled[masked[i]], message)
         staged = self._mask_staging.upload(host)
@@ -724,20 +797,21 @@ class Engine:
 
     # ------------------------------------------------------------------ tokens
 
-    def _accept_sampled(self, seq: Sequence, token: int, logprob: TokenLogprobs | None) -> None:
+    def _accept_sampled(self, seq: Sequence, token: int, logprob: TokenLogprobs | None, fed: bool) -> None:
+        """Take a sampled token into ``seq``; ``fed``: the overlapped loop already fed it."""
         if seq.finished:
             return
         try:
-            self._take_sampled(seq, token, logprob)
+            self._take_sampled(seq, token, logprob, fed)
         except SequenceFailed as exc:  # its output of this step is incomplete, whatever it finished with
             self._fail(seq, str(exc), replace_finish=True)
         except Exception as exc:
             log.exception("sequence of %s failed", seq.request.request_id)
             self._fail(seq, f"internal error: {_describe(exc)}", replace_finish=True)
 
-    def _take_sampled(self, seq: Sequence, token: int, logprob: TokenLogprobs | None) -> None:
+    def _take_sampled(self, seq: Sequence, token: int, logprob: TokenLogprobs | None, fed: bool) -> None:
         if seq.reasoning is not None:
-            self._take_reasoning(seq, token, logprob)
+            self._take_reasoning(seq, token, logprob, fed)
             return
         matcher = seq.matcher
         sampled = token
@@ -752,7 +826,9 @@ class Engine:
             raise SequenceFailed(f"{CONSTRAINT_LIMIT}: {matcher.error}")
         if self._append(seq, token, logprob):
             return
-        seq.pending = [token]
+        if token != sampled:  # steered (close_on_length): the model is fed what was taken
+            unfeed(seq, sampled, fed)
+            seq.pending.insert(0, token)
         # Forced tokens come from no forward, so they would have no hidden state of their own.
         if matcher is not None and self.jump_forward and not seq.request.return_hidden_states:
             self._jump_forward(seq)
@@ -819,16 +895,15 @@ class Engine:
         if phase.budget == 0:
             self._end_reasoning(seq, force_end=True)
 
-    def _take_reasoning(self, seq: Sequence, token: int, logprob: TokenLogprobs | None) -> None:
+    def _take_reasoning(self, seq: Sequence, token: int, logprob: TokenLogprobs | None, fed: bool) -> None:
         """A token sampled inside the reasoning segment: the constraint is not consulted."""
         request = seq.request
         if request.matcher is not None and token in request.eos_token_ids and not request.ignore_eos:
-            seq.pending = []  # the answer is still owed: end the reasoning instead of the sequence
+            unfeed(seq, token, fed)  # the answer is still owed: end the reasoning instead of the sequence
             self._end_reasoning(seq, force_end=True)
             return
         if self._append(seq, token, logprob):
             return
-        seq.pending = [token]
         phase = seq.reasoning
         if seq.output_ids[-len(phase.end_ids):] == list(phase.end_ids) or self._wrote_end_text(seq, phase):
             self._end_reasoning(seq, force_end=False)
@@ -935,7 +1010,7 @@ class Engine:
 
     def _fail_running(self, message: str) -> None:
         """Fail and free every running sequence without touching the KV cache (it may be what broke)."""
-        self._deliver_deferred()
+        self._inflight = None
         for seq in self.scheduler.release_all():
             self._fail(seq, message)
             self._deliver(seq)
@@ -944,30 +1019,26 @@ class Engine:
     # ------------------------------------------------------------------ reporting
 
     def _report_and_retire(self) -> None:
-        """Report the step's deltas and free the finished sequences. With ``overlap_delivery``,
-        while some sequence goes on, the deltas wait for the next step's forward launch and go
-        out while the device computes it (a delta is taken when it is sent, so nothing is lost
-        or reordered: a later delivery of the same sequence takes everything accumulated)."""
-        defer = self.overlap_delivery and any(not s.finished for s in self.scheduler.running)
-        if not defer:
-            self._deliver_deferred()
+        """Report the step's deltas and free the finished sequences (in the overlapped loop this
+        runs while the device computes the step just launched)."""
         for seq in self.scheduler.running:
             if seq.step_tokens or seq.finished:
-                if defer:
-                    self._deferred[id(seq)] = seq
-                else:
-                    self._deliver(seq)
+                self._deliver(seq)
             self.blocks.register_full_blocks(seq.table)
         for seq in [s for s in self.scheduler.running if s.finished]:
             self._release(seq)
+        if self.overlap and self.scheduler.waiting:
+            self._report_preempted()
 
-    def _deliver_deferred(self) -> None:
-        """Send the deltas held back by :meth:`_report_and_retire`, oldest first."""
-        if not self._deferred:
-            return
-        deferred, self._deferred = self._deferred, {}
-        for seq in deferred.values():
-            self._deliver(seq)
+    def _report_preempted(self) -> None:
+        """Sequences preempted while their last token was in flight took it afterwards."""
+        for seq in self.scheduler.waiting:
+            if seq.admitted and (seq.step_tokens or seq.finished):
+                self._deliver(seq)
+        done = [seq for seq in self.scheduler.waiting if seq.finished and seq.admitted]
+        for seq in done:
+            self.scheduler.waiting.remove(seq)
+            seq.row.release()
 
     def _deliver(self, seq: Sequence) -> None:
         """Send the step's delta; a sink that raises fails only its own sequence."""

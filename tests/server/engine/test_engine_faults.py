@@ -257,7 +257,7 @@ def fail_once(monkeypatch, target, name: str, at_call: int, exc: BaseException) 
 def test_batch_failure_fails_only_that_steps_batch(make_engine, monkeypatch, where):
     expected = free_alone(make_engine)
     engine = make_engine(slots=2)
-    target, name = (engine.runner, "forward") if where == "forward" else (engine.sampler, "sample")
+    target, name = (engine.runner, "forward") if where == "forward" else (engine.sampler, "sample_async")
     fail_once(monkeypatch, target, name, at_call=3, exc=RuntimeError("device boom"))
     first, second, waiting = Collector(), Collector(), Collector()
     engine.submit_all([request("a", first, prompt=PROMPT_B), request("a", second, prompt=PROMPT_B)])

@@ -1,6 +1,6 @@
-"""Host/device overlap in the engine step: deltas delivered after the next forward launch give
-the same deltas as delivering at once (CPU), and on CUDA a decode step reads the device back
-exactly once."""
+"""The overlapped engine loop: the next step's forward is launched before the host reads the
+sampled tokens, and the output is exactly the synchronous loop's (same seeds, same tokens, same
+deltas), with constraints, jump-forward, penalties, stops, logprobs and drafts in the batch."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import torch
 from sampler import SamplingParams
 from server.engine.engine import Engine
 from server.engine.model import ModelRunner, load_hf_model
+from constraints import ConstraintSpec
+from server.engine.inflight import ReadyEvent
 from server.engine.sequence import GenerationRequest
 
 PROMPTS = [[1, 504, 3300, 28, 1012], [1, 77, 88, 99], [1, 2500, 314, 15, 16, 17, 18]]
@@ -54,37 +56,117 @@ def run_to_end(engine: Engine, deltas: dict[int, list]) -> None:
 
 
 def summary(deltas: dict[int, list]) -> dict[int, list]:
-    return {i: [(d.token_ids, d.text, d.finish_reason, d.error, d.logprobs, d.completion_tokens) for d in ds]
-            for i, ds in deltas.items()}
+    return {i: [(d.token_ids, d.text, d.finish_reason, d.error, logprob_ids(d.logprobs), d.completion_tokens)
+                for d in ds] for i, ds in deltas.items()}
 
 
-def test_deferred_delivery_gives_the_same_deltas(tiny_hf, default_tokenizer):
+def logprob_ids(logprobs) -> list | None:
+    return None if logprobs is None else [(lp.token_id, [t for t, _ in lp.top]) for lp in logprobs]
+
+
+def logprob_values(deltas: dict[int, list]) -> list[float]:
+    return [v for ds in deltas.values() for d in ds for lp in d.logprobs or () for v in [lp.logprob, *(v for _, v in lp.top)]]
+
+
+def assert_same_logprobs(a: list[float], b: list[float]) -> None:
+    """Equal up to the last bits: a wasted row in the overlapped loop's forward changes the batch's
+    shape, and with it the rounding of CPU matmuls (never the tokens)."""
+    assert len(a) == len(b) and a == pytest.approx(b, abs=1e-4, rel=0)
+
+
+def test_overlapped_loop_gives_the_same_deltas(tiny_hf, default_tokenizer):
     results = {}
     for overlap in (False, True):
-        engine = make_engine(tiny_hf, default_tokenizer, overlap_delivery=overlap)
+        engine = make_engine(tiny_hf, default_tokenizer, overlap=overlap)
         deltas: dict[int, list] = {}
         submit(engine, deltas)
         run_to_end(engine, deltas)
-        assert not engine._deferred and not engine.scheduler.running
-        results[overlap] = summary(deltas)
-    assert results[True] == results[False]
-    assert [len(ds) for ds in results[True].values()] == [9, 4, 6]  # one delta per sampled token
+        engine.flush()
+        assert engine._inflight is None and not engine.scheduler.running
+        results[overlap] = summary(deltas), logprob_values(deltas)
+    assert results[True][0] == results[False][0]
+    assert_same_logprobs(results[True][1], results[False][1])
+    assert [len(ds) for ds in results[True][0].values()] == [9, 4, 6]  # one delta per sampled token
+
+
+class RecordingRunner:
+    """The runner, with its forwards and the engine's reads of the sampled ids put in order."""
+
+    def __init__(self, runner) -> None:
+        self.runner = runner
+        self.log: list[tuple[str, int]] = []
+        self.forwards = 0
+        self.events = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self.runner, name)
+
+    def forward(self, batch):
+        self.forwards += 1
+        self.log.append(("forward", self.forwards))
+        return self.runner.forward(batch)
+
+    def new_event(self):
+        self.events += 1
+        return RecordingEvent(self.log, self.events)
+
+
+class RecordingEvent(ReadyEvent):
+    def __init__(self, log: list, number: int) -> None:
+        self.log, self.number = log, number
+
+    def synchronize(self) -> None:
+        self.log.append(("read", self.number))
+
+
+def test_the_host_reads_a_steps_tokens_after_the_next_forward_is_launched(tiny_hf, default_tokenizer):
+    runner = RecordingRunner(ModelRunner.for_sequences(tiny_hf, 4, 128, block_size=4))
+    engine = Engine(runner, default_tokenizer, max_batch_size=4, max_model_len=128, overlap=True)
+    deltas: dict[int, list] = {}
+    submit(engine, deltas)
+    for _ in range(3):
+        engine.step()
+    assert runner.log == [("forward", 1), ("forward", 2), ("read", 1), ("forward", 3), ("read", 2)]
+    run_to_end(engine, deltas)
+
+
+def test_the_synchronous_loop_reads_before_the_next_launch(tiny_hf, default_tokenizer):
+    runner = RecordingRunner(ModelRunner.for_sequences(tiny_hf, 4, 128, block_size=4))
+    engine = Engine(runner, default_tokenizer, max_batch_size=4, max_model_len=128, overlap=False)
+    deltas: dict[int, list] = {}
+    submit(engine, deltas)
+    for _ in range(3):
+        engine.step()
+    assert runner.log == [("forward", 1), ("read", 1), ("forward", 2), ("read", 2), ("forward", 3), ("read", 3)]
 
 
 def test_a_steps_deltas_go_out_during_the_next_step(tiny_hf, default_tokenizer):
-    engine = make_engine(tiny_hf, default_tokenizer, overlap_delivery=True)
+    engine = make_engine(tiny_hf, default_tokenizer, overlap=True)
     deltas: dict[int, list] = {}
     submit(engine, deltas)
-    engine.step()  # prefill and first tokens: held back while the sequences run on
+    engine.step()  # prefill; the first tokens are still on the device
     assert [len(d) for d in deltas.values()] == [0, 0, 0]
-    engine.step()  # delivered after this step's forward launch
+    engine.step()  # read and delivered after this step's forward launch
     assert [len(d) for d in deltas.values()] == [1, 1, 1]
-    run_to_end(engine, deltas)  # the last step delivers at once: nothing is left behind
+    run_to_end(engine, deltas)
     assert all(d[-1].finish_reason == "length" for d in deltas.values())
 
 
-def test_a_failing_deferred_sink_fails_only_its_sequence(tiny_hf, default_tokenizer):
-    engine = make_engine(tiny_hf, default_tokenizer, overlap_delivery=True)
+def test_a_finished_row_costs_at_most_one_extra_forward(tiny_hf, default_tokenizer):
+    steps = {}
+    for overlap in (False, True):
+        engine = make_engine(tiny_hf, default_tokenizer, overlap=overlap)
+        deltas: dict[int, list] = {}
+        submit(engine, deltas)
+        run_to_end(engine, deltas)
+        engine.flush()
+        steps[overlap] = (engine.stats.steps, engine.stats.decode_tokens)
+    assert steps[True][0] == steps[False][0] + 1
+    assert steps[False][1] < steps[True][1] <= steps[False][1] + len(PROMPTS)
+
+
+def test_a_failing_sink_fails_only_its_sequence(tiny_hf, default_tokenizer):
+    engine = make_engine(tiny_hf, default_tokenizer, overlap=True)
     deltas: dict[int, list] = {}
     submit(engine, deltas, sink_error_at=0)
     for _ in range(200):
@@ -97,29 +179,83 @@ def test_a_failing_deferred_sink_fails_only_its_sequence(tiny_hf, default_tokeni
 
 
 def test_overlap_is_off_on_the_cpu_by_default(tiny_hf, default_tokenizer):
-    assert make_engine(tiny_hf, default_tokenizer).overlap_delivery is False
+    assert make_engine(tiny_hf, default_tokenizer).overlap is False
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
+                                           "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]},
+                                                    "maxItems": 3},
+                                           "ok": {"type": "boolean"}},
+          "required": ["name", "tags", "ok"], "additionalProperties": False}
+
+
+def mixed_requests(compiler, sink_for) -> list[GenerationRequest]:
+    """Constrained rows (greedy and seeded) with jump-forward, free rows with penalties, logprobs,
+    a stop string and bad words, and a predicted output (a draft: the loop reads tokens first)."""
+    compiled = compiler.compile(ConstraintSpec("json_schema", SCHEMA))
+    regex = compiler.compile(ConstraintSpec("regex", r"(yes|no|maybe), because [a-z ]{5,30}\\."))
+    prompt = [1, 9690, 198, 2683, 314, 253, 5356, 30, 2, 198]
+    rows = [
+        dict(params=SamplingParams(temperature=0.0, logprobs=True, top_logprobs=2), matcher=compiled.new_matcher()),
+        dict(params=SamplingParams(temperature=0.9, seed=3), matcher=compiled.new_matcher()),
+        dict(params=SamplingParams(temperature=0.7, seed=5, top_p=0.9), matcher=regex.new_matcher()),
+        dict(params=SamplingParams(temperature=0.8, seed=11, repetition_penalty=1.3, presence_penalty=0.5),
+             stop=(" the",)),
+        dict(params=SamplingParams(temperature=0.0, bad_words=((28,), (30, 31))), ignore_eos=True),
+        dict(params=SamplingParams(temperature=0.0), prediction_token_ids=[28, 29, 30, 31, 32, 33]),
+    ]
+    return [GenerationRequest(request_id=f"m{i}", prompt_token_ids=prompt, max_tokens=30 + 7 * i,
+                              sink=sink_for(i), eos_token_ids=frozenset({2}), **fields)
+            for i, fields in enumerate(rows)]
+
+
+@pytest.mark.parametrize("slots", [6, 2])
+def test_overlap_keeps_every_output_with_constraints_and_features(tiny_hf, default_tokenizer, default_compiler, slots):
+    """Same tokens, text, logprobs and finish with the overlapped and the synchronous loop;
+    two slots make sequences wait and join mid-flight."""
+    results = {}
+    for overlap in (False, True):
+        engine = Engine(ModelRunner.for_sequences(tiny_hf, slots, 256, block_size=4), default_tokenizer,
+                        max_batch_size=slots, max_model_len=256, overlap=overlap, jump_forward=True)
+        deltas: dict[int, list] = {}
+
+        def sink_for(i):
+            deltas[i] = []
+            return deltas[i].append
+
+        for request in mixed_requests(default_compiler, sink_for):
+            engine.submit(request)
+        run_to_end(engine, deltas)
+        engine.flush()
+        assert engine.stats.forced_tokens > 0 and engine.stats.draft_tokens > 0
+        outputs = {i: ([t for d in ds for t in d.token_ids], "".join(d.text for d in ds), ds[-1].finish_reason,
+                       ds[-1].error) for i, ds in deltas.items()}
+        results[overlap] = outputs, logprob_values(deltas)
+    assert results[True][0] == results[False][0]
+    assert_same_logprobs(results[True][1], results[False][1])
+    assert all(r[2] in ("stop", "length") for r in results[True][0].values())
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_decode_step_syncs_once(tiny_model_dir, default_tokenizer):
-    """Under torch's sync debug mode, every plain decode step (greedy and sampled rows, logprobs
-    with top alternatives) makes exactly one synchronizing call: reading the sampled ids back."""
+def test_cuda_decode_step_syncs_at_most_once(tiny_model_dir, default_tokenizer):
+    """Under torch's sync debug mode, a plain decode step makes at most one synchronizing call
+    (the synchronous loop's read of the sampled ids; the overlapped loop waits on an event)."""
     hf = load_hf_model(tiny_model_dir, torch.float32, torch.device("cuda"))
-    engine = make_engine(hf, default_tokenizer)
-    assert engine.overlap_delivery
-    deltas: dict[int, list] = {}
-    submit(engine, deltas)
-    for _ in range(2):  # prefill, then the first decode step builds the sampler's plan
-        engine.step()
-    syncs = []
-    for _ in range(2):  # every row still decoding (the shortest runs 4 tokens)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                engine.step()
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-        syncs.append(sum("synchroniz" in str(w.message) for w in caught))
-    assert syncs == [1, 1]
-    run_to_end(engine, deltas)
+    for overlap in (False, True):
+        engine = make_engine(hf, default_tokenizer, overlap=overlap)
+        deltas: dict[int, list] = {}
+        submit(engine, deltas)
+        for _ in range(2):  # prefill, then the first decode step builds the sampler's plan
+            engine.step()
+        syncs = []
+        for _ in range(2):  # every row still decoding (the shortest runs 4 tokens)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    engine.step()
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            syncs.append(sum("synchroniz" in str(w.message) for w in caught))
+        assert all(count <= 1 for count in syncs)
+        run_to_end(engine, deltas)
