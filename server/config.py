@@ -27,6 +27,7 @@ class Settings:
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
     jump_forward: bool = True
+    overlap: str = "auto"
     close_on_length: bool = False
     device_dfa: str = "auto"
     mask_fill_threads: int = 0
@@ -86,6 +87,7 @@ _HELP = {
     "gpu_memory_utilization": "on CUDA: fraction of the GPU's memory the weights, activations and KV cache may use (the cache gets what is left)",
     "enable_prefix_caching": "reuse the KV blocks of a prompt prefix seen before: shared system prompts, tools, re-sent conversations (on|off)",
     "jump_forward": "append tokens a constraint forces without sampling them (on|off)",
+    "overlap": "overlapped engine loop: the next step's forward is launched before the host reads the sampled tokens (same output): auto (on with CUDA), on, off",
     "close_on_length": "constrained outputs close (parse and validate) before max_tokens ends, unless a request sets structured_outputs.close_on_length false (on|off)",
     "device_dfa": "regex/choice constraints as a device-resident DFA masked by a kernel: auto (on with CUDA), on, off",
     "mask_fill_threads": "threads filling the constraint masks of one step, in xgrammar's and llguidance's batched fills (0 = with CUDA one per masked row up to one per core, on the CPU 1)",
@@ -133,6 +135,7 @@ _CHOICES = {
     "device": ["auto", "cpu", "cuda"],
     "log_level": ["debug", "info", "warning", "error"],
     "device_dfa": ["auto", "on", "off"],
+    "overlap": ["auto", "on", "off"],
     "max_tokens_overflow": ["error", "clamp"],
     "ray_routing": ["cache", "round-robin", "pow2"],
     "tool_call_format": ["", "qwen3-hermes", "qwen3-xml", "llama", "mistral", "deepseek", "kimi", "glm", "gpt-oss", "gemma4"],

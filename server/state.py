@@ -202,6 +202,7 @@ def build_state(settings: Settings, source: ModelSource | None = None) -> Server
         max_waiting_tokens=settings.max_waiting_tokens,
         enable_prefix_caching=settings.enable_prefix_caching,
         mask_fill_threads=settings.mask_fill_threads,
+        overlap=None if settings.overlap == "auto" else settings.overlap == "on",
     )
     engine.start()
     eos = eos_ids(tokenizer, source.directory)
