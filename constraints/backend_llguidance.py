@@ -117,6 +117,13 @@ class LLGuidanceMatcher(Matcher):
         self._history.append((token_id, True))
         return True
 
+    def _allowed_if_only_stops(self) -> list[int]:
+        # a stop token is allowed only where the output may end: everywhere else the answer is
+        # [] without computing a mask (jump-forward asks after every token)
+        if not (self._m.is_accepting() or self._m.is_stopped() or self._m.is_error()):
+            return []
+        return super()._allowed_if_only_stops()
+
     def _mask_allows(self, token_id: int) -> bool:
         if self._mask_at != len(self._history):
             self._update_mask()
