@@ -7,18 +7,23 @@ forward runs, sample all rows in one sampler pass, then append tokens,
 detokenize, check stops and report one delta per sequence. Finished sequences leave the batch at
 the end of the step; nothing ever waits for another request to finish.
 
-Host and device work overlap where the next step's inputs do not depend on it. A step's integer
-inputs go to the device in one non-blocking copy from a reused pinned buffer, and so do the
-bitmasks (:mod:`server.engine.host_buffers`); on CUDA the forward is then only queued, so the
-engine thread goes on while the device computes:
+Host and device work overlap. A step's integer inputs go to the device in one non-blocking copy
+from a reused pinned buffer, and so do the bitmasks (:mod:`server.engine.host_buffers`); the
+forward is then only queued. With ``overlap`` (default: wherever the forward runs asynchronously,
+i.e. not on the CPU) the loop does not wait for a step's sampled ids before launching the next
+step (:mod:`server.engine.inflight`):
 
-- the constraint bitmasks of the rows sampled this step are filled on the mask thread from
-  before the forward is launched until the sampler needs them (on every device);
-- with ``overlap_delivery`` (default: on CUDA only) the previous step's deltas are handed to the
-  request sinks right after this step's forward is launched, instead of at the end of the
-  previous step; the last step before the batch empties, and any failure path, delivers at once.
-  Detokenizing, stop checks, matcher advances and jump-forward decide the next step's inputs, so
-  they stay between the sampler's read-back and the next launch.
+    schedule → launch forward N+1 (rows sampled at N take their token from the device)
+             → read step N's ids (one event) → matchers, detokenizer, stops, forced tokens
+             → fill the masks of the rows sampled at N+1 → queue sampling N+1 → deliver, retire
+
+so everything the host does per token runs while the device computes the next forward. A row
+that finished at N, or whose token at N was followed by forced tokens (jump-forward, reasoning
+markers) or replaced (close_on_length), is not sampled at N+1: its logits are at a position it no
+longer samples from, and at most that one forward row is wasted. Sampling sees the same rows,
+masks and RNG draws as in the synchronous loop (``overlap=False``: read the ids right after
+sampling, before the next launch), so the output is the same. Steps whose inputs need the tokens
+on the host first (draft proposals) read them before scheduling.
 
 The step reads the device back once: the sampler's ids together with any logprobs (one more
 transfer only for rows asking for hidden states, and per scored choice). Rows with a device DFA
