@@ -135,6 +135,7 @@ def build_engine(hf_model, tokenizer, *, max_batch_size: int, max_model_len: int
 
 def release(engine: Engine) -> None:
     """Abort every running sequence so its KV space is free for the next measurement."""
+    engine.flush()  # the overlapped loop's last sampled tokens
     for seq in list(engine.scheduler.running):
         seq.finish("abort")
     engine._report_and_retire()
@@ -240,6 +241,7 @@ def decode_rate(engine: Engine, prompt: list[int], compiled, batch: int, plan: P
     started = time.perf_counter()
     for _ in range(plan.steps):
         engine.step()
+    engine.flush()
     synchronize(plan.device)
     elapsed = time.perf_counter() - started
     steps = max(_snapshot(engine.stats)["steps"] - before["steps"], 1)
