@@ -117,6 +117,18 @@ class LLGuidanceMatcher(Matcher):
         self._history.append((token_id, True))
         return True
 
+    def _accept_prefix(self, ids) -> int:
+        # forced_tokens' probe: llguidance's grammar check of the whole run at once instead of a
+        # mask per token (the probe is rolled back; the engine then takes the tokens through
+        # accept_token, mask-checked, and stops forcing at one the mask refuses)
+        if self._m.is_error() or self.is_terminated():
+            return super()._accept_prefix(ids)
+        ids = list(ids)
+        n = self._m.validate_tokens(ids)
+        consumed = self._m.try_consume_tokens(ids[:n]) if n else 0
+        self._history.extend((t, True) for t in ids[:consumed])
+        return consumed
+
     def _allowed_if_only_stops(self) -> list[int]:
         # a stop token is allowed only where the output may end: everywhere else the answer is
         # [] without computing a mask (jump-forward asks after every token)
