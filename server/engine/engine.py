@@ -29,10 +29,13 @@ The step reads the device back once: the sampler's ids together with any logprob
 transfer only for rows asking for hidden states, and per scored choice). Rows with a device DFA
 read its state when a token is accepted.
 
-Two hooks use per-position logits of an extension: a sequence with a predicted output feeds its
-next draft tokens after its last token and keeps the prefix that sampling agrees with
-(:meth:`Engine._verify_drafts`); a sequence scoring choices feeds every choice after the prompt
-from a copy of the prompt's cache, all in one pass (:meth:`Engine._plan_scoring`).
+Each feature lives in its own module behind a small interface, so the loop reads in order:
+:mod:`server.engine.intake` is where every token enters a sequence (with
+:mod:`server.engine.reasoning_gate` and :mod:`server.engine.closing`);
+:mod:`server.engine.mask_fill` fills the constraint bitmasks on the mask thread;
+:mod:`server.engine.draft_verifier` feeds predicted-output drafts and keeps what sampling agrees
+with; :mod:`server.engine.scoring` scores every choice of a choice request in one pass;
+:mod:`server.engine.inflight` hands the overlapped loop's sampled ids from one step to the next.
 
 Failures stay as small as they can: whatever fails for one sequence (its matcher, detokenizer,
 stop strings or sink) ends only that sequence with finish_reason "error"; a failed forward or
@@ -47,28 +50,31 @@ import logging
 import queue
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
-from constraints.batch_fill import fill_bitmasks
-from sampler import Sampler, TokenLogprobs
+from sampler import Sampler
 from sampler.params import PendingSample
 from sampler.pool import to_device
 from server.engine.admission import AdmissionControl
-from server.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
-from server.engine.drafts import Draft
-from server.engine.host_buffers import HostStaging
-from server.engine.inflight import SAMPLED, InFlight, device_event, resolve, unfeed
-from server.engine.errors import EngineDead, EngineOverloaded, EngineUnavailable
 from server.engine.block_manager import BlockManager, BlockTable
+from server.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from server.engine.draft_verifier import DraftVerifier
+from server.engine.drafts import Draft
+from server.engine.errors import EngineDead, EngineOverloaded, EngineUnavailable
+from server.engine.failures import CONSTRAINT_LIMIT, describe
+from server.engine.host_buffers import HostStaging
+from server.engine.inflight import SAMPLED, InFlight, device_event, resolve
+from server.engine.intake import TokenIntake
+from server.engine.mask_fill import MaskFill
 from server.engine.model import ModelRunner
 from server.engine.scheduler import Scheduler
-from server.engine.sequence import GenerationRequest, ReasoningPhase, Sequence, SequenceDelta, error_delta
+from server.engine.scoring import ChoiceScorer
+from server.engine.sequence import GenerationRequest, Sequence, SequenceDelta, error_delta
 from server.engine.step_batch import StepBatch
 
-__all__ = ["Engine", "EngineDead", "EngineOverloaded", "EngineStats", "EngineUnavailable"]
+__all__ = ["CONSTRAINT_LIMIT", "Engine", "EngineDead", "EngineOverloaded", "EngineStats", "EngineUnavailable"]
 
 log = logging.getLogger("trellis.engine")
 
@@ -97,13 +103,19 @@ class EngineStats:
     failed_steps: int = 0  # steps that raised out of Engine.step (a bug): the running batch failed
 
 
-# how a sequence whose constraint hit a parser limit mid-generation fails (the client's constraint
-# is too complex to follow at this point: a 400 naming it, not a server fault)
-CONSTRAINT_LIMIT = "the constraint hit a parser limit mid-generation"
+@dataclass
+class StepPlan:
+    """What one step runs: one-token decode rows, (sequence, tokens fed) extensions, choice
+    scoring branches, and the rows that get a token sampled if nothing changes before."""
 
+    decode_rows: list[Sequence]
+    extend_plan: list[tuple[Sequence, int]]
+    scoring: list
+    candidates: list[Sequence]
 
-class SequenceFailed(Exception):
-    """One sequence's own work failed; the message is what its client is told."""
+    @property
+    def rows(self) -> list[Sequence]:
+        return self.decode_rows + [seq for seq, _ in self.extend_plan] + [seq for seq, _ in self.scoring]
 
 
 class Engine:
@@ -132,11 +144,6 @@ class Engine:
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len
         self.prefill_budget = prefill_budget
-        self.jump_forward = jump_forward
-        self.max_draft_tokens = max_draft_tokens
-        # 0: one fill thread per masked row up to one per core beside a GPU; on the CPU the
-        # forward's torch threads already use every core, so the fill keeps to one thread
-        self.mask_fill_threads = mask_fill_threads if mask_fill_threads > 0 else int(runner.device.type != "cuda")
         self.stats = EngineStats()
         self.last_step_at = time.monotonic()
         self._admission = AdmissionControl(max_waiting_seqs, max_waiting_tokens)
@@ -148,17 +155,36 @@ class Engine:
             raise ValueError(f"the KV cache holds {self.blocks.capacity_tokens} tokens, less than one "
                              f"sequence of max_model_len {max_model_len}")
         self.scheduler = Scheduler(self.blocks, max_batch_size, prefill_budget)
-        self._mask_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trellis-mask")
-        self._words = (runner.vocab_size + 31) // 32
-        self._valid_bits = _valid_bits(runner.vocab_size, self._words)
+        # the features, each behind its own small interface
+        self.intake = TokenIntake(tokenizer, max_model_len=max_model_len, jump_forward=jump_forward,
+                                  stats=self.stats, fail=self._fail)
+        self.scorer = ChoiceScorer(self.blocks, runner, runner.vocab_size, self.intake, self.stats, self._fail)
+        self.drafts = DraftVerifier(self.scheduler, self.stats, prefill_budget=prefill_budget,
+                                    max_draft_tokens=max_draft_tokens, max_model_len=max_model_len)
+        # 0: one fill thread per masked row up to one per core beside a GPU; on the CPU the
+        # forward's torch threads already use every core, so the fill keeps to one thread
+        fill_threads = mask_fill_threads if mask_fill_threads > 0 else int(runner.device.type != "cuda")
+        self.masks = MaskFill(runner.vocab_size, runner.device, fill_threads, self.stats)
         self._step_staging = HostStaging(runner.device)  # the step's integer arrays (StepBatch.build)
-        self._mask_staging = HostStaging(runner.device)  # bitmasks and their row indices
         self._step_hidden: torch.Tensor | None = None  # [C, D] for this step's sampling candidates
         # None: where the forward runs asynchronously, i.e. not on the CPU (see the module docstring)
         self.overlap = runner.device.type != "cpu" or hasattr(runner, "new_event") if overlap is None else overlap
         self._inflight: InFlight | None = None  # the last sampler pass, not yet read by the host
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+
+    @property
+    def jump_forward(self) -> bool:
+        """Tokens a constraint forces are appended without sampling them."""
+        return self.intake.jump_forward
+
+    @jump_forward.setter
+    def jump_forward(self, on: bool) -> None:
+        self.intake.jump_forward = on
+
+    @property
+    def mask_fill_threads(self) -> int:
+        return self.masks.threads
 
     # ------------------------------------------------------------------ public, any thread
 
@@ -172,7 +198,7 @@ class Engine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        self._mask_pool.shutdown(wait=False)
+        self.masks.shutdown()
 
     def submit(self, request: GenerationRequest) -> None:
         """Queue one sequence (see :meth:`submit_all`)."""
@@ -241,14 +267,14 @@ class Engine:
 
     def _loop(self) -> None:
         try:
-            self._run()
+            self._serve()
         except BaseException as exc:  # anything that ends the thread must be visible
             self._error = exc
             log.critical("engine thread died", exc_info=exc)
         finally:
             self._close()
 
-    def _run(self) -> None:
+    def _serve(self) -> None:
         while not self._stop.is_set():
             if not self.scheduler.running and not self.scheduler.waiting and self._inbox.empty():
                 self._wake.wait(timeout=0.5)
@@ -259,12 +285,12 @@ class Engine:
                 except Exception as exc:  # a bug in the step itself: only the running batch pays
                     log.exception("engine step failed")
                     self.stats.failed_steps += 1
-                    self._fail_running(f"engine step failed: {_describe(exc)}")
+                    self._fail_running(f"engine step failed: {describe(exc)}")
             self.last_step_at = time.monotonic()
 
     def _close(self) -> None:
         """The thread ends: refuse new work, give every pending sequence a final error delta."""
-        reason = f"engine stopped: {_describe(self._error)}" if self._error else "engine shut down"
+        reason = f"engine stopped: {describe(self._error)}" if self._error else "engine shut down"
         try:
             self._admission.close(reason)
             self._fail_running(reason)
@@ -290,53 +316,56 @@ class Engine:
 
     @torch.inference_mode()
     def step(self) -> None:
-        """One step: schedule, launch the forward, read the previous step's tokens while the
-        device computes (overlapped loop; the synchronous loop has read them already), fill the
-        masks, sample (the ids stay on the device), then report and retire."""
+        """One step: schedule → launch the forward → read the previous step's tokens (in the
+        overlapped loop, while the device computes) → fill the masks → sample → report, retire."""
         self._drain_inbox()
         self._admit()
         if self._inflight is not None and self._needs_tokens_first():
             self._process_inflight()
-        if not self.scheduler.running:
+        if self.scheduler.running:
+            self.stats.steps += 1
+            self._run(self._schedule())
+        else:
             self._process_inflight()
-            self._report_and_retire()
-            return
-        self.stats.steps += 1
-        decode_rows, extend_plan = self._plan_drafts(*self.scheduler.schedule())
-        scoring = self._plan_scoring()
+        self._report_and_retire()
+
+    def _schedule(self) -> StepPlan:
+        decode_rows, extend_plan = self.drafts.plan(*self.scheduler.schedule())
+        scoring = self.scorer.plan(self.scheduler.running)
         candidates = decode_rows + [seq for seq, take in extend_plan if take == len(seq.pending) and not seq.scoring]
-        # matchers are current unless a pass is in flight: then the fill waits for its tokens
-        fill = None if self._inflight is not None else self._start_mask_fill(candidates)
+        return StepPlan(decode_rows, extend_plan, scoring, candidates)
+
+    def _run(self, plan: StepPlan) -> None:
+        # the matchers are current unless a pass is in flight: then the fill waits for its tokens
+        fill = None if self._inflight is not None else self.masks.start(plan.candidates)
         try:
-            try:
-                logits = self._forward(decode_rows, extend_plan, scoring)
-            finally:
-                self._free_branches(scoring)
+            logits = self._launch(plan)
         except Exception as exc:
-            _wait_quietly(fill[0] if fill else None)  # its matchers must be idle before anyone touches them again
+            self.masks.wait_quietly(fill)  # its matchers must be idle before anyone touches them again
             self._process_inflight()  # the previous step's tokens are good
-            failed = decode_rows + [seq for seq, _ in extend_plan] + [seq for seq, _ in scoring]
-            self._fail_batch(failed, f"model forward failed: {_describe(exc)}")
-            self._report_and_retire()
+            self._fail_batch(plan.rows, f"model forward failed: {describe(exc)}")
             return
-        sampled = candidates
+        sampled = plan.candidates
         if self._inflight is not None:
             self._process_inflight()  # overlapped: the device runs this step's forward meanwhile
             # a row whose last token ended it, or was followed by forced or replaced tokens, has
             # logits at a position it no longer samples from
-            sampled = [seq for seq in candidates if not seq.finished and not seq.pending]
-            fill = self._start_mask_fill(sampled)
-        bitmask, indices = self._finish_mask_fill(fill, sampled)
+            sampled = [seq for seq in plan.candidates if not seq.finished and not seq.pending]
+            fill = self.masks.start(sampled)
+        bitmask, indices = self.masks.finish(fill, sampled, self._fail)
         if logits is not None and sampled:
-            if len(sampled) < len(candidates):
-                logits = self._select_rows(logits, candidates, sampled)
-            self._sample(logits, sampled, bitmask, indices)
+            self._sample(self._select_rows(logits, plan.candidates, sampled), sampled, bitmask, indices)
         drafting = [(seq, len(seq.output_ids)) for seq in sampled if seq.verify]
         if not self.overlap or drafting:
             self._process_inflight()
-        self._verify_drafts(drafting)
-        self._finish_scoring([seq for seq, _ in scoring])
-        self._report_and_retire()
+        self.drafts.verify(drafting, self._sample_draft_position)
+        self.scorer.finish(plan.scoring)
+
+    def _launch(self, plan: StepPlan) -> torch.Tensor | None:
+        try:
+            return self._forward(plan.decode_rows, plan.extend_plan, plan.scoring)
+        finally:
+            self.scorer.free_branches(plan.scoring)
 
     def flush(self) -> None:
         """Read the tokens of a pass still in flight and report them (benchmarks, shutdown)."""
@@ -364,10 +393,10 @@ class Engine:
         try:
             seq = self._new_sequence(request)
         except Exception as exc:
-            log.warning("sequence of %s could not start: %s", request.request_id, _describe(exc))
+            log.warning("sequence of %s could not start: %s", request.request_id, describe(exc))
             self.stats.failed_sequences += 1
             self._admission.dropped(len(request.prompt_token_ids))
-            _send_quietly(request, error_delta(request, f"sequence could not start: {_describe(exc)}"))
+            _send_quietly(request, error_delta(request, f"sequence could not start: {describe(exc)}"))
             return
         self.scheduler.waiting.append(seq)
 
@@ -391,11 +420,11 @@ class Engine:
             table=BlockTable(salt=request.adapter),
         )
         if seq.reasoning is not None:
-            self._enter_reasoning(seq)
+            self.intake.reasoning.enter(seq)
         if request.prediction_token_ids:
             seq.draft = Draft(request.prediction_token_ids)
         if request.score_choices:
-            self._start_scoring(seq)
+            ChoiceScorer.start(seq)
         return seq
 
     def _abort(self, request_id: str) -> None:
@@ -428,7 +457,7 @@ class Engine:
         rows are scored on the spot."""
         rows = [(seq.table.blocks, seq.pending[:1], seq.cached_len) for seq in decode_rows]
         rows += [(seq.table.blocks, seq.pending[:take] + seq.verify, seq.cached_len) for seq, take in extend_plan]
-        rows += self._scoring_rows(scoring)
+        rows += self.scorer.rows(scoring)
         if not rows:
             return None
         counts = [1] * len(decode_rows) + [1 + len(seq.verify) for seq, _ in extend_plan]
@@ -493,6 +522,8 @@ class Engine:
 
     def _select_rows(self, logits: torch.Tensor, candidates: list[Sequence], sampled: list[Sequence]) -> torch.Tensor:
         """The logits (and hidden states) of ``sampled``, a subsequence of ``candidates``."""
+        if len(sampled) == len(candidates):
+            return logits
         position = {id(seq): i for i, seq in enumerate(candidates)}
         index = to_device([position[id(seq)] for seq in sampled], torch.long, logits.device)
         if self._step_hidden is not None:
@@ -506,7 +537,7 @@ class Engine:
         try:
             pending = self._run_sampler(logits, [s.row for s in sampled], bitmask, indices)
         except Exception as exc:
-            self._fail_batch(sampled, f"sampler failed: {_describe(exc)}")
+            self._fail_batch(sampled, f"sampler failed: {describe(exc)}")
             return
         event = device_event(self.runner)
         event.record()
@@ -531,7 +562,7 @@ class Engine:
         except Exception as exc:
             for seq in inflight.seqs:
                 resolve(seq, 0)  # the placeholder must not stay in the cache's token record
-            self._fail_batch(inflight.seqs, f"sampler failed: {_describe(exc)}")
+            self._fail_batch(inflight.seqs, f"sampler failed: {describe(exc)}")
             return
         for i, message in result.failures.items():  # a row's own processing failed (client code)
             self._fail(inflight.seqs[i], message)
@@ -539,7 +570,7 @@ class Engine:
             fed = resolve(seq, token)
             if i in hidden and not seq.finished:
                 seq.step_hidden.append(hidden[i])
-            self._accept_sampled(seq, token, logprob, fed)
+            self.intake.take_sampled(seq, token, logprob, fed)
 
     def _run_sampler(self, logits: torch.Tensor, rows, bitmask, indices) -> PendingSample:
         """The in-graph sampling pass when the runner has one and every row qualifies, else the
@@ -555,72 +586,10 @@ class Engine:
 
     # ------------------------------------------------------------------ predicted outputs
 
-    def _plan_drafts(self, decode_rows, extend_plan):
-        """Give rows that follow a prediction their next draft tokens (``seq.verify``), fed after
-        their pending tokens; a decoding row with a draft becomes a one-token extension.
-        Draft tokens share the step's prefill budget."""
-        budget = self.prefill_budget - sum(take for _, take in extend_plan)
-        for seq, take in [(seq, 1) for seq in decode_rows] + extend_plan:
-            if seq.draft is None or take != len(seq.pending) or seq.scoring or budget <= 0:
-                continue
-            seq.verify = seq.draft.proposal(self._draft_room(seq, budget))
-            if seq.verify and not self.scheduler.grow(seq, seq.cached_len + take + len(seq.verify)):
-                seq.verify = []  # no free block for the draft: plain decoding this step
-            budget -= len(seq.verify)
-        if not any(seq.verify for seq in decode_rows):
-            return decode_rows, extend_plan
-        drafting = [(seq, 1) for seq in decode_rows if seq.verify]
-        return [seq for seq in decode_rows if not seq.verify], extend_plan + drafting
-
-    def _draft_room(self, seq: Sequence, budget: int) -> int:
-        """How many draft tokens ``seq`` may verify now: the per-step cap, the budget, the
-        tokens it may still emit (one is the token sampled after the draft) and the cache."""
-        emitted = len(seq.request.prompt_token_ids) + len(seq.output_ids)
-        return min(
-            self.max_draft_tokens,
-            budget,
-            seq.request.max_tokens - len(seq.output_ids) - 1,
-            self.max_model_len - emitted - 1,
-        )
-
-    def _verify_drafts(self, drafting: list[tuple[Sequence, int]]) -> None:
-        """Sample the positions after each fed draft token in rounds (one batched sampler pass per
-        position, over the rows still agreeing), then roll the cache back past the first
-        disagreement. ``drafting``: (sequence, its output length before this step's sampling).
-
-        Each position is sampled exactly as without a draft (same processing, same RNG stream),
-        and a draft token counts only if the sampled token equals it, so the output is the one
-        the row would produce without a prediction."""
-        if not drafting:
-            return
-        used = {id(seq): 0 for seq, _ in drafting}
-        active, position = drafting, 0
-        while active:
-            agreeing = []
-            for seq, mark in active:
-                if not _sampled_draft_token(seq, mark, position):
-                    continue
-                used[id(seq)] = position + 1
-                if seq.finished:
-                    continue
-                seq.pending.pop(0)  # the draft token's keys/values are already cached
-                if not seq.pending:  # nothing forced after it: sample the next position
-                    agreeing.append((seq, mark))
-            if agreeing:
-                self._sample_draft_position([seq for seq, _ in agreeing], position)
-            active, position = agreeing, position + 1
-        for seq, _ in drafting:
-            kept = used[id(seq)]
-            seq.table.truncate(seq.cached_len - (len(seq.verify) - kept))
-            seq.draft.settle(len(seq.verify), kept)
-            self.stats.draft_tokens += len(seq.verify)
-            self.stats.accepted_draft_tokens += kept
-            seq.verify, seq.verify_logits = [], None
-
     def _sample_draft_position(self, seqs: list[Sequence], position: int) -> None:
         """One sampler pass over the logits after draft token ``position`` of each row."""
         logits = torch.stack([seq.verify_logits[position] for seq in seqs])
-        bitmask, indices = self._finish_mask_fill(self._start_mask_fill(seqs), seqs)
+        bitmask, indices = self.masks.finish(self.masks.start(seqs), seqs, self._fail)
         hidden, self._step_hidden = self._step_hidden, None  # no forward of its own: no hidden states
         try:
             self._sample(logits, seqs, bitmask, indices)
@@ -641,356 +610,10 @@ class Engine:
         row = n_decode + len(extend_plan)
         for seq, choices in scoring:
             for choice, _slot in choices:
-                self._score_choice(seq, choice, logits[starts[row] : starts[row] + counts[row]])
+                self.scorer.score(seq, choice, logits[starts[row] : starts[row] + counts[row]])
                 row += 1
         first = to_device(starts[: n_decode + len(extend_plan)], torch.long, logits.device)
         return logits[first], first
-
-    # ------------------------------------------------------------------ choice scoring
-
-    def _start_scoring(self, seq: Sequence) -> None:
-        """Hold back the prompt's last token: each choice is fed after it from a copy of the
-        prompt's cache, so its logits score the choice's first token."""
-        if not seq.request.prompt_token_ids:
-            raise ValueError("scoring choices needs a non-empty prompt")
-        seq.scoring = True
-        seq.pending = seq.pending[:-1]
-        seq.choice_scores = [None] * len(seq.request.score_choices)
-        seq.choice_token_logprobs = [None] * len(seq.request.score_choices)
-
-    def _plan_scoring(self) -> list[tuple[Sequence, list[tuple[int, BlockTable]]]]:
-        """(sequence, [(choice, branch)]) for sequences whose prompt is cached: each unscored
-        choice runs in a branch of the sequence's blocks (full blocks shared, the last one
-        copied); choices that find no free blocks wait for the next step."""
-        plan = []
-        for seq in self.scheduler.running:
-            if not seq.scoring or seq.pending or seq.finished:
-                continue
-            branches = []
-            for choice, score in enumerate(seq.choice_scores):
-                if score is not None:
-                    continue
-                fork = self.blocks.fork(seq.table, 1 + len(seq.request.score_choices[choice]))
-                if fork is None:
-                    break
-                branch, copy = fork
-                if copy is not None:
-                    self.runner.copy_blocks([copy])
-                branches.append((choice, branch))
-            if branches:
-                plan.append((seq, branches))
-            elif len(self.scheduler.running) == 1:
-                self._fail(seq, "a choice does not fit in the KV cache")
-        return plan
-
-    def _scoring_rows(self, scoring) -> list[tuple[list[int], list[int], int]]:
-        rows = []
-        for seq, choices in scoring:
-            last_prompt_token = seq.request.prompt_token_ids[-1]
-            for choice, branch in choices:
-                rows.append((branch.blocks, [last_prompt_token, *seq.request.score_choices[choice]], seq.cached_len))
-        return rows
-
-    def _free_branches(self, scoring) -> None:
-        for _, choices in scoring:
-            for _, branch in choices:
-                self.blocks.free(branch)
-
-    def _score_choice(self, seq: Sequence, choice: int, logits: torch.Tensor) -> None:
-        """Sum of the choice's token logprobs (raw model distribution), from the logits at the
-        prompt's last token and after each of the choice's tokens but the last."""
-        tokens = seq.request.score_choices[choice]
-        logprobs = logits[: len(tokens), : self.sampler.vocab_size].float().log_softmax(dim=-1)
-        ids = to_device(tokens, torch.long, logprobs.device)
-        chosen = logprobs.gather(1, ids.view(-1, 1)).view(-1)
-        top_n = min(seq.request.params.top_logprobs, logprobs.shape[1])
-        pieces = [chosen.sum().view(1), chosen]
-        if top_n:
-            values, indices = logprobs.topk(top_n, dim=-1)
-            pieces += [values.flatten(), indices.flatten()]
-        # one read-back: float64 holds every float32 value and token id exactly
-        host = torch.cat([piece.double() for piece in pieces]).cpu()
-        n = len(tokens)
-        seq.choice_scores[choice] = float(host[0])
-        self.stats.scored_choices += 1
-        top = [[]] * n
-        if top_n:
-            values_host = host[1 + n : 1 + n + n * top_n].view(n, top_n).tolist()
-            indices_host = host[1 + n + n * top_n :].view(n, top_n).long().tolist()
-            top = [list(zip(i, v)) for i, v in zip(indices_host, values_host)]
-        seq.choice_token_logprobs[choice] = [
-            TokenLogprobs(token, value, alternatives)
-            for token, value, alternatives in zip(tokens, host[1 : 1 + n].tolist(), top)
-        ]
-
-    def _finish_scoring(self, seqs: list[Sequence]) -> None:
-        """Sequences with every choice scored: normalise, pick one, emit its tokens."""
-        for seq in seqs:
-            if seq.finished or any(score is None for score in seq.choice_scores):
-                continue
-            seq.scoring = False
-            scores = torch.tensor(seq.choice_scores, dtype=torch.float64)
-            seq.choice_logprobs = scores.log_softmax(dim=0).tolist()
-            try:
-                self._emit_choice(seq, self._pick_choice(seq, scores))
-            except SequenceFailed as exc:
-                self._fail(seq, str(exc), replace_finish=True)
-
-    @staticmethod
-    def _pick_choice(seq: Sequence, scores: torch.Tensor) -> int:
-        """Greedy: the most probable choice; sampling: a draw from the choices' distribution at the
-        row's temperature, with one uniform from the row's seeded RNG."""
-        params = seq.request.params
-        if params.greedy:
-            return int(scores.argmax())
-        probs = (scores / params.temperature).softmax(dim=0)
-        cumulative = probs.cumsum(dim=0)
-        return min(int((cumulative < seq.row.rng.random()).sum()), len(probs) - 1)
-
-    def _emit_choice(self, seq: Sequence, choice: int) -> None:
-        """Append the choice's tokens (through the constraint matcher) and finish."""
-        matcher = seq.matcher
-        want_logprobs = seq.request.params.logprobs
-        for entry in seq.choice_token_logprobs[choice]:
-            if matcher is not None and not _guarded("constraint matcher", matcher.accept_token, entry.token_id):
-                raise SequenceFailed(f"constraint rejected choice token {entry.token_id}")
-            if self._append(seq, entry.token_id, entry if want_logprobs else None):
-                return
-        seq.step_text.append(self._feed_stops(seq, _guarded("detokenizer", seq.detokenizer.flush))[0])
-        seq.finish("stop")
-
-    # ------------------------------------------------------------------ constraints
-
-    def _start_mask_fill(self, sampled: list[Sequence]) -> tuple[Future, list[int]] | None:
-        """Fill the bitmasks of the rows of ``sampled`` whose mask the host computes, on the
-        mask thread, into a staging buffer (pinned and reused on CUDA): the row indices [M]
-        int64, then the bitmask [M, W] int32. Returns the fill and those rows."""
-        rows = [i for i, seq in enumerate(sampled) if _needs_host_mask(seq)]
-        if not rows:
-            return None
-        masked = [sampled[i] for i in rows]
-        host = self._mask_staging.buffer(8 * len(rows) + 4 * len(rows) * self._words)
-        host[: 8 * len(rows)].view(torch.int64).copy_(torch.tensor(rows, dtype=torch.int64))
-        bitmask = host[8 * len(rows) :].view(torch.int32).view(len(rows), self._words)
-        matchers = [seq.matcher for seq in masked]
-
-        @torch.inference_mode()  # the buffer was made in the step's inference mode
-        def fill() -> tuple[torch.Tensor, dict[int, str]]:
-            started = time.perf_counter()
-            # batched and parallel per backend; the empty-mask check is here, so it overlaps the forward
-            failures = fill_bitmasks(
-                matchers, bitmask, max_threads=self.mask_fill_threads, valid_bits=self._valid_bits
-            )
-            self.stats.mask_fill_s += time.perf_counter() - started
-            return host, failures
-
-        return self._mask_pool.submit(fill), rows
-
-    def _finish_mask_fill(self, fill: tuple[Future, list[int]] | None, sampled: list[Sequence]):
-        """Wait for the bitmask and fail the rows whose matcher raised or allows nothing;
-        returns (bitmask [M, W] int32, row indices [M] int64) on the model's device, both views
-        of one non-blocking copy from the staging buffer (none on the CPU)."""
-        if fill is None:
-            return None, None
-        future, masked = fill
-        host, failures = future.result()
-        for i, message in failures.items():
-            self._fail(sampled[masked[i]], message)
-        staged = self._mask_staging.upload(host)
-        rows = len(masked)
-        return staged[8 * rows :].view(torch.int32).view(rows, self._words), staged[: 8 * rows].view(torch.int64)
-
-    # ------------------------------------------------------------------ tokens
-
-    def _accept_sampled(self, seq: Sequence, token: int, logprob: TokenLogprobs | None, fed: bool) -> None:
-        """Take a sampled token into ``seq``; ``fed``: the overlapped loop already fed it."""
-        if seq.finished:
-            return
-        try:
-            self._take_sampled(seq, token, logprob, fed)
-        except SequenceFailed as exc:  # its output of this step is incomplete, whatever it finished with
-            self._fail(seq, str(exc), replace_finish=True)
-        except Exception as exc:
-            log.exception("sequence of %s failed", seq.request.request_id)
-            self._fail(seq, f"internal error: {_describe(exc)}", replace_finish=True)
-
-    def _take_sampled(self, seq: Sequence, token: int, logprob: TokenLogprobs | None, fed: bool) -> None:
-        if seq.reasoning is not None:
-            self._take_reasoning(seq, token, logprob, fed)
-            return
-        matcher = seq.matcher
-        sampled = token
-        if getattr(matcher, "close_on_length", False):
-            token, logprob = self._accept_closing(seq, token, logprob)
-        elif matcher is not None and not _guarded("constraint matcher", matcher.accept_token, token):
-            token = -1
-        if token < 0:
-            self._fail(seq, f"constraint rejected sampled token {sampled}")
-            return
-        if matcher is not None and getattr(matcher, "error", None):  # a parser limit: not a real stop
-            raise SequenceFailed(f"{CONSTRAINT_LIMIT}: {matcher.error}")
-        if self._append(seq, token, logprob):
-            return
-        if token != sampled:  # steered (close_on_length): the model is fed what was taken
-            unfeed(seq, sampled, fed)
-            seq.pending.insert(0, token)
-        # Forced tokens come from no forward, so they would have no hidden state of their own.
-        if matcher is not None and self.jump_forward and not seq.request.return_hidden_states:
-            self._jump_forward(seq)
-
-    def _jump_forward(self, seq: Sequence) -> None:
-        """Append the tokens the automaton forces; they are fed to the model in one extension."""
-        matcher = seq.matcher
-        room = seq.request.max_tokens - len(seq.output_ids)
-        forced = _guarded("constraint matcher", matcher.forced_tokens)[: max(room - 1, 0)]
-        for token in forced:
-            if getattr(matcher, "close_on_length", False):
-                taken, forced_logprob = self._accept_closing(seq, token, _forced_logprob(seq, token))
-            else:
-                taken = token if _guarded("constraint matcher", matcher.accept_token, token) else -1
-                forced_logprob = _forced_logprob(seq, token)
-            if taken < 0:
-                break
-            self.stats.forced_tokens += 1
-            if self._append(seq, taken, forced_logprob):
-                return
-            seq.pending.append(taken)
-            if taken != token:  # steered off the forced text: the rest no longer follows
-                return
-
-    def _accept_closing(self, seq: Sequence, token: int, logprob: TokenLogprobs | None) -> tuple[int, TokenLogprobs | None]:
-        """Accept ``token`` when the output can still close within the budget after it, else
-        the next token of the completion planned before it (close_on_length); returns the token
-        taken (-1: rejected) and its logprob. ``seq.closing`` keeps a completion from the
-        current state that fits the budget left."""
-        matcher = seq.matcher
-        room = self._room(seq)
-        plan = seq.closing if seq.closing is not None else _guarded("constraint matcher", matcher.shortest_completion, room)
-        if plan is not None and plan[:1] == [token]:
-            seq.closing = plan[1:] if _guarded("constraint matcher", matcher.accept_token, token) else None
-            return (token if seq.closing is not None else -1), logprob
-        if not _guarded("constraint matcher", matcher.accept_token, token):
-            return -1, logprob
-        after = [] if matcher.is_terminated() else _guarded("constraint matcher", matcher.shortest_completion, room - 1)
-        if after is not None or plan is None:
-            seq.closing = after
-            return token, logprob
-        matcher.rollback(1)  # no way to close after it within the budget: steer into the plan
-        self.stats.closing_steered += 1
-        planned = plan[0] if plan else matcher.ctx.stop_token_ids[0]
-        if not _guarded("constraint matcher", matcher.accept_token, planned):
-            return -1, logprob
-        seq.closing = plan[1:]
-        return planned, _forced_logprob(seq, planned)
-
-    def _room(self, seq: Sequence) -> int:
-        """Tokens the sequence may still add before its budget or the context ends it."""
-        used = len(seq.output_ids)
-        return min(seq.request.max_tokens - used, self.max_model_len - len(seq.request.prompt_token_ids) - used)
-
-    # ------------------------------------------------------------------ reasoning
-
-    def _enter_reasoning(self, seq: Sequence) -> None:
-        """A new sequence starts inside its reasoning segment: open it where the prompt did not."""
-        phase = seq.reasoning
-        seq.reasoning = None  # forced markers are not reasoning tokens
-        if self._force(seq, phase.start_ids):
-            return
-        seq.reasoning = phase
-        if phase.budget == 0:
-            self._end_reasoning(seq, force_end=True)
-
-    def _take_reasoning(self, seq: Sequence, token: int, logprob: TokenLogprobs | None, fed: bool) -> None:
-        """A token sampled inside the reasoning segment: the constraint is not consulted."""
-        request = seq.request
-        if request.matcher is not None and token in request.eos_token_ids and not request.ignore_eos:
-            unfeed(seq, token, fed)  # the answer is still owed: end the reasoning instead of the sequence
-            self._end_reasoning(seq, force_end=True)
-            return
-        if self._append(seq, token, logprob):
-            return
-        phase = seq.reasoning
-        if seq.output_ids[-len(phase.end_ids):] == list(phase.end_ids) or self._wrote_end_text(seq, phase):
-            self._end_reasoning(seq, force_end=False)
-            return
-        seq.reasoning_tokens += 1
-        if phase.budget is not None and seq.reasoning_tokens >= phase.budget:
-            self._end_reasoning(seq, force_end=True)
-
-    def _wrote_end_text(self, seq: Sequence, phase: ReasoningPhase) -> bool:
-        """Whether the last token completed the end marker's text (a marker split over tokens,
-        whichever tokens the model wrote it in). Every token decodes to at least one character,
-        so the marker lies within the last ``len(end_text)`` tokens."""
-        if not phase.end_text:
-            return False
-        window = seq.output_ids[-len(phase.end_text) - 1 :]
-
-        def text(ids: list[int]) -> str:
-            return _guarded("detokenizer", lambda: self.tokenizer.decode(ids, skip_special_tokens=False)) or ""
-
-        return phase.end_text in text(window) and phase.end_text not in text(window[:-1])
-
-    def _end_reasoning(self, seq: Sequence, *, force_end: bool) -> None:
-        """Leave the segment (forcing its end marker when the model did not write it), force the
-        answer's prefix, then hand the sequence to its constraint, fresh from its first state."""
-        phase, seq.reasoning = seq.reasoning, None
-        forced = (phase.end_ids if force_end else ()) + phase.answer_prefix_ids
-        if self._force(seq, forced):
-            return
-        request = seq.request
-        seq.matcher = request.matcher
-        if request.token_dfa is not None:
-            seq.row.attach_dfa(request.token_dfa)
-        if seq.matcher is not None and self.jump_forward:
-            self._jump_forward(seq)
-
-    def _force(self, seq: Sequence, tokens: tuple[int, ...]) -> bool:
-        """Append ``tokens`` unsampled (fed to the model with the next extension); True when the
-        sequence finished on one of them."""
-        for token in tokens:
-            self.stats.forced_tokens += 1
-            if self._append(seq, token, _forced_logprob(seq, token)):
-                return True
-            seq.pending.append(token)
-        return False
-
-    def _append(self, seq: Sequence, token: int, logprob: TokenLogprobs | None) -> bool:
-        """Add one token to the output; returns True when it finished the sequence."""
-        request = seq.request
-        if seq.draft is not None:
-            seq.draft.observe(token)
-        seq.output_ids.append(token)
-        seq.row.append_token(token)
-        seq.step_tokens.append(token)
-        if logprob is not None:
-            seq.step_logprobs.append(logprob)
-        matcher = seq.matcher
-        if token in request.stop_token_ids:
-            seq.finish("stop", token)
-        elif token in request.eos_token_ids and not request.ignore_eos:
-            seq.finish("stop")
-            seq.eos_hit = token
-        elif matcher is not None and _guarded("constraint matcher", matcher.is_terminated):
-            seq.finish("stop")
-            seq.eos_hit = token if token in request.eos_token_ids else None
-        if seq.finished:
-            seq.step_text.append(self._feed_stops(seq, _guarded("detokenizer", seq.detokenizer.flush))[0])
-            return True
-        text, hit = self._feed_stops(seq, _guarded("detokenizer", seq.detokenizer.push, [token]))
-        seq.step_text.append(text)
-        if hit is not None:
-            seq.finish("stop", hit)
-        elif len(seq.output_ids) >= request.max_tokens or self._at_context_limit(seq):
-            seq.step_text.append(self._feed_stops(seq, _guarded("detokenizer", seq.detokenizer.flush))[0])
-            seq.finish("length")
-        return seq.finished
-
-    @staticmethod
-    def _feed_stops(seq: Sequence, text: str) -> tuple[str, str | None]:
-        return _guarded("stop-string matching", seq.stops.feed, text)
-
-    def _at_context_limit(self, seq: Sequence) -> bool:
-        return len(seq.request.prompt_token_ids) + len(seq.output_ids) >= self.max_model_len
 
     # ------------------------------------------------------------------ failures
 
@@ -1053,9 +676,9 @@ class Engine:
         try:
             seq.request.sink(seq.take_delta())
         except Exception as exc:
-            log.warning("delivering output of %s failed: %s", seq.request.request_id, _describe(exc))
+            log.warning("delivering output of %s failed: %s", seq.request.request_id, describe(exc))
             if not seq.finished:
-                self._fail(seq, f"output sink failed: {_describe(exc)}")
+                self._fail(seq, f"output sink failed: {describe(exc)}")
                 seq.closed = True
                 _send_quietly(seq.request, seq.take_delta())  # one last try: it may have been transient
 
@@ -1063,52 +686,6 @@ class Engine:
         """Free ``seq``'s blocks (its full ones stay in the prefix cache) and sampler row."""
         self.scheduler.release(seq)
         seq.row.release()
-
-
-def _sampled_draft_token(seq: Sequence, mark: int, position: int) -> bool:
-    """This step's output token ``position`` (counted from output length ``mark``) exists and is
-    the draft token fed at that position."""
-    out = seq.output_ids
-    index = mark + position
-    return position < len(seq.verify) and len(out) > index and out[index] == seq.verify[position]
-
-
-def _needs_host_mask(seq: Sequence) -> bool:
-    """Constrained rows whose mask is not computed on the device by a resident DFA."""
-    return seq.matcher is not None and seq.row.dfa is None
-
-
-def _forced_logprob(seq: Sequence, token: int) -> TokenLogprobs:
-    """The logprob entry of a token appended without sampling (certain: 0.0)."""
-    return TokenLogprobs(token, 0.0, [(token, 0.0)] * bool(seq.request.params.top_logprobs))
-
-
-def _valid_bits(vocab_size: int, words: int) -> torch.Tensor:
-    """int32 [words]: the bitmask bits that stand for real tokens."""
-    valid = torch.full((words,), -1, dtype=torch.int32)
-    if vocab_size % 32:
-        valid[-1] = (1 << (vocab_size % 32)) - 1
-    return valid
-
-
-def _describe(exc: BaseException | None) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _guarded(what: str, fn, *args):
-    """``fn(*args)``, with any exception turned into a :class:`SequenceFailed` naming ``what``."""
-    try:
-        return fn(*args)
-    except Exception as exc:
-        raise SequenceFailed(f"{what} failed: {_describe(exc)}") from exc
-
-
-def _wait_quietly(fill: Future | None) -> None:
-    if fill is not None:
-        try:
-            fill.result()
-        except Exception:
-            log.exception("constraint mask fill failed")
 
 
 def _send_quietly(request: GenerationRequest, delta: SequenceDelta) -> None:

@@ -70,7 +70,7 @@ class Scheduler:
             if seq not in self.running or seq.finished:
                 continue  # preempted by an older sequence of this step, or done
             if seq.scoring and not seq.pending:
-                continue  # its choices are scored instead (see Engine._plan_scoring)
+                continue  # its choices are scored instead (see server.engine.scoring)
             if len(seq.pending) == 1 and not seq.scoring:
                 take = 1
             elif budget > 0 or not extend_plan:

@@ -275,7 +275,7 @@ def test_batch_failure_fails_only_that_steps_batch(make_engine, monkeypatch, whe
 
 def test_engine_thread_survives_a_bug_in_the_step(make_engine, monkeypatch):
     engine = make_engine()
-    fail_once(monkeypatch, engine, "_plan_drafts", at_call=2, exc=RuntimeError("loop bug"))
+    fail_once(monkeypatch, engine.drafts, "plan", at_call=2, exc=RuntimeError("loop bug"))
     hit = Collector()
     engine.submit_all([request("hit", hit)])
     engine.start()

@@ -1,0 +1,97 @@
+"""Drafts verified inside the batched step (predicted outputs), output unchanged.
+
+A row following a draft (:class:`server.engine.drafts.Draft`) feeds its next draft tokens after
+its pending tokens (``seq.verify``), as one extension sharing the step's prefill budget, and gets
+logits at every fed position. After the step's sampling, the positions after each draft token are
+sampled in rounds, one batched sampler pass per position over the rows still agreeing; a draft
+token counts only if the token sampled there equals it, and the cache is rolled back past the
+first disagreement. Each position is sampled exactly as without a draft (same processing, same
+RNG stream), so the output is the one the row would produce without a prediction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from server.engine.scheduler import Scheduler
+from server.engine.sequence import Sequence
+
+Extension = list[tuple[Sequence, int]]  # (sequence, tokens fed)
+
+
+class DraftVerifier:
+    """Gives rows their drafts before the forward and keeps what sampling agrees with after it."""
+
+    def __init__(self, scheduler: Scheduler, stats, *, prefill_budget: int, max_draft_tokens: int,
+                 max_model_len: int) -> None:
+        self.scheduler = scheduler
+        self.stats = stats
+        self.prefill_budget = prefill_budget
+        self.max_draft_tokens = max_draft_tokens
+        self.max_model_len = max_model_len
+
+    def plan(self, decode_rows: list[Sequence], extend_plan: Extension) -> tuple[list[Sequence], Extension]:
+        """Give rows that follow a prediction their next draft tokens (``seq.verify``), fed after
+        their pending tokens; a decoding row with a draft becomes a one-token extension."""
+        budget = self.prefill_budget - sum(take for _, take in extend_plan)
+        for seq, take in [(seq, 1) for seq in decode_rows] + extend_plan:
+            if seq.draft is None or take != len(seq.pending) or seq.scoring or budget <= 0:
+                continue
+            seq.verify = seq.draft.proposal(self._room(seq, budget))
+            if seq.verify and not self.scheduler.grow(seq, seq.cached_len + take + len(seq.verify)):
+                seq.verify = []  # no free block for the draft: plain decoding this step
+            budget -= len(seq.verify)
+        if not any(seq.verify for seq in decode_rows):
+            return decode_rows, extend_plan
+        drafting = [(seq, 1) for seq in decode_rows if seq.verify]
+        return [seq for seq in decode_rows if not seq.verify], extend_plan + drafting
+
+    def _room(self, seq: Sequence, budget: int) -> int:
+        """How many draft tokens ``seq`` may verify now: the per-step cap, the budget, the
+        tokens it may still emit (one is the token sampled after the draft) and the cache."""
+        emitted = len(seq.request.prompt_token_ids) + len(seq.output_ids)
+        return min(
+            self.max_draft_tokens,
+            budget,
+            seq.request.max_tokens - len(seq.output_ids) - 1,
+            self.max_model_len - emitted - 1,
+        )
+
+    def verify(self, drafting: list[tuple[Sequence, int]], sample_position: Callable[[list[Sequence], int], None]) -> None:
+        """Sample the positions after each fed draft token in rounds, then roll the cache back
+        past the first disagreement. ``drafting``: (sequence, its output length before this
+        step's sampling), with this step's tokens already taken; ``sample_position(seqs, i)``
+        samples and takes the token after draft token ``i`` of each of ``seqs``."""
+        if not drafting:
+            return
+        used = {id(seq): 0 for seq, _ in drafting}
+        active, position = drafting, 0
+        while active:
+            agreeing = []
+            for seq, mark in active:
+                if not _sampled_draft_token(seq, mark, position):
+                    continue
+                used[id(seq)] = position + 1
+                if seq.finished:
+                    continue
+                seq.pending.pop(0)  # the draft token's keys/values are already cached
+                if not seq.pending:  # nothing forced after it: sample the next position
+                    agreeing.append((seq, mark))
+            if agreeing:
+                sample_position([seq for seq, _ in agreeing], position)
+            active, position = agreeing, position + 1
+        for seq, _ in drafting:
+            kept = used[id(seq)]
+            seq.table.truncate(seq.cached_len - (len(seq.verify) - kept))
+            seq.draft.settle(len(seq.verify), kept)
+            self.stats.draft_tokens += len(seq.verify)
+            self.stats.accepted_draft_tokens += kept
+            seq.verify, seq.verify_logits = [], None
+
+
+def _sampled_draft_token(seq: Sequence, mark: int, position: int) -> bool:
+    """This step's output token ``position`` (counted from output length ``mark``) exists and is
+    the draft token fed at that position."""
+    out = seq.output_ids
+    index = mark + position
+    return position < len(seq.verify) and len(out) > index and out[index] == seq.verify[position]
