@@ -86,6 +86,7 @@ class Plan:
     bandwidth_bytes: int
     max_graph_tokens: int = 512  # piecewise graphs of mixed steps up to this many tokens (0: none)
     server_args: list[str] = field(default_factory=list)  # extra ``trellis serve`` flags
+    profile_dir: Path | None = None  # torch.profiler tables of every decode row go here
 
 
 @dataclass
@@ -199,6 +200,9 @@ def measure_decode(hf_model, tokenizer, compiled, plan: Plan, shape: str, floor_
             engine.jump_forward = jump
             paths_before = dict(getattr(engine.runner, "path_counts", {}))
             rate, step_ms = decode_rate(engine, prompt, matcher_source, batch, plan)
+            if plan.profile_dir is not None:
+                label = f"{shape}-b{batch}-{name}" + ("-jf" if jump else "")
+                profile_decode(engine, prompt, matcher_source, batch, plan, label)
             free_rate = rate if name == "free" else free_rate
             rows.append(Row(shape, "decode", batch, name, "on" if jump else ("off" if matcher_source else "-"),
                             tok_s=rate, ms=step_ms, x_floor=step_ms / floor_ms,
@@ -248,6 +252,21 @@ def decode_rate(engine: Engine, prompt: list[int], compiled, batch: int, plan: P
     workload.stopped = True
     release(engine)
     return (workload.output_tokens - tokens) / elapsed, 1000 * elapsed / steps
+
+
+def profile_decode(engine: Engine, prompt: list[int], compiled, batch: int, plan: Plan, label: str) -> None:
+    """The same workload again under torch.profiler (``--profile DIR``): ``DIR/label.txt``."""
+    from benchmarks.step_profile import profile_steps
+
+    workload = KeptFull(engine, prompt, compiled, max_tokens=plan.decode_len - len(prompt) - 8, seed=2000)
+    for _ in range(batch):
+        workload.submit()
+    for _ in range(plan.warmup):
+        engine.step()
+    wall_ms, kernel_ms = profile_steps(engine, plan.steps, plan.device, plan.profile_dir / f"{label}.txt", label)
+    print(f"  profile {label}: wall {wall_ms:.2f} ms/step, device kernels {kernel_ms:.2f} ms/step", flush=True)
+    workload.stopped = True
+    release(engine)
 
 
 def chat_prompt(tokenizer) -> list[int]:
@@ -467,14 +486,15 @@ def make_plan(args: argparse.Namespace) -> Plan:
                     batches=args.batches or [2], clients=args.clients or [2], steps=args.steps or 3,
                     warmup=2, decode_len=256, prompt_tokens=args.prompt_tokens or 200, http_tokens=8,
                     enforce_eager=args.enforce_eager, bandwidth_bytes=16 << 20,
-                    max_graph_tokens=args.max_graph_tokens, server_args=["--compile-workers", "1"])
+                    max_graph_tokens=args.max_graph_tokens, server_args=["--compile-workers", "1"],
+                    profile_dir=args.profile)
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     return Plan(device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
                 shapes=args.shapes, parts=args.parts, batches=args.batches or [1, 8, 64, 256],
                 clients=args.clients or [1, 16, 64, 256], steps=args.steps or 32, warmup=8, decode_len=1024,
                 prompt_tokens=args.prompt_tokens or 4000, http_tokens=128, enforce_eager=args.enforce_eager,
                 bandwidth_bytes=1 << 30 if device.type == "cuda" else 256 << 20,
-                max_graph_tokens=args.max_graph_tokens)
+                max_graph_tokens=args.max_graph_tokens, profile_dir=args.profile)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -493,6 +513,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="piecewise graphs of mixed steps up to this many tokens; 0: mixed steps eager")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the script runs")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help="also profile every decode row (torch.profiler tables, one file per row, in DIR)")
     args = parser.parse_args(argv)
     tokenizer_dir = args.tokenizer
     if tokenizer_dir is None:
