@@ -5,6 +5,7 @@ requests/s, output tokens/s, time to first token (p50/p95) and time per output t
 output-tokens/s ratio of every level to concurrency 1 (measured in the same run).
 
     python benchmarks/serve.py --base-url http://127.0.0.1:8000 --concurrency 1 4 16
+    python benchmarks/serve.py --concurrency 16 --json-schema   # free and json_schema side by side
 """
 
 from __future__ import annotations
@@ -28,6 +29,18 @@ PROMPTS = [
     "Give advice for a first job interview.",
     "Why is the sky blue?",
 ]
+
+
+PEOPLE = {  # the structured workload: a list of people, as benchmarks/decode.py's
+    "type": "object",
+    "properties": {"people": {"type": "array", "items": {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 16}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                       "city": {"enum": ["Paris", "London", "Tokyo", "Lima"]}, "member": {"type": "boolean"}},
+        "required": ["name", "age", "city", "member"], "additionalProperties": False}}},
+    "required": ["people"], "additionalProperties": False,
+}
+JSON_FORMAT = {"response_format": {"type": "json_schema", "json_schema": {"name": "people", "schema": PEOPLE}}}
 
 
 @dataclass
@@ -108,20 +121,27 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--requests-per-level", type=int, default=0, help="default: 2 x concurrency (at least 4)")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--json-schema", action="store_true",
+                        help="also run every level with a json_schema response_format (ratio to free printed)")
     args = parser.parse_args()
     model = args.model or httpx.get(args.base_url + "/v1/models").json()["data"][0]["id"]
     rows = []
     for level in args.concurrency:
         requests = args.requests_per_level or max(4, 2 * level)
-        rows.append(asyncio.run(run_level(args.base_url, model, level, requests, args.max_tokens)))
-    base = rows[0]["tok_s"]
+        rows.append(("free", asyncio.run(run_level(args.base_url, model, level, requests, args.max_tokens))))
+        if args.json_schema:
+            rows.append(("json_schema", asyncio.run(run_level(args.base_url, model, level, requests, args.max_tokens,
+                                                              JSON_FORMAT))))
+    base = rows[0][1]["tok_s"]
+    free = {r["concurrency"]: r["tok_s"] for name, r in rows if name == "free"}
     print(f"model={model} max_tokens={args.max_tokens}")
-    print("| concurrency | requests | req/s | output tok/s | vs c=1 | TTFT p50 s | TTFT p95 s | TPOT ms |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
+    print("| concurrency | workload | requests | req/s | output tok/s | vs c=1 | vs free | TTFT p50 s | TTFT p95 s | TPOT ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, r in rows:
         print(
-            f"| {r['concurrency']} | {r['requests']} | {r['req_s']:.2f} | {r['tok_s']:.1f} | "
-            f"{r['tok_s'] / base:.2f}x | {r['ttft_p50']:.2f} | {r['ttft_p95']:.2f} | {r['tpot_ms']:.1f} |"
+            f"| {r['concurrency']} | {name} | {r['requests']} | {r['req_s']:.2f} | {r['tok_s']:.1f} | "
+            f"{r['tok_s'] / base:.2f}x | {r['tok_s'] / free[r['concurrency']]:.2f}x | {r['ttft_p50']:.2f} | "
+            f"{r['ttft_p95']:.2f} | {r['tpot_ms']:.1f} |"
         )
 
 
