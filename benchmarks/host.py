@@ -216,6 +216,8 @@ def build_engine(runner, tokenizer, batch: int, jump: bool, overlap: bool | None
     sampler = engine.sampler  # its tensor work is the device's (an engine before sample_async: sample)
     name = "sample_async" if hasattr(sampler, "sample_async") else "sample"
     setattr(sampler, name, _on_device(runner.clock, getattr(sampler, name)))
+    if hasattr(engine, "_select_rows"):  # a gather of logits rows: one kernel on a GPU
+        engine._select_rows = _on_device(runner.clock, engine._select_rows)
     return engine
 
 

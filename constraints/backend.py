@@ -27,10 +27,25 @@ class TokenizerContext:
 
     def encode(self, text: str) -> list[int]:
         """Canonical tokenization of ``text`` without special tokens."""
+        backend = _rust_tokenizer(self.tokenizer)
+        if backend is not None:  # what transformers' encode calls, without its wrapper (a third of the time)
+            return backend.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int]) -> str:
+        backend = _rust_tokenizer(self.tokenizer)
+        if backend is not None:
+            return backend.decode(list(ids), skip_special_tokens=False)
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+
+def _rust_tokenizer(tokenizer: Any) -> Any:
+    """A fast tokenizer's ``tokenizers.Tokenizer`` where transformers' encode/decode add nothing
+    to its own (no clean-up of spaces after decoding), else None."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return None
+    return backend if hasattr(backend, "encode") and hasattr(backend, "decode") else None
 
 
 class Matcher(ABC):
@@ -103,6 +118,12 @@ class Matcher(ABC):
         if not ends_output and ids:
             ids = ids[:-1]
         return ids
+
+    def accept_forced(self, ids: Sequence[int]) -> int:
+        """Take a run of tokens :meth:`forced_tokens` returned, as far as they are accepted;
+        returns how many were taken (a backend may check the run at once, without a mask per
+        token: these tokens are appended, never sampled)."""
+        return self._accept_prefix(ids)
 
     def _accept_prefix(self, ids: Sequence[int]) -> int:
         n = 0

@@ -118,10 +118,9 @@ class LLGuidanceMatcher(Matcher):
         return True
 
     def _accept_prefix(self, ids) -> int:
-        # forced_tokens' probe: llguidance's grammar check of the whole run at once instead of a
-        # mask per token (the probe is rolled back; the engine then takes the tokens through
-        # accept_token, mask-checked, and stops forcing at one the mask refuses)
-        if self._m.is_error() or self.is_terminated():
+        # forced tokens (forced_tokens' probe, accept_forced): llguidance's grammar check of the
+        # whole run at once instead of a mask per token
+        if self._m.is_error() or self.is_terminated() or any(t in self._stops for t in ids):
             return super()._accept_prefix(ids)
         ids = list(ids)
         n = self._m.validate_tokens(ids)

@@ -77,20 +77,20 @@ class TokenIntake:
         matcher = seq.matcher
         room = seq.request.max_tokens - len(seq.output_ids)
         forced = guarded("constraint matcher", matcher.forced_tokens)[: max(room - 1, 0)]
-        for token in forced:
-            taken, steered = token, False
-            if closes_on_length(matcher):
-                taken, steered = accept_closing(seq, token, self.room(seq))
-                self.stats.closing_steered += steered
-            elif not guarded("constraint matcher", matcher.accept_token, token):
-                taken = -1
+        if not closes_on_length(matcher):
+            taken = guarded("constraint matcher", _accept_forced, matcher, forced)
+            self.force(seq, tuple(forced[:taken]))
+            return
+        for token in forced:  # close_on_length checks each against the budget, and may steer
+            taken, steered = accept_closing(seq, token, self.room(seq))
+            self.stats.closing_steered += steered
             if taken < 0:
                 break
             self.stats.forced_tokens += 1
             if self.append(seq, taken, forced_logprob(seq, taken)):
                 return
             seq.pending.append(taken)
-            if taken != token:  # steered off the forced text: the rest no longer follows
+            if steered:  # steered off the forced text: the rest no longer follows
                 return
 
     def force(self, seq: Sequence, tokens: tuple[int, ...]) -> bool:
@@ -155,6 +155,17 @@ class TokenIntake:
 def forced_logprob(seq: Sequence, token: int) -> TokenLogprobs:
     """The logprob entry of a token appended without sampling (certain: 0.0)."""
     return TokenLogprobs(token, 0.0, [(token, 0.0)] * bool(seq.request.params.top_logprobs))
+
+
+def _accept_forced(matcher, forced: list[int]) -> int:
+    """How many of ``forced`` the matcher took (its own ``accept_forced`` where it has one)."""
+    accept_forced = getattr(matcher, "accept_forced", None)
+    if accept_forced is not None:
+        return accept_forced(forced)
+    taken = 0
+    while taken < len(forced) and matcher.accept_token(forced[taken]):
+        taken += 1
+    return taken
 
 
 def _feed_stops(seq: Sequence, text: str) -> tuple[str, str | None]:
