@@ -206,10 +206,10 @@ class Workload:
             self.submit()
 
 
-def build_engine(runner, tokenizer, batch: int, jump: bool, overlap: bool | None):
+def build_engine(runner, tokenizer, batch: int, jump: bool, overlap: bool | None, fill_threads: int):
     from server.engine.engine import Engine
 
-    kwargs = {"max_batch_size": batch, "max_model_len": 512, "jump_forward": jump}
+    kwargs = {"max_batch_size": batch, "max_model_len": 512, "jump_forward": jump, "mask_fill_threads": fill_threads}
     if overlap is not None and "overlap" in inspect.signature(Engine.__init__).parameters:
         kwargs["overlap"] = overlap
     engine = Engine(runner, tokenizer, **kwargs)
@@ -237,11 +237,11 @@ def engine_records_events() -> bool:
 
 
 def measure(tokenizer, compiled, *, batch: int, jump: bool, device_s: float, steps: int, warmup: int,
-            overlap: bool | None) -> Measured:
+            overlap: bool | None, fill_threads: int = 0) -> Measured:
     vocab = len(tokenizer)
     runner = NullRunner(vocab, num_blocks=batch * 32 + 8, block_size=16, device_s=device_s,
                         blocking=not engine_records_events())
-    engine = build_engine(runner, tokenizer, batch, jump, overlap)
+    engine = build_engine(runner, tokenizer, batch, jump, overlap, fill_threads or os.cpu_count() or 1)
     prompt = [(17 * i + 5) % 1000 + 100 for i in range(PROMPT_LEN)]
     workload = Workload(engine, prompt, compiled, max_tokens=200)
     for _ in range(batch):
@@ -281,7 +281,7 @@ def run_here(args: argparse.Namespace) -> list[Measured]:
         for name, jump in WORKLOADS:
             results.append(measure(tokenizer, compiled if name != "free" else None, batch=batch, jump=jump,
                                    device_s=args.device_ms / 1000, steps=args.steps, warmup=args.warmup,
-                                   overlap=overlap))
+                                   overlap=overlap, fill_threads=args.mask_fill_threads))
     compiler.close()
     return results
 
@@ -295,7 +295,8 @@ def run_baseline(args: argparse.Namespace, revision: str) -> list[Measured]:
         try:
             command = [sys.executable, __file__, "--engine-root", str(tree), "--json",
                        "--batch", *map(str, args.batch), "--device-ms", str(args.device_ms),
-                       "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
+                       "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads),
+                       "--mask-fill-threads", str(args.mask_fill_threads)]
             out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True)
@@ -319,6 +320,8 @@ def main(argv: list[str] | None = None) -> list[Measured]:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (the host's own)")
+    parser.add_argument("--mask-fill-threads", type=int, default=0,
+                        help="the engine's mask fill threads (0: one per core, as the engine sets beside a GPU)")
     parser.add_argument("--overlap", choices=["default", "on", "off"], default="on",
                         help="this tree's engine loop: overlapped (on) or synchronous (off)")
     parser.add_argument("--baseline", metavar="REV", help="also measure the engine at git revision REV")
@@ -330,7 +333,8 @@ def main(argv: list[str] | None = None) -> list[Measured]:
         print(json.dumps([{**r.__dict__} for r in rows]))
         return rows
     print(f"null runner, D = {args.device_ms} ms per forward, {args.steps} steps after {args.warmup}, "
-          f"torch threads {args.threads}, greedy rows, prompt {PROMPT_LEN} tokens, max_tokens 200")
+          f"torch threads {args.threads}, mask fill threads {args.mask_fill_threads or os.cpu_count()}, "
+          f"greedy rows, prompt {PROMPT_LEN} tokens, max_tokens 200")
     baseline = run_baseline(args, args.baseline) if args.baseline else []
     if baseline:
         print_table(f"engine at {args.baseline}", baseline)
