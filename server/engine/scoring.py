@@ -19,7 +19,7 @@ from sampler.pool import to_device
 from server.engine.block_manager import BlockManager, BlockTable
 from server.engine.failures import SequenceFailed, guarded
 from server.engine.intake import TokenIntake
-from server.engine.sequence import Sequence
+from server.engine.sequence import ChoiceScores, Sequence
 
 Plan = list[tuple[Sequence, list[tuple[int, BlockTable]]]]  # (sequence, [(choice, branch)])
 
@@ -42,10 +42,8 @@ class ChoiceScorer:
         prompt's cache, so its logits score the choice's first token."""
         if not seq.request.prompt_token_ids:
             raise ValueError("scoring choices needs a non-empty prompt")
-        seq.scoring = True
         seq.pending = seq.pending[:-1]
-        seq.choice_scores = [None] * len(seq.request.score_choices)
-        seq.choice_token_logprobs = [None] * len(seq.request.score_choices)
+        seq.choices = ChoiceScores.for_choices(len(seq.request.score_choices))
 
     def plan(self, running: list[Sequence]) -> Plan:
         """(sequence, [(choice, branch)]) for sequences whose prompt is cached: each unscored
@@ -56,7 +54,7 @@ class ChoiceScorer:
             if not seq.scoring or seq.pending or seq.finished:
                 continue
             branches = []
-            for choice, score in enumerate(seq.choice_scores):
+            for choice, score in enumerate(seq.choices.sums):
                 if score is not None:
                     continue
                 fork = self.blocks.fork(seq.table, 1 + len(seq.request.score_choices[choice]))
@@ -102,14 +100,14 @@ class ChoiceScorer:
         # one read-back: float64 holds every float32 value and token id exactly
         host = torch.cat([piece.double() for piece in pieces]).cpu()
         n = len(tokens)
-        seq.choice_scores[choice] = float(host[0])
+        seq.choices.sums[choice] = float(host[0])
         self.stats.scored_choices += 1
         top = [[]] * n
         if top_n:
             values_host = host[1 + n : 1 + n + n * top_n].view(n, top_n).tolist()
             indices_host = host[1 + n + n * top_n :].view(n, top_n).long().tolist()
             top = [list(zip(i, v)) for i, v in zip(indices_host, values_host)]
-        seq.choice_token_logprobs[choice] = [
+        seq.choices.token_logprobs[choice] = [
             TokenLogprobs(token, value, alternatives)
             for token, value, alternatives in zip(tokens, host[1 : 1 + n].tolist(), top)
         ]
@@ -117,11 +115,10 @@ class ChoiceScorer:
     def finish(self, plan: Plan) -> None:
         """Sequences with every choice scored: normalise, pick one, emit its tokens."""
         for seq, _ in plan:
-            if seq.finished or any(score is None for score in seq.choice_scores):
+            if seq.finished or not seq.choices.complete:
                 continue
-            seq.scoring = False
-            scores = torch.tensor(seq.choice_scores, dtype=torch.float64)
-            seq.choice_logprobs = scores.log_softmax(dim=0).tolist()
+            scores = torch.tensor(seq.choices.sums, dtype=torch.float64)
+            seq.choices.normalised = scores.log_softmax(dim=0).tolist()  # no longer scoring
             try:
                 self._emit(seq, _pick(seq, scores))
             except SequenceFailed as exc:
@@ -131,7 +128,7 @@ class ChoiceScorer:
         """Append the choice's tokens (through the constraint matcher) and finish."""
         matcher = seq.matcher
         want_logprobs = seq.request.params.logprobs
-        for entry in seq.choice_token_logprobs[choice]:
+        for entry in seq.choices.token_logprobs[choice]:
             if matcher is not None and not guarded("constraint matcher", matcher.accept_token, entry.token_id):
                 raise SequenceFailed(f"constraint rejected choice token {entry.token_id}")
             if self.intake.append(seq, entry.token_id, entry if want_logprobs else None):

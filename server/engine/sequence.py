@@ -95,6 +95,24 @@ def error_delta(request: GenerationRequest, message: str) -> SequenceDelta:
     )
 
 
+@dataclass
+class ChoiceScores:
+    """A choice request's scores (:mod:`server.engine.scoring`): every choice is scored as a
+    whole before one is emitted."""
+
+    sums: list[float | None]  # raw sum of each choice's token logprobs (None: not scored yet)
+    token_logprobs: list[Any]  # per choice: its tokens' TokenLogprobs
+    normalised: list[float] | None = None  # per choice, once every choice is scored
+
+    @classmethod
+    def for_choices(cls, count: int) -> "ChoiceScores":
+        return cls([None] * count, [None] * count)
+
+    @property
+    def complete(self) -> bool:
+        return all(score is not None for score in self.sums)
+
+
 @dataclass(eq=False)  # identity: the batch lists look sequences up by object, never by value
 class Sequence:
     """Engine-side state of one running sequence."""
@@ -121,15 +139,17 @@ class Sequence:
     draft: Draft | None = None  # predicted output being followed
     verify: list[int] = field(default_factory=list)  # draft tokens fed this step
     verify_logits: Any = None  # [len(verify), V] logits after each of them
-    scoring: bool = False  # choices still to be scored before any token is emitted
-    choice_scores: list[float | None] = field(default_factory=list)  # raw sums, per choice
-    choice_token_logprobs: list[Any] = field(default_factory=list)  # per choice: its TokenLogprobs
-    choice_logprobs: list[float] | None = None  # normalised, once every choice is scored
+    choices: ChoiceScores | None = None  # a choice request's scores (choice scoring)
     # Collected during a step, flushed to the sink once per step.
     step_text: list[str] = field(default_factory=list)
     step_tokens: list[int] = field(default_factory=list)
     step_logprobs: list[TokenLogprobs] = field(default_factory=list)
     step_hidden: list[list[float]] = field(default_factory=list)
+
+    @property
+    def scoring(self) -> bool:
+        """Choices are still being scored: no token is emitted before one is picked."""
+        return self.choices is not None and self.choices.normalised is None
 
     @property
     def cached_len(self) -> int:
@@ -166,7 +186,7 @@ class Sequence:
             error=self.error,
             accepted_prediction_tokens=self.draft.accepted if self.draft else 0,
             rejected_prediction_tokens=self.draft.rejected if self.draft else 0,
-            choice_logprobs=self.choice_logprobs,
+            choice_logprobs=self.choices.normalised if self.choices is not None else None,
             hidden_states=self.step_hidden if self.request.return_hidden_states else None,
         )
         self.step_text, self.step_tokens, self.step_logprobs, self.step_hidden = [], [], [], []
