@@ -17,9 +17,7 @@ import torch
 from sampler import SampleResult
 from sampler.params import PendingSample
 from sampler.pool import to_device
-from server.engine.sequence import Sequence
-
-SAMPLED = -1  # a sampled token still on the device (no real token id is negative)
+from server.engine.sequence import SAMPLED, Sequence
 
 
 class ReadyEvent:

@@ -67,7 +67,7 @@ class Scheduler:
         extend_plan: list[tuple[Sequence, int]] = []
         budget = self.prefill_budget
         for seq in list(self.running):
-            if seq not in self.running or seq.finished:
+            if seq not in self.running or seq.finished or seq.ends_with_sampled:
                 continue  # preempted by an older sequence of this step, or done
             if seq.scoring and not seq.pending:
                 continue  # its choices are scored instead (see server.engine.scoring)

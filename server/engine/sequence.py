@@ -12,6 +12,9 @@ from server.engine.drafts import Draft
 from server.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 
 
+SAMPLED = -1  # a sampled token still on the device (overlapped loop; no real token id is negative)
+
+
 @dataclass(frozen=True)
 class ReasoningPhase:
     """A reasoning segment before the (constrained) answer: "free to think, strict to answer".
@@ -145,6 +148,12 @@ class Sequence:
     step_tokens: list[int] = field(default_factory=list)
     step_logprobs: list[TokenLogprobs] = field(default_factory=list)
     step_hidden: list[list[float]] = field(default_factory=list)
+
+    @property
+    def ends_with_sampled(self) -> bool:
+        """Its token still on the device is its last by its budget (overlapped loop): nothing
+        is fed after it."""
+        return self.pending == [SAMPLED] and len(self.output_ids) + 1 >= self.request.max_tokens
 
     @property
     def scoring(self) -> bool:

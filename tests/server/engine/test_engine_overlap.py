@@ -152,17 +152,33 @@ def test_a_steps_deltas_go_out_during_the_next_step(tiny_hf, default_tokenizer):
     assert all(d[-1].finish_reason == "length" for d in deltas.values())
 
 
-def test_a_finished_row_costs_at_most_one_extra_forward(tiny_hf, default_tokenizer):
-    steps = {}
-    for overlap in (False, True):
-        engine = make_engine(tiny_hf, default_tokenizer, overlap=overlap)
-        deltas: dict[int, list] = {}
-        submit(engine, deltas)
-        run_to_end(engine, deltas)
-        engine.flush()
-        steps[overlap] = (engine.stats.steps, engine.stats.decode_tokens)
-    assert steps[True][0] == steps[False][0] + 1
-    assert steps[False][1] < steps[True][1] <= steps[False][1] + len(PROMPTS)
+def greedy_run(hf, tokenizer, overlap: bool, **fields) -> tuple[list[int], int]:
+    """One greedy request on PROMPTS[0] to its end (the presence penalty keeps the random model from
+    repeating one token): (its tokens, decode rows the engine fed)."""
+    engine = make_engine(hf, tokenizer, overlap=overlap)
+    deltas: dict[int, list] = {0: []}
+    engine.submit(GenerationRequest(request_id="g", sink=deltas[0].append, prompt_token_ids=PROMPTS[0],
+                                    params=SamplingParams(temperature=0.0, presence_penalty=2.0), ignore_eos=True,
+                                    **fields))
+    run_to_end(engine, deltas)
+    engine.flush()
+    return [t for d in deltas[0] for t in d.token_ids], engine.stats.decode_tokens
+
+
+def test_a_row_ending_by_its_budget_is_not_fed_again(tiny_hf, default_tokenizer):
+    for max_tokens in (1, 12):
+        sync = greedy_run(tiny_hf, default_tokenizer, False, max_tokens=max_tokens)
+        assert greedy_run(tiny_hf, default_tokenizer, True, max_tokens=max_tokens) == sync
+
+
+def test_a_row_ending_on_a_stop_token_costs_one_forward_row(tiny_hf, default_tokenizer):
+    tokens, _ = greedy_run(tiny_hf, default_tokenizer, False, max_tokens=12)
+    at = next(i for i in range(2, len(tokens)) if tokens[i] not in tokens[:i])
+    stop = frozenset({tokens[at]})
+    sync_tokens, sync_rows = greedy_run(tiny_hf, default_tokenizer, False, max_tokens=12, stop_token_ids=stop)
+    overlap_tokens, overlap_rows = greedy_run(tiny_hf, default_tokenizer, True, max_tokens=12, stop_token_ids=stop)
+    assert sync_tokens == overlap_tokens == tokens[: at + 1]
+    assert overlap_rows == sync_rows + 1  # the row fed after the stop token, read one step late
 
 
 def test_a_failing_sink_fails_only_its_sequence(tiny_hf, default_tokenizer):
