@@ -108,7 +108,10 @@ class EmulatedEvent:
         self._ready_at = 0.0
 
     def record(self, stream=None) -> None:
-        self._ready_at = self._device.free_at
+        self._ready_at = max(time.perf_counter(), self._device.free_at)  # when the device gets here
+
+    def elapsed_time(self, end: "EmulatedEvent") -> float:
+        return 1000 * (end._ready_at - self._ready_at)
 
     def query(self) -> bool:
         return time.perf_counter() >= self._ready_at

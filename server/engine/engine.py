@@ -69,6 +69,7 @@ from server.engine.inflight import SAMPLED, InFlight, device_event, resolve
 from server.engine.intake import TokenIntake
 from server.engine.mask_fill import MaskFill
 from server.engine.model import ModelRunner
+from server.engine.overlap_policy import OverlapPolicy
 from server.engine.scheduler import Scheduler
 from server.engine.scoring import ChoiceScorer
 from server.engine.sequence import GenerationRequest, Sequence, SequenceDelta, error_delta
@@ -98,6 +99,7 @@ class EngineStats:
     sample_s: float = 0.0
     sampled_in_graph: int = 0  # sampler passes replayed from the runner's sampling graphs
     sampled_eagerly: int = 0  # sampler passes run by the eager sampler
+    overlapped_steps: int = 0  # forwards launched before the previous step's tokens were read
     failed_sequences: int = 0  # finished with "error"
     failed_batches: int = 0  # forward or sampler passes that raised
     failed_steps: int = 0  # steps that raised out of Engine.step (a bug): the running batch failed
@@ -169,6 +171,8 @@ class Engine:
         self._step_hidden: torch.Tensor | None = None  # [C, D] for this step's sampling candidates
         # None: where the forward runs asynchronously, i.e. not on the CPU (see the module docstring)
         self.overlap = runner.device.type != "cpu" or hasattr(runner, "new_event") if overlap is None else overlap
+        self.policy = OverlapPolicy(self.overlap)  # per step: launch before reading, or read first
+        self._forward_events: tuple | None = None  # recorded around this step's forward launch
         self._inflight: InFlight | None = None  # the last sampler pass, not yet read by the host
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -353,19 +357,27 @@ class Engine:
             sampled = [seq for seq in plan.candidates if not seq.finished and not seq.pending]
             fill = self.masks.start(sampled)
         bitmask, indices = self.masks.finish(fill, sampled, self._fail)
+        self.policy.record_fill(1000 * self.masks.last_fill_s if fill is not None else 0.0)
         if logits is not None and sampled:
             self._sample(self._select_rows(logits, plan.candidates, sampled), sampled, bitmask, indices)
         drafting = [(seq, len(seq.output_ids)) for seq in sampled if seq.verify]
-        if not self.overlap or drafting:
+        if drafting or not self.policy.launch_first:
             self._process_inflight()
         self.drafts.verify(drafting, self._sample_draft_position)
         self.scorer.finish(plan.scoring)
 
     def _launch(self, plan: StepPlan) -> torch.Tensor | None:
+        if self._inflight is not None:
+            self.stats.overlapped_steps += 1
+        start, end = device_event(self.runner, timing=True), device_event(self.runner, timing=True)
+        start.record()
         try:
-            return self._forward(plan.decode_rows, plan.extend_plan, plan.scoring)
+            logits = self._forward(plan.decode_rows, plan.extend_plan, plan.scoring)
         finally:
             self.scorer.free_branches(plan.scoring)
+        end.record()
+        self._forward_events = (start, end)
+        return logits
 
     def flush(self) -> None:
         """Read the tokens of a pass still in flight and report them (benchmarks, shutdown)."""
@@ -374,9 +386,10 @@ class Engine:
             self._report_and_retire()
 
     def _needs_tokens_first(self) -> bool:
-        """Whether this step's inputs depend on the in-flight tokens on the host: draft
-        proposals continue from them (the synchronous loop always reads them first)."""
-        return not self.overlap or any(seq.draft is not None for seq in self.scheduler.running)
+        """Whether this step reads the in-flight tokens before it schedules: in the synchronous
+        order (the loop's setting, or the policy's choice) and when draft proposals continue
+        from them."""
+        return not self.policy.launch_first or any(seq.draft is not None for seq in self.scheduler.running)
 
     def _drain_inbox(self) -> None:
         while True:
@@ -547,7 +560,9 @@ class Engine:
             hidden = hidden.index_select(0, to_device(hidden_rows, torch.long, hidden.device))
         for seq in sampled:
             seq.pending = [SAMPLED]
-        self._inflight = InFlight(sampled, pending, event, hidden if hidden_rows else None, hidden_rows)
+        self._inflight = InFlight(sampled, pending, event, hidden if hidden_rows else None, hidden_rows,
+                                  forward_events=self._forward_events)
+        self._forward_events = None  # draft positions sampled after it have no forward of their own
         self.stats.sample_s += time.perf_counter() - started
 
     def _process_inflight(self) -> None:
@@ -559,6 +574,7 @@ class Engine:
         try:
             result = inflight.wait()
             hidden = inflight.hidden_lists()
+            self.policy.record_forward(inflight.forward_ms())
         except Exception as exc:
             for seq in inflight.seqs:
                 resolve(seq, 0)  # the placeholder must not stay in the cache's token record

@@ -21,7 +21,8 @@ from server.engine.sequence import SAMPLED, Sequence
 
 
 class ReadyEvent:
-    """A device event for devices that compute synchronously (the CPU): always done."""
+    """A device event for devices that compute synchronously (the CPU): always done, and work
+    between two of them takes the device no time of its own."""
 
     def record(self, stream: Any = None) -> None:
         pass
@@ -32,15 +33,19 @@ class ReadyEvent:
     def synchronize(self) -> None:
         pass
 
+    def elapsed_time(self, end: Any) -> float:
+        return 0.0
 
-def device_event(runner) -> Any:
+
+def device_event(runner, *, timing: bool = False) -> Any:
     """An event to record after a step's work is queued: the runner's own (``new_event``, e.g.
-    an emulated device), a CUDA event, or one that is always done."""
+    an emulated device), a CUDA event (``timing``: one that can time the work since another),
+    or one that is always done."""
     make = getattr(runner, "new_event", None)
     if make is not None:
         return make()
     if runner.device.type == "cuda":
-        return torch.cuda.Event()
+        return torch.cuda.Event(enable_timing=timing)
     return ReadyEvent()
 
 
@@ -53,6 +58,7 @@ class InFlight:
     event: Any
     hidden: torch.Tensor | None = None  # [H, D] last-layer states of the rows in ``hidden_rows``
     hidden_rows: list[int] = field(default_factory=list)
+    forward_events: tuple[Any, Any] | None = None  # recorded around the forward's launch
     _row_of: dict[int, int] | None = None
 
     def row_of(self, seq: Sequence) -> int | None:
@@ -71,6 +77,16 @@ class InFlight:
         """The host's copy of the ids and logprobs, once the device has made it."""
         self.event.synchronize()
         return self.sample.result()
+
+    def forward_ms(self) -> float | None:
+        """The forward's device time, once :meth:`wait` returned (None: not timed)."""
+        if self.forward_events is None:
+            return None
+        start, end = self.forward_events
+        try:
+            return float(start.elapsed_time(end))
+        except Exception:  # an event that cannot time (not created for it)
+            return None
 
     def hidden_lists(self) -> dict[int, list[float]]:
         """{row: its hidden state} for the rows that asked, read back in one transfer."""

@@ -30,6 +30,7 @@ class MaskFill:
     def __init__(self, vocab_size: int, device: torch.device, threads: int, stats) -> None:
         self.threads = threads
         self.stats = stats
+        self.last_fill_s = 0.0  # how long the last fill took on the mask thread
         self.words = (vocab_size + 31) // 32
         self._valid_bits = _valid_bits(vocab_size, self.words)
         self._staging = HostStaging(device)
@@ -51,7 +52,8 @@ class MaskFill:
             started = time.perf_counter()
             # batched and parallel per backend; the empty-mask check is here, off the engine thread
             failures = fill_bitmasks(matchers, bitmask, max_threads=self.threads, valid_bits=self._valid_bits)
-            self.stats.mask_fill_s += time.perf_counter() - started
+            self.last_fill_s = time.perf_counter() - started
+            self.stats.mask_fill_s += self.last_fill_s
             return host, failures
 
         return self._pool.submit(fill), rows

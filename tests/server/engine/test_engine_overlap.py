@@ -92,11 +92,11 @@ def test_overlapped_loop_gives_the_same_deltas(tiny_hf, default_tokenizer):
 class RecordingRunner:
     """The runner, with its forwards and the engine's reads of the sampled ids put in order."""
 
-    def __init__(self, runner) -> None:
+    def __init__(self, runner, forward_ms: float = 0.0) -> None:
         self.runner = runner
+        self.forward_ms = forward_ms  # what the forward's timing events report
         self.log: list[tuple[str, int]] = []
         self.forwards = 0
-        self.events = 0
 
     def __getattr__(self, name: str):
         return getattr(self.runner, name)
@@ -107,20 +107,28 @@ class RecordingRunner:
         return self.runner.forward(batch)
 
     def new_event(self):
-        self.events += 1
-        return RecordingEvent(self.log, self.events)
+        return RecordingEvent(self)
 
 
 class RecordingEvent(ReadyEvent):
-    def __init__(self, log: list, number: int) -> None:
-        self.log, self.number = log, number
+    """Logs ("read", k) when the engine waits on it, k = the forwards launched when it was recorded."""
+
+    def __init__(self, runner: RecordingRunner) -> None:
+        self.runner = runner
+        self.after = 0
+
+    def record(self, stream=None) -> None:
+        self.after = self.runner.forwards
 
     def synchronize(self) -> None:
-        self.log.append(("read", self.number))
+        self.runner.log.append(("read", self.after))
+
+    def elapsed_time(self, end) -> float:
+        return self.runner.forward_ms
 
 
 def test_the_host_reads_a_steps_tokens_after_the_next_forward_is_launched(tiny_hf, default_tokenizer):
-    runner = RecordingRunner(ModelRunner.for_sequences(tiny_hf, 4, 128, block_size=4))
+    runner = RecordingRunner(ModelRunner.for_sequences(tiny_hf, 4, 128, block_size=4), forward_ms=5.0)
     engine = Engine(runner, default_tokenizer, max_batch_size=4, max_model_len=128, overlap=True)
     deltas: dict[int, list] = {}
     submit(engine, deltas)
@@ -138,6 +146,49 @@ def test_the_synchronous_loop_reads_before_the_next_launch(tiny_hf, default_toke
     for _ in range(3):
         engine.step()
     assert runner.log == [("forward", 1), ("read", 1), ("forward", 2), ("read", 2), ("forward", 3), ("read", 3)]
+
+
+def constrained_engine(hf, tokenizer, compiler, forward_ms: float) -> tuple[Engine, RecordingRunner, dict]:
+    """Three json_schema rows on an engine whose forwards take ``forward_ms`` on the device."""
+    runner = RecordingRunner(ModelRunner.for_sequences(hf, 4, 256, block_size=4), forward_ms=forward_ms)
+    engine = Engine(runner, tokenizer, max_batch_size=4, max_model_len=256, overlap=True, jump_forward=False)
+    compiled = compiler.compile(ConstraintSpec("json_schema", SCHEMA))
+    deltas: dict[int, list] = {}
+    for i in range(3):
+        deltas[i] = []
+        engine.submit(GenerationRequest(request_id=f"c{i}", sink=deltas[i].append, prompt_token_ids=PROMPTS[i],
+                                        params=SamplingParams(temperature=0.0), max_tokens=40,
+                                        matcher=compiled.new_matcher(), eos_token_ids=frozenset({2})))
+    return engine, runner, deltas
+
+
+def reads_after_the_next_launch(log: list[tuple[str, int]]) -> int:
+    """Reads of a step's tokens that came after a later step's forward was launched."""
+    launched, late = 0, 0
+    for kind, number in log:
+        if kind == "forward":
+            launched = number
+        elif launched > number:
+            late += 1
+    return late
+
+
+def test_the_loop_reads_first_while_the_mask_fill_outlasts_the_forward(tiny_hf, default_tokenizer, default_compiler):
+    """Measured per step: a mask fill longer than the forward (a forward timed at 0 ms) makes
+    the loop read the tokens before it launches, so the fill runs while the device computes;
+    a long forward keeps the launch first. The output is the same."""
+    outputs = {}
+    for forward_ms in (0.0, 1e6):
+        engine, runner, deltas = constrained_engine(tiny_hf, default_tokenizer, default_compiler, forward_ms)
+        run_to_end(engine, deltas)
+        engine.flush()
+        outputs[forward_ms] = [[t for d in ds for t in d.token_ids] for ds in deltas.values()]
+        reads_late = reads_after_the_next_launch(runner.log)
+        if forward_ms:
+            assert engine.policy.launch_first and reads_late == engine.stats.overlapped_steps > 5
+        else:
+            assert not engine.policy.launch_first and reads_late == engine.stats.overlapped_steps <= 2
+    assert outputs[0.0] == outputs[1e6]
 
 
 def test_a_steps_deltas_go_out_during_the_next_step(tiny_hf, default_tokenizer):
