@@ -69,15 +69,18 @@ BANK_ROWS = 64
 class EmulatedDevice:
     """A device clock: work queued on it runs back to back, each forward taking ``forward_s``.
 
-    Tensor work a GPU would do but the CPU does here (making the logits, the sampler's masking,
-    softmax and argmax over the vocabulary) runs :meth:`frozen`: its time is taken out of the
-    clock, as if it had cost the host nothing."""
+    It runs on a virtual clock, real time minus the time spent :meth:`frozen`: tensor work a GPU
+    would do but the CPU does here (making the logits, the sampler's masking, softmax and argmax
+    over the vocabulary) stops the clock, as if it had cost the host nothing."""
 
     def __init__(self, forward_s: float) -> None:
         self.forward_s = forward_s
-        self.free_at = 0.0  # when the device finishes what is queued (perf_counter seconds)
+        self.free_at = 0.0  # virtual time at which the device finishes what is queued
         self.waited_s = 0.0  # host time spent waiting for the device
         self.frozen_s = 0.0  # host time spent on the device's work
+
+    def now(self) -> float:
+        return time.perf_counter() - self.frozen_s
 
     @contextmanager
     def frozen(self):
@@ -85,15 +88,13 @@ class EmulatedDevice:
         try:
             yield
         finally:
-            spent = time.perf_counter() - started
-            self.frozen_s += spent
-            self.free_at += spent
+            self.frozen_s += time.perf_counter() - started
 
     def launch(self) -> None:
-        self.free_at = max(time.perf_counter(), self.free_at) + self.forward_s
+        self.free_at = max(self.now(), self.free_at) + self.forward_s
 
     def wait_until(self, ready_at: float) -> None:
-        delay = ready_at - time.perf_counter()
+        delay = ready_at - self.now()
         if delay > 0:
             started = time.perf_counter()
             time.sleep(delay)
@@ -101,20 +102,21 @@ class EmulatedDevice:
 
 
 class EmulatedEvent:
-    """The engine's device event on the emulated clock (``record`` / ``query`` / ``synchronize``)."""
+    """The engine's device event on the emulated clock (``record`` / ``query`` / ``synchronize``
+    / ``elapsed_time``)."""
 
     def __init__(self, device: EmulatedDevice) -> None:
         self._device = device
         self._ready_at = 0.0
 
     def record(self, stream=None) -> None:
-        self._ready_at = max(time.perf_counter(), self._device.free_at)  # when the device gets here
+        self._ready_at = max(self._device.now(), self._device.free_at)  # when the device gets here
 
     def elapsed_time(self, end: "EmulatedEvent") -> float:
         return 1000 * (end._ready_at - self._ready_at)
 
     def query(self) -> bool:
-        return time.perf_counter() >= self._ready_at
+        return self._device.now() >= self._ready_at
 
     def synchronize(self) -> None:
         self._device.wait_until(self._ready_at)

@@ -369,15 +369,10 @@ class Engine:
     def _launch(self, plan: StepPlan) -> torch.Tensor | None:
         if self._inflight is not None:
             self.stats.overlapped_steps += 1
-        start, end = device_event(self.runner, timing=True), device_event(self.runner, timing=True)
-        start.record()
         try:
-            logits = self._forward(plan.decode_rows, plan.extend_plan, plan.scoring)
+            return self._forward(plan.decode_rows, plan.extend_plan, plan.scoring)
         finally:
             self.scorer.free_branches(plan.scoring)
-        end.record()
-        self._forward_events = (start, end)
-        return logits
 
     def flush(self) -> None:
         """Read the tokens of a pass still in flight and report them (benchmarks, shutdown)."""
@@ -482,7 +477,11 @@ class Engine:
                                 logit_counts=counts if max(counts) > 1 else None, row_adapters=adapters,
                                 staging=self._step_staging)
         self._gather_sampled(decode_rows, extend_plan, batch)
+        start, end = device_event(self.runner, timing=True), device_event(self.runner, timing=True)
+        start.record()  # the forward's device time, for the overlap policy
         logits = self.runner.forward(batch)
+        end.record()
+        self._forward_events = (start, end)
         self.stats.forward_s += time.perf_counter() - started
         first_rows = None  # with per-position logits: each row's first position
         if batch.logit_counts is not None:
