@@ -82,25 +82,30 @@ def load_model(name: str, device: torch.device, dtype: str):
 
 
 class Workload:
-    """Keeps ``batch`` sequences of one kind running on ``engine``."""
+    """Keeps ``batch`` sequences of one kind running on ``engine``: a finished sequence is
+    replaced at once, until :attr:`stopped` (so the next workload on the same engine starts from
+    an empty batch)."""
 
-    def __init__(self, engine: Engine, prompt: list[int], compiled, max_tokens: int, seed: int) -> None:
+    def __init__(self, engine: Engine, prompt: list[int], compiled, max_tokens: int, seed: int, *,
+                 temperature: float = 0.7, eos: int = 2) -> None:
         self.engine, self.prompt, self.compiled, self.max_tokens = engine, prompt, compiled, max_tokens
         self.seed = seed
+        self.temperature, self.eos = temperature, eos
         self.output_tokens = 0
+        self.stopped = False
 
     def submit(self) -> None:
         self.seed += 1
         self.engine.submit(GenerationRequest(
             request_id=f"b{self.seed}", prompt_token_ids=self.prompt,
-            params=SamplingParams(temperature=0.7, seed=self.seed), max_tokens=self.max_tokens, sink=self._sink,
-            eos_token_ids=frozenset({2}), ignore_eos=self.compiled is None,
+            params=SamplingParams(temperature=self.temperature, seed=self.seed), max_tokens=self.max_tokens,
+            sink=self._sink, eos_token_ids=frozenset({self.eos}), ignore_eos=self.compiled is None,
             matcher=self.compiled.new_matcher() if self.compiled else None,
         ))
 
     def _sink(self, delta) -> None:
         self.output_tokens += len(delta.token_ids)
-        if delta.finish_reason is not None:
+        if delta.finish_reason is not None and not self.stopped:
             self.submit()
 
 

@@ -222,20 +222,9 @@ def path_note(engine: Engine, before: dict[str, int]) -> str:
     return "forwards: " + ", ".join(f"{path.replace('_', ' ')} {counts[path] - before.get(path, 0)}" for path in counts)
 
 
-class KeptFull(Workload):
-    """``benchmarks/decode.py``'s workload (a finished sequence is replaced at once) that stops
-    replacing once measured, so the next workload on the same engine starts from an empty batch."""
-
-    stopped = False
-
-    def _sink(self, delta) -> None:
-        if not self.stopped:
-            super()._sink(delta)
-
-
 def decode_rate(engine: Engine, prompt: list[int], compiled, batch: int, plan: Plan) -> tuple[float, float]:
     """Output tok/s and ms per step with ``batch`` sequences kept running."""
-    workload = KeptFull(engine, prompt, compiled, max_tokens=plan.decode_len - len(prompt) - 8, seed=1000)
+    workload = Workload(engine, prompt, compiled, max_tokens=plan.decode_len - len(prompt) - 8, seed=1000)
     for _ in range(batch):
         workload.submit()
     for _ in range(plan.warmup):
@@ -258,7 +247,7 @@ def profile_decode(engine: Engine, prompt: list[int], compiled, batch: int, plan
     """The same workload again under torch.profiler (``--profile DIR``): ``DIR/label.txt``."""
     from benchmarks.step_profile import profile_steps
 
-    workload = KeptFull(engine, prompt, compiled, max_tokens=plan.decode_len - len(prompt) - 8, seed=2000)
+    workload = Workload(engine, prompt, compiled, max_tokens=plan.decode_len - len(prompt) - 8, seed=2000)
     for _ in range(batch):
         workload.submit()
     for _ in range(plan.warmup):

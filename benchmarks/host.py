@@ -20,6 +20,7 @@ measured side by side.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import inspect
 import json
 import os
@@ -46,21 +47,6 @@ sys.path.insert(0, str(_engine_root()))
 
 import torch  # noqa: E402
 
-PEOPLE = {
-    "type": "array",
-    "minItems": 30,
-    "items": {
-        "type": "object",
-        "properties": {
-            "name": {"type": "string", "maxLength": 16},
-            "age": {"type": "integer", "minimum": 0, "maximum": 120},
-            "city": {"enum": ["Paris", "London", "Tokyo", "Lima"]},
-            "member": {"type": "boolean"},
-        },
-        "required": ["name", "age", "city", "member"],
-        "additionalProperties": False,
-    },
-}
 WORKLOADS = (("free", False), ("json_schema", False), ("json_schema", True))
 PROMPT_LEN = 24
 BANK_ROWS = 64
@@ -184,31 +170,19 @@ class Measured:
         return self.wall_ms / max(self.host_ms, self.device_ms)
 
 
-class Workload:
-    """Keeps ``batch`` sequences of one kind running (a finished one is replaced at once)."""
-
-    def __init__(self, engine, prompt: list[int], compiled, max_tokens: int) -> None:
-        self.engine, self.prompt, self.compiled, self.max_tokens = engine, prompt, compiled, max_tokens
-        self.seed = 1000
-        self.output_tokens = 0
-        self.stopped = False
-
-    def submit(self) -> None:
-        from sampler import SamplingParams
-        from server.engine.sequence import GenerationRequest
-
-        self.seed += 1
-        self.engine.submit(GenerationRequest(
-            request_id=f"h{self.seed}", prompt_token_ids=self.prompt,
-            params=SamplingParams(temperature=0.0, seed=self.seed), max_tokens=self.max_tokens, sink=self._sink,
-            eos_token_ids=frozenset({0}), ignore_eos=self.compiled is None,
-            matcher=self.compiled.new_matcher() if self.compiled else None,
-        ))
-
-    def _sink(self, delta) -> None:
-        self.output_tokens += len(delta.token_ids)
-        if delta.finish_reason is not None and not self.stopped:
-            self.submit()
+def _decode_benchmark():
+    """This tree's ``benchmarks/decode.py`` (its Workload), over whichever engine is imported
+    (the path it puts first on ``sys.path`` is taken back out)."""
+    module = sys.modules.get("trellis_decode_benchmark")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("trellis_decode_benchmark", REPO / "benchmarks" / "decode.py")
+        module = sys.modules["trellis_decode_benchmark"] = importlib.util.module_from_spec(spec)
+        path = list(sys.path)
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            sys.path[:] = path
+    return module
 
 
 def build_engine(runner, tokenizer, batch: int, jump: bool, overlap: bool | None, fill_threads: int):
@@ -248,7 +222,8 @@ def measure(tokenizer, compiled, *, batch: int, jump: bool, device_s: float, ste
                         blocking=not engine_records_events())
     engine = build_engine(runner, tokenizer, batch, jump, overlap, fill_threads or os.cpu_count() or 1)
     prompt = [(17 * i + 5) % 1000 + 100 for i in range(PROMPT_LEN)]
-    workload = Workload(engine, prompt, compiled, max_tokens=200)
+    workload = _decode_benchmark().Workload(engine, prompt, compiled, max_tokens=200, seed=1000, temperature=0.0,
+                                            eos=0)
     for _ in range(batch):
         workload.submit()
     with torch.inference_mode():
@@ -279,7 +254,7 @@ def run_here(args: argparse.Namespace) -> list[Measured]:
     torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(default_model_dir(show_progress=False))
     compiler = ConstraintCompiler(tokenizer, len(tokenizer), stop_token_ids=[0])
-    compiled = compiler.compile(ConstraintSpec("json_schema", PEOPLE))
+    compiled = compiler.compile(ConstraintSpec("json_schema", _decode_benchmark().PEOPLE))
     results = []
     overlap = None if args.overlap == "default" else args.overlap == "on"
     for batch in args.batch:
