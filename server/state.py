@@ -93,6 +93,12 @@ class ServerState:
             gauges[f"trellis_forward_steps_{path}"] = (what, count)
         gauges["trellis_sampler_passes_in_graph"] = ("sampler passes replayed from CUDA graphs", stats.sampled_in_graph)
         gauges["trellis_sampler_passes_eager"] = ("sampler passes run eagerly", stats.sampled_eagerly)
+        gauges["trellis_engine_overlapped_steps"] = (
+            "forwards launched before the previous step's tokens were read (overlapped loop)", stats.overlapped_steps)
+        policy = engine.policy
+        gauges["trellis_forward_device_ms"] = ("moving average of a forward's device time, ms (overlap policy)",
+                                               policy.forward_ms or 0.0)
+        gauges["trellis_mask_fill_ms"] = ("moving average of a step's mask fill time, ms (overlap policy)", policy.fill_ms)
         if self.compiler is not None:
             cache = self.compiler.cache_stats()
             gauges["trellis_constraint_cache_hits"] = ("compiled-constraint cache hits", cache["hits"])

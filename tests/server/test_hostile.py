@@ -699,8 +699,10 @@ def test_metrics_names_and_types(tiny_server):
     for name in ("trellis_requests_total", "trellis_running_sequences", "trellis_waiting_sequences",
                  "trellis_time_to_first_token_seconds", "trellis_prompt_tokens_total",
                  "trellis_generation_tokens_total", "trellis_constraint_compile_seconds",
-                 "trellis_constraint_refusals_total"):
+                 "trellis_constraint_refusals_total", "trellis_engine_overlapped_steps",
+                 "trellis_forward_device_ms", "trellis_mask_fill_ms"):
         assert declared(name), f"{name} missing from /metrics: {sorted(types)}"
+    assert declared("trellis_engine_overlapped_steps") == declared("trellis_mask_fill_ms") == "gauge"
     assert declared("trellis_requests_total") == "counter"
     assert declared("trellis_running_sequences") == "gauge"
     assert declared("trellis_waiting_sequences") == "gauge"
