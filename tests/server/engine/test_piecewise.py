@@ -172,7 +172,8 @@ def generate(engine: Engine, compiler, tokenizer) -> list[list[int]]:
     raise AssertionError("engine did not finish")
 
 
-def test_engine_over_the_pieces_generates_the_eager_tokens_with_jump_forward(tiny_hf, default_tokenizer):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_engine_over_the_pieces_generates_the_eager_tokens_with_jump_forward(tiny_hf, default_tokenizer, overlap):
     compiler = ConstraintCompiler(default_tokenizer, tiny_hf.config.vocab_size,
                                   stop_token_ids=[default_tokenizer.eos_token_id])
     try:
@@ -186,7 +187,7 @@ def test_engine_over_the_pieces_generates_the_eager_tokens_with_jump_forward(tin
         mixed = []
         forward = graphed.forward
         graphed.forward = lambda batch: (mixed.append(not is_plain_decode(batch)), forward(batch))[1]
-        engine = Engine(graphed, default_tokenizer, max_batch_size=4, max_model_len=MAX_LEN * 2)
+        engine = Engine(graphed, default_tokenizer, max_batch_size=4, max_model_len=MAX_LEN * 2, overlap=overlap)
         assert generate(engine, compiler, default_tokenizer) == expected
     finally:
         compiler.close()

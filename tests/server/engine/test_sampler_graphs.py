@@ -132,12 +132,12 @@ def generate(engine: Engine, compiler, tokenizer, extra: SamplingParams | None =
     raise AssertionError("engine did not finish")
 
 
-def graphed_engine(tiny_hf, tokenizer) -> tuple[Engine, GraphedRunner]:
+def graphed_engine(tiny_hf, tokenizer, overlap: bool | None = None) -> tuple[Engine, GraphedRunner]:
     runner = ModelRunner.for_sequences(tiny_hf, 4, MAX_LEN * 2, block_size=BLOCK)
     graphed = GraphedRunner(runner, max_batch_size=4, max_blocks_per_seq=2 * MAX_LEN // BLOCK,
                             max_graph_tokens=32, pad_eagerly=True, graph_factory=Factory())
     graphed.capture(decode=False)  # decode steps pad eagerly (the CPU attention reads host lengths)
-    return Engine(graphed, tokenizer, max_batch_size=4, max_model_len=MAX_LEN * 2), graphed
+    return Engine(graphed, tokenizer, max_batch_size=4, max_model_len=MAX_LEN * 2, overlap=overlap), graphed
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +161,18 @@ def test_engine_samples_in_graph_and_gives_the_eager_tokens(tiny_hf, default_tok
     gauges = ServerState._engine_gauges(SimpleNamespace(engine=engine, compiler=None))  # what /metrics shows
     assert gauges["trellis_sampler_passes_in_graph"][1] == engine.stats.sampled_in_graph
     assert gauges["trellis_sampler_passes_eager"][1] == 0
+
+
+def test_overlapped_engine_samples_in_graph_and_gives_the_eager_tokens(tiny_hf, default_tokenizer, compiler):
+    """The CUDA path's overlapped loop: ids out of the sampling graph's buffer feed the next
+    step from the device, logprobs read back packed, the same tokens as the eager sampler's."""
+    eager = Engine(ModelRunner.for_sequences(tiny_hf, 4, MAX_LEN * 2, block_size=BLOCK), default_tokenizer,
+                   max_batch_size=4, max_model_len=MAX_LEN * 2)
+    expected = generate(eager, compiler, default_tokenizer)
+    engine, _ = graphed_engine(tiny_hf, default_tokenizer, overlap=True)
+    assert generate(engine, compiler, default_tokenizer) == expected
+    assert engine.stats.sampled_in_graph > 0 and engine.stats.sampled_eagerly == 0
+    assert engine.stats.overlapped_steps > 0
 
 
 def test_engine_samples_eagerly_while_a_row_needs_the_eager_sampler(tiny_hf, default_tokenizer, compiler):
