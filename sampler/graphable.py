@@ -213,10 +213,7 @@ class StaticSampler:
     # ---------------------------------------------------------------- read back
     def read(self, rows: Sequence[SamplingRow], variant: Variant) -> SampleResult:
         """The ids (and logprobs) of the last run for ``rows``: one device→host transfer."""
-        pending = self.read_async(rows, variant)
-        if self.ids.device.type == "cuda":
-            torch.cuda.current_stream(self.ids.device).synchronize()
-        return pending.result()
+        return self.read_async(rows, variant).result_now()
 
     def read_async(self, rows: Sequence[SamplingRow], variant: Variant) -> PendingSample:
         """:meth:`read` without waiting: the ids copied out of the static buffer (the next run

@@ -145,6 +145,12 @@ class PendingSample:
         result.failures.update(self.failures)
         return result
 
+    def result_now(self) -> SampleResult:
+        """:meth:`result`, waiting for the device first (the pass's one host sync)."""
+        if self.ids.device.type == "cuda":
+            torch.cuda.current_stream(self.ids.device).synchronize()
+        return self.result()
+
 
 def read_back(packed: torch.Tensor) -> torch.Tensor:
     """``packed`` on the host: a non-blocking copy into pinned memory from CUDA, as is elsewhere."""

@@ -117,10 +117,7 @@ class Sampler:
                 ``bitmask_indices`` ([R] batch positions); or [B, W] with indices None.
                 Pass it on the sampler's device (or pinned) to avoid a blocking copy.
         """
-        pending = self.sample_async(logits, rows, bitmask, bitmask_indices)
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
-        return pending.result()
+        return self.sample_async(logits, rows, bitmask, bitmask_indices).result_now()
 
     def sample_async(
         self,

@@ -170,7 +170,7 @@ class Engine:
         self._step_staging = HostStaging(runner.device)  # the step's integer arrays (StepBatch.build)
         self._step_hidden: torch.Tensor | None = None  # [C, D] for this step's sampling candidates
         # None: where the forward runs asynchronously, i.e. not on the CPU (see the module docstring)
-        self.overlap = runner.device.type != "cpu" or hasattr(runner, "new_event") if overlap is None else overlap
+        self.overlap = runner.device.type != "cpu" if overlap is None else overlap
         self.policy = OverlapPolicy(self.overlap)  # per step: launch before reading, or read first
         self._forward_events: tuple | None = None  # recorded around this step's forward launch
         self._inflight: InFlight | None = None  # the last sampler pass, not yet read by the host
@@ -477,11 +477,12 @@ class Engine:
                                 logit_counts=counts if max(counts) > 1 else None, row_adapters=adapters,
                                 staging=self._step_staging)
         self._gather_sampled(decode_rows, extend_plan, batch)
-        start, end = device_event(self.runner, timing=True), device_event(self.runner, timing=True)
-        start.record()  # the forward's device time, for the overlap policy
+        if self.policy.enabled:  # the forward's device time, for the overlap policy
+            self._forward_events = (device_event(self.runner, timing=True), device_event(self.runner, timing=True))
+            self._forward_events[0].record()
         logits = self.runner.forward(batch)
-        end.record()
-        self._forward_events = (start, end)
+        if self._forward_events is not None:
+            self._forward_events[1].record()
         self.stats.forward_s += time.perf_counter() - started
         first_rows = None  # with per-position logits: each row's first position
         if batch.logit_counts is not None:

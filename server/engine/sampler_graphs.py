@@ -63,11 +63,7 @@ class SamplerGraphs:
         """``Sampler.sample``'s result for a step the pass takes (arguments alike), or None when a
         row does not qualify or the batch has no captured bucket: sample it eagerly then."""
         pending = self.sample_async(logits, rows, bitmask, indices)
-        if pending is None:
-            return None
-        if logits.device.type == "cuda":
-            torch.cuda.current_stream(logits.device).synchronize()
-        return pending.result()
+        return None if pending is None else pending.result_now()
 
     @torch.inference_mode()
     def sample_async(self, logits: torch.Tensor, rows: Sequence[SamplingRow], bitmask: torch.Tensor | None = None,
