@@ -27,19 +27,19 @@ class TokenizerContext:
 
     def encode(self, text: str) -> list[int]:
         """Canonical tokenization of ``text`` without special tokens."""
-        backend = _rust_tokenizer(self.tokenizer)
+        backend = rust_tokenizer(self.tokenizer)
         if backend is not None:  # what transformers' encode calls, without its wrapper (a third of the time)
             return backend.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int]) -> str:
-        backend = _rust_tokenizer(self.tokenizer)
+        backend = rust_tokenizer(self.tokenizer)
         if backend is not None:
             return backend.decode(list(ids), skip_special_tokens=False)
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
 
-def _rust_tokenizer(tokenizer: Any) -> Any:
+def rust_tokenizer(tokenizer: Any) -> Any:
     """A fast tokenizer's ``tokenizers.Tokenizer`` where transformers' encode/decode add nothing
     to its own (no clean-up of spaces after decoding), else None."""
     backend = getattr(tokenizer, "_tokenizer", None)

@@ -17,6 +17,8 @@ from typing import Any
 
 import regex
 
+from constraints.backend import rust_tokenizer
+
 _REPLACEMENT = "\ufffd"
 _REGEX_TIMEOUT_S = 0.05  # per search: a catastrophically backtracking stop_regex fails its sequence only
 _ADDED_IDS: dict[int, frozenset[int]] = {}
@@ -24,12 +26,10 @@ _ADDED_IDS: dict[int, frozenset[int]] = {}
 
 def fast_decode(tokenizer):
     """``decode(ids, skip_special_tokens)``: the Rust tokenizer's own where transformers' wrapper
-    adds nothing to it (a fast tokenizer without clean-up of spaces; a quarter of the time per
-    call, and the detokenizer decodes twice per token), else the tokenizer's ``decode``."""
-    backend = getattr(tokenizer, "_tokenizer", None)
-    if backend is not None and hasattr(backend, "decode") and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
-        return backend.decode
-    return tokenizer.decode
+    adds nothing to it (a quarter of the time per call, and the detokenizer decodes twice per
+    token), else the tokenizer's ``decode``."""
+    backend = rust_tokenizer(tokenizer)
+    return backend.decode if backend is not None else tokenizer.decode
 
 
 def added_token_ids(tokenizer) -> frozenset[int]:
