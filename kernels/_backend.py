@@ -46,6 +46,17 @@ def triton_kernels() -> ModuleType | None:
     return _triton_kernels
 
 
+@functools.cache
+def layer_kernels() -> ModuleType | None:
+    """The module holding a decoder layer's fused Triton kernels (norms, rotary, activation),
+    or None when Triton cannot be imported."""
+    try:
+        from kernels import _layer_triton
+    except Exception:  # ImportError, or a broken backend raising at import
+        return None
+    return _layer_triton
+
+
 def select_backend(t: torch.Tensor, use_triton: bool | None = None) -> Backend:
     """Which implementation a kernel call on tensor ``t`` runs.
 

@@ -6,6 +6,13 @@ decoding rows, several for prefill chunks, jump-forward continuations, drafts an
 so the weights are read once per step, and one paged-attention call per layer serves every row
 (:mod:`kernels.paged_attention`): each row writes its new keys/values into its own blocks and
 attends over its whole context.
+
+A decoder layer is nine kernels on CUDA (ten when attention splits long contexts): the fused
+residual add + RMSNorm (:mod:`kernels.rmsnorm`), one GEMM for q/k/v, qk-norm + rotary + KV-cache
+write (:mod:`kernels.rotary`), paged attention, the o_proj GEMM, the second add + norm, one GEMM
+for gate/up, SiLU·mul (:mod:`kernels.activation`) and the down GEMM. The projections are
+concatenated at load (:mod:`server.engine.layer_weights`). On the CPU the same pieces run their
+torch references.
 """
 
 from __future__ import annotations
@@ -15,11 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from kernels.paged_attention import paged_attention, write_kv
+from kernels.activation import silu_mul
+from kernels.paged_attention import paged_attention
+from kernels.rmsnorm import add_rmsnorm
+from kernels.rotary import rope_write_kv
 from server.engine.hf_runner import UnsupportedModelError
 from server.engine.kv_cache import KVShape, PagedKVCache
+from server.engine.layer_weights import LayerWeights, Norm, fuse_layer
 from server.engine.lora import LoraBank, LoraGroups, add_lora
 from server.engine.step_batch import StepBatch
 
@@ -69,8 +81,13 @@ def load_hf_model(directory: Path, dtype: torch.dtype, device: torch.device) -> 
 class ModelRunner:
     """Runs steps of a Llama-family model over a :class:`PagedKVCache` of ``num_blocks`` blocks."""
 
-    def __init__(self, hf_model: nn.Module, num_blocks: int, block_size: int, lora: LoraBank | None = None) -> None:
+    def __init__(self, hf_model: nn.Module, num_blocks: int, block_size: int, lora: LoraBank | None = None,
+                 *, use_triton: bool | None = None) -> None:
+        """``use_triton``: the fused kernels' backend (:func:`kernels.select_backend`): None runs
+        Triton on CUDA and torch on the CPU; True on the CPU runs the CUDA path's kernels in the
+        Triton interpreter (``TRITON_INTERPRET=1``, tests and kernel counts)."""
         self.hf = hf_model
+        self.use_triton = use_triton
         self.lora = lora
         self.last_hidden: torch.Tensor | None = None  # [R, D] final-norm hidden states of the last forward
         config = hf_model.config
@@ -89,13 +106,17 @@ class ModelRunner:
         self.kv = PagedKVCache(self.kv_shape(hf_model), num_blocks, block_size, self.dtype, self.device)
         self._inner = hf_model.model
         self._scale = 1.0 / math.sqrt(head_dim)
+        self.layers: list[LayerWeights] = [fuse_layer(layer, config.hidden_act) for layer in self._inner.layers]
+        self._final_norm = Norm.of(self._inner.norm)
 
     @classmethod
     def for_sequences(
-        cls, hf_model: nn.Module, max_seqs: int, max_len: int, block_size: int = 16, lora: LoraBank | None = None
-    ) -> "ModelRunner":
+        cls, hf_model: nn.Module, max_seqs: int, max_len: int, block_size: int = 16, lora: LoraBank | None = None,
+        *, use_triton: bool | None = None,
+    ) -> ModelRunner:
         """A runner whose cache holds ``max_seqs`` sequences of ``max_len`` tokens (tests, benchmarks)."""
-        return cls(hf_model, num_blocks=max_seqs * -(-max_len // block_size) + 1, block_size=block_size, lora=lora)
+        return cls(hf_model, num_blocks=max_seqs * -(-max_len // block_size) + 1, block_size=block_size, lora=lora,
+                   use_triton=use_triton)
 
     @staticmethod
     def kv_shape(hf_model: nn.Module) -> KVShape:
@@ -120,13 +141,16 @@ class ModelRunner:
 
         The pass is the piece functions below in order (embed, then per layer pre-attention,
         attention, post-attention, then the logits); :mod:`server.engine.piecewise` replays
-        everything but :meth:`attend` from CUDA graphs through the same functions."""
-        hidden, cos, sin = self.embed(batch.tokens, batch.positions)
+        everything but :meth:`attend` from CUDA graphs through the same functions. Between
+        layers the state is the residual stream (updated in place) and the last block's output
+        not yet added to it, so each residual add rides in the next norm's kernel."""
+        residual, cos, sin = self.embed(batch.tokens, batch.positions)
+        delta = None
         for index in range(self.shape.num_layers):
-            q, k, v = self.pre_attention(index, hidden, cos, sin, batch.lora)
-            out = self.attend(index, q, k, v, batch.attn)
-            hidden = self.post_attention(index, hidden, out, batch.lora)
-        return self.logits_at(hidden, batch)
+            qkv = self.pre_attention(index, residual, delta, batch.lora)
+            out = self.attend(index, qkv, cos, sin, batch.attn)
+            delta = self.post_attention(index, residual, out, batch.lora)
+        return self.logits_at(residual, delta, batch)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         self.kv.copy_blocks(pairs)
@@ -134,76 +158,79 @@ class ModelRunner:
     # ------------------------------------------------------------------ the pieces of a forward
 
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor):
-        """Token embeddings [1, N, D] and the rotary cos/sin [1, N, rotary dim] of ``positions``."""
-        hidden = self._inner.embed_tokens(tokens.view(1, -1))
+        """Token embeddings [N, D] (the residual stream's start) and the rotary cos/sin
+        [N, head_dim] of ``positions``."""
+        hidden = self._inner.embed_tokens(tokens)
         cos, sin = self._inner.rotary_emb(hidden, positions.view(1, -1))
-        return hidden, cos, sin
+        return hidden, cos[0], sin[0]
 
-    def pre_attention(self, index: int, hidden: torch.Tensor, cos, sin, lora: LoraGroups | None):
-        """Layer ``index``'s input norm, q/k/v projections, qk-norm and rope on ``hidden``
-        [1, N, D]: q [N, heads, d], k and v [N, kv_heads, d] (views, not necessarily contiguous)."""
-        layer = self._inner.layers[index]
-        q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(hidden), cos, sin, index, lora)  # [1, h, N, d]
-        return q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1)
+    def pre_attention(self, index: int, residual: torch.Tensor, delta: torch.Tensor | None,
+                      lora: LoraGroups | None) -> torch.Tensor:
+        """Layer ``index`` up to attention: ``residual += delta`` (the previous layer's MLP output;
+        None for the first layer), the input norm and the q/k/v projection, [N, q + 2 kv columns]."""
+        weights = self.layers[index]
+        normed = add_rmsnorm(delta if delta is not None else residual, residual if delta is not None else None,
+                             weights.input_norm.weight, weights.input_norm.eps, use_triton=self.use_triton)
+        qkv = F.linear(normed, weights.qkv_weight, weights.qkv_bias)
+        if lora is not None:
+            q, kv = weights.q_size, weights.kv_size
+            for module, columns in (("q_proj", slice(0, q)), ("k_proj", slice(q, q + kv)), ("v_proj", slice(q + kv, None))):
+                add_lora(qkv[:, columns], normed, self.lora, lora, index, module)
+        return qkv
 
-    def attend(self, index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn) -> torch.Tensor:
-        """Write the new keys/values into layer ``index``'s cache and attend: [N, heads * d]."""
+    def attend(self, index: int, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn) -> torch.Tensor:
+        """Layer ``index``'s attention from its q/k/v projection ``qkv``: qk-norm, rotary and the
+        cache write of the new keys/values in one kernel, then paged attention; [N, heads * d]."""
+        weights, shape = self.layers[index], self.shape
         k_cache, v_cache = self.kv.k[index], self.kv.v[index]
-        write_kv(k_cache, v_cache, k, v, attn.slot_mapping)
-        out = paged_attention(q, k_cache, v_cache, attn, scale=self._scale)  # [N, h, d]
-        return out.reshape(-1, self.shape.num_heads * self.shape.head_dim)
+        q_norm = k_norm = None
+        eps = 1e-6
+        if weights.qk_norm is not None:
+            q_norm, k_norm, eps = weights.qk_norm[0].weight, weights.qk_norm[1].weight, weights.qk_norm[0].eps
+        q = rope_write_kv(qkv, cos, sin, k_cache, v_cache, attn.slot_mapping, shape.num_heads, shape.num_kv_heads,
+                          q_norm, k_norm, eps, use_triton=self.use_triton)
+        out = paged_attention(q, k_cache, v_cache, attn, scale=self._scale, use_triton=self.use_triton)  # [N, h, d]
+        return out.view(-1, shape.num_heads * shape.head_dim)
 
-    def post_attention(self, index: int, hidden: torch.Tensor, attn_out: torch.Tensor,
+    def post_attention(self, index: int, residual: torch.Tensor, attn_out: torch.Tensor,
                        lora: LoraGroups | None) -> torch.Tensor:
-        """Layer ``index`` after attention: o_proj of ``attn_out`` [N, heads * d] plus the
-        residual ``hidden`` [1, N, D] (the layer's input), then the MLP block; [1, N, D]."""
-        layer = self._inner.layers[index]
-        out = attn_out.view(1, -1, self.shape.num_heads * self.shape.head_dim)
-        hidden = hidden + self._proj(layer.self_attn.o_proj, out, index, "o_proj", lora)
-        normed = layer.post_attention_layernorm(hidden)
-        if lora is None:
-            return hidden + layer.mlp(normed)
-        return hidden + self._lora_mlp(layer.mlp, normed, index, lora)
+        """Layer ``index`` after attention: ``residual += o_proj(attn_out)``, the post-attention
+        norm and the MLP; returns the MLP's output [N, D] (added to ``residual`` by the next norm)."""
+        weights = self.layers[index]
+        out = self._proj(weights.o_proj, attn_out, index, "o_proj", lora)
+        normed = add_rmsnorm(out, residual, weights.post_norm.weight, weights.post_norm.eps, use_triton=self.use_triton)
+        gate_up = F.linear(normed, weights.gate_up_weight, weights.gate_up_bias)
+        if lora is not None:
+            width = gate_up.shape[1] // 2
+            add_lora(gate_up[:, :width], normed, self.lora, lora, index, "gate_proj")
+            add_lora(gate_up[:, width:], normed, self.lora, lora, index, "up_proj")
+        if weights.silu:
+            act = silu_mul(gate_up, use_triton=self.use_triton)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = weights.act_fn(gate) * up
+        return self._proj(weights.down_proj, act, index, "down_proj", lora)
 
-    def logits_at(self, hidden: torch.Tensor, batch: StepBatch) -> torch.Tensor:
-        """The final norm and lm_head at ``batch.last_index`` of the last layer's ``hidden`` [1, N, D]."""
-        last = hidden[0] if batch.all_single and batch.logit_counts is None else hidden[0, batch.last_index]
-        return self._logits(last)
+    def logits_at(self, residual: torch.Tensor, delta: torch.Tensor | None, batch: StepBatch) -> torch.Tensor:
+        """The last layer's residual add, the final norm and lm_head at ``batch.last_index``."""
+        if not (batch.all_single and batch.logit_counts is None):
+            residual = residual[batch.last_index]
+            delta = None if delta is None else delta[batch.last_index]
+        return self._logits(residual, delta)
 
     def _proj(self, linear: nn.Linear, x: torch.Tensor, index: int, module: str, lora: LoraGroups | None) -> torch.Tensor:
-        """``linear(x)`` plus each row group's LoRA delta for ``module`` of layer ``index``; x [1, N, in]."""
+        """``linear(x)`` plus each row group's LoRA delta for ``module`` of layer ``index``; x [N, in]."""
         out = linear(x)
         if lora is not None:
-            add_lora(out[0], x[0], self.lora, lora, index, module)
+            add_lora(out, x, self.lora, lora, index, module)
         return out
 
-    def _lora_mlp(self, mlp, x: torch.Tensor, index: int, lora: LoraGroups) -> torch.Tensor:
-        """The gated MLP (``down(act(gate(x)) * up(x))``) with LoRA deltas on its projections."""
-        gate = self._proj(mlp.gate_proj, x, index, "gate_proj", lora)
-        up = self._proj(mlp.up_proj, x, index, "up_proj", lora)
-        return self._proj(mlp.down_proj, mlp.act_fn(gate) * up, index, "down_proj", lora)
-
-    def _qkv(self, attn, x, cos, sin, index: int, lora: LoraGroups | None):
-        """Project, (qk-norm for Qwen3), apply rotary embeddings. Returns q, k, v as [b, h, T, d]."""
-        b, t, _ = x.shape
-        d = self.shape.head_dim
-        q = self._proj(attn.q_proj, x, index, "q_proj", lora).view(b, t, self.shape.num_heads, d)
-        k = self._proj(attn.k_proj, x, index, "k_proj", lora).view(b, t, self.shape.num_kv_heads, d)
-        v = self._proj(attn.v_proj, x, index, "v_proj", lora).view(b, t, self.shape.num_kv_heads, d)
-        if hasattr(attn, "q_norm"):
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [b, 1, T, d]
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        return q, k, v
-
-    def _logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
+    def _logits(self, residual: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
         """[R, D] → [R, V] float32; keeps the final-norm hidden states in :attr:`last_hidden`."""
-        self.last_hidden = self._inner.norm(last_hidden)
+        norm = self._final_norm
+        self.last_hidden = add_rmsnorm(delta if delta is not None else residual,
+                                       residual if delta is not None else None,
+                                       norm.weight, norm.eps, use_triton=self.use_triton)
         return self.hf.lm_head(self.last_hidden).float()
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

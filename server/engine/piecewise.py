@@ -8,18 +8,19 @@ the step's total token count. As vLLM does with torch.compile's graph splitting 
 here), the forward is cut at each layer's attention into ``L + 1`` pieces:
 
 - piece 0: embedding, rotary cos/sin, and layer 0's pre-attention (input norm, q/k/v
-  projections, qk-norm, rope);
+  projection);
 - piece i (``1 <= i < L``): layer ``i - 1``'s post-attention (o_proj + residual, post norm,
-  MLP + residual) and layer ``i``'s pre-attention;
+  MLP) and layer ``i``'s pre-attention (the MLP's residual add fused into the input norm);
 - piece L: the last layer's post-attention.
 
 Each piece is captured once per token bucket ``T`` (:func:`token_buckets`) and reads and writes
-only the static buffers of :class:`PieceBuffers` (tokens, positions, hidden/residual, cos/sin,
-q/k/v, attention output). Between pieces, layer ``i``'s attention runs eagerly on the step's
-real tokens with the step's real :class:`PagedAttentionMetadata` (``write_kv`` +
-``paged_attention``, :meth:`ModelRunner.attend`), so its grid, split and host lengths are the
-step's own. After the last piece the logits gather (``last_index``), final norm and lm_head run
-eagerly (:meth:`ModelRunner.logits_at`, one GEMM). The eager forward calls the same piece
+only the static buffers of :class:`PieceBuffers` (tokens, positions, residual stream, last MLP
+output, cos/sin, q/k/v projection, attention output). Between pieces, layer ``i``'s attention
+runs eagerly on the step's real tokens with the step's real :class:`PagedAttentionMetadata`
+(qk-norm + rope + cache write, then ``paged_attention``: :meth:`ModelRunner.attend`), so its
+grid, split and host lengths are the step's own. After the last piece the logits gather
+(``last_index``), the last residual add + final norm and lm_head run eagerly
+(:meth:`ModelRunner.logits_at`). The eager forward calls the same piece
 functions, so the two paths cannot drift apart.
 
 Padding: a step of ``N`` real tokens is padded to the smallest bucket ``T >= N`` with token 0 at
@@ -73,17 +74,17 @@ class PieceBuffers:
         with torch.inference_mode():
             probe = torch.zeros(1, dtype=torch.long, device=device)
             hidden, cos, sin = runner.embed(probe, probe)
-            q, k, v = runner.pre_attention(0, hidden, cos, sin, None)
+            qkv = runner.pre_attention(0, hidden, None, None)
         self.max_tokens = max_tokens
         self._ints = torch.zeros((2, max_tokens), dtype=torch.long, device=device)  # one zero_() pads both
         self.tokens, self.positions = self._ints[0], self._ints[1]
-        self.hidden = torch.zeros((max_tokens, hidden.shape[-1]), dtype=hidden.dtype, device=device)
+        self.residual = torch.zeros((max_tokens, hidden.shape[-1]), dtype=hidden.dtype, device=device)
+        self.delta = torch.zeros_like(self.residual)  # the last layer's MLP output
         self.cos = torch.zeros((max_tokens, cos.shape[-1]), dtype=cos.dtype, device=device)
         self.sin = torch.zeros((max_tokens, sin.shape[-1]), dtype=sin.dtype, device=device)
-        self.q = torch.zeros((max_tokens, *q.shape[1:]), dtype=q.dtype, device=device)
-        self.k = torch.zeros((max_tokens, *k.shape[1:]), dtype=k.dtype, device=device)
-        self.v = torch.zeros((max_tokens, *v.shape[1:]), dtype=v.dtype, device=device)
-        self.attn = torch.zeros((max_tokens, q.shape[1] * q.shape[2]), dtype=q.dtype, device=device)
+        self.qkv = torch.zeros((max_tokens, qkv.shape[-1]), dtype=qkv.dtype, device=device)
+        shape = runner.shape
+        self.attn = torch.zeros((max_tokens, shape.num_heads * shape.head_dim), dtype=qkv.dtype, device=device)
 
     def fill(self, batch: StepBatch, bucket: int) -> None:
         """Copy the step's tokens and positions in; tokens ``N..bucket`` become padding."""
@@ -140,26 +141,27 @@ class PiecewiseGraphs:
             else:
                 self.run_piece(bucket, index)
             if index < self.num_layers:
-                out = self.runner.attend(index, buffers.q[:count], buffers.k[:count], buffers.v[:count], batch.attn)
+                out = self.runner.attend(index, buffers.qkv[:count], buffers.cos[:count], buffers.sin[:count],
+                                         batch.attn)
                 buffers.attn[:count].copy_(out)
-        return self.runner.logits_at(buffers.hidden[:count].unsqueeze(0), batch)
+        return self.runner.logits_at(buffers.residual[:count], buffers.delta[:count], batch)
 
     def run_piece(self, bucket: int, index: int) -> None:
         """Piece ``index`` over the first ``bucket`` tokens of the buffers (what a graph captures)."""
         buffers, runner = self.buffers, self.runner
+        residual = buffers.residual[:bucket]  # updated in place by the pieces' norms
         if index == 0:
             hidden, cos, sin = runner.embed(buffers.tokens[:bucket], buffers.positions[:bucket])
-            buffers.cos[:bucket].copy_(cos[0])
-            buffers.sin[:bucket].copy_(sin[0])
+            residual.copy_(hidden)
+            buffers.cos[:bucket].copy_(cos)
+            buffers.sin[:bucket].copy_(sin)
+            delta = None
         else:
-            hidden = runner.post_attention(index - 1, buffers.hidden[:bucket].unsqueeze(0), buffers.attn[:bucket], None)
-        buffers.hidden[:bucket].copy_(hidden[0])
+            delta = runner.post_attention(index - 1, residual, buffers.attn[:bucket], None)
         if index < self.num_layers:
-            q, k, v = runner.pre_attention(index, hidden, buffers.cos[:bucket].unsqueeze(0),
-                                           buffers.sin[:bucket].unsqueeze(0), None)
-            buffers.q[:bucket].copy_(q)
-            buffers.k[:bucket].copy_(k)
-            buffers.v[:bucket].copy_(v)
+            buffers.qkv[:bucket].copy_(runner.pre_attention(index, residual, delta, None))
+        else:
+            buffers.delta[:bucket].copy_(delta)
 
     def capture(self, graph_factory, pool: Any, warm_up: Callable[[Callable[[], None]], None]) -> Any:
         """Capture every bucket's pieces, largest bucket first, into ``pool`` (shared with the
