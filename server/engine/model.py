@@ -33,6 +33,7 @@ from server.engine.hf_runner import UnsupportedModelError
 from server.engine.kv_cache import KVShape, PagedKVCache
 from server.engine.layer_weights import LayerWeights, Norm, fuse_layer
 from server.engine.lora import LoraBank, LoraGroups, add_lora
+from server.engine.rotary_table import RotaryTable
 from server.engine.step_batch import StepBatch
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -108,6 +109,7 @@ class ModelRunner:
         self._scale = 1.0 / math.sqrt(head_dim)
         self.layers: list[LayerWeights] = [fuse_layer(layer, config.hidden_act) for layer in self._inner.layers]
         self._final_norm = Norm.of(self._inner.norm)
+        self.rotary = RotaryTable(self._inner.rotary_emb, num_blocks * block_size, self.dtype, self.device)
 
     @classmethod
     def for_sequences(
@@ -160,9 +162,8 @@ class ModelRunner:
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor):
         """Token embeddings [N, D] (the residual stream's start) and the rotary cos/sin
         [N, head_dim] of ``positions``."""
-        hidden = self._inner.embed_tokens(tokens)
-        cos, sin = self._inner.rotary_emb(hidden, positions.view(1, -1))
-        return hidden, cos[0], sin[0]
+        cos, sin = self.rotary.lookup(positions)
+        return self._inner.embed_tokens(tokens), cos, sin
 
     def pre_attention(self, index: int, residual: torch.Tensor, delta: torch.Tensor | None,
                       lora: LoraGroups | None) -> torch.Tensor:
