@@ -13,6 +13,7 @@ from kernels.bitmask import (
     unpack_bitmask,
 )
 from kernels.dfa import dfa_advance, dfa_advance_reference, dfa_apply_mask_inplace
+from kernels.gemv import GemvChoice, skinny_linear, skinny_linear_reference
 from kernels.paged_attention import (
     PagedAttentionMetadata,
     paged_attention,
@@ -23,6 +24,7 @@ from kernels.paged_attention import (
 from kernels.penalties import apply_penalties_inplace, apply_penalties_reference
 
 __all__ = [
+    "GemvChoice",
     "PagedAttentionMetadata",
     "apply_penalties_inplace",
     "apply_penalties_reference",
@@ -37,6 +39,8 @@ __all__ = [
     "paged_attention_reference",
     "paged_attention_torch",
     "select_backend",
+    "skinny_linear",
+    "skinny_linear_reference",
     "triton_kernels",
     "unpack_bitmask",
     "write_kv",

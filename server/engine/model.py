@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.activation import silu_mul
+from kernels.gemv import GemvChoice
 from kernels.paged_attention import paged_attention
 from kernels.rmsnorm import add_rmsnorm
 from kernels.rotary import rope_write_kv
@@ -109,6 +110,7 @@ class ModelRunner:
         self._scale = 1.0 / math.sqrt(head_dim)
         self.layers: list[LayerWeights] = [fuse_layer(layer, config.hidden_act) for layer in self._inner.layers]
         self._final_norm = Norm.of(self._inner.norm)
+        self.gemv = GemvChoice() if self.device.type == "cuda" and use_triton is not False else None
         self.rotary = RotaryTable(self._inner.rotary_emb, num_blocks * block_size, self.dtype, self.device)
 
     @classmethod
@@ -172,7 +174,7 @@ class ModelRunner:
         weights = self.layers[index]
         normed = add_rmsnorm(delta if delta is not None else residual, residual if delta is not None else None,
                              weights.input_norm.weight, weights.input_norm.eps, use_triton=self.use_triton)
-        qkv = F.linear(normed, weights.qkv_weight, weights.qkv_bias)
+        qkv = self._linear(normed, weights.qkv_weight, weights.qkv_bias)
         if lora is not None:
             q, kv = weights.q_size, weights.kv_size
             for module, columns in (("q_proj", slice(0, q)), ("k_proj", slice(q, q + kv)), ("v_proj", slice(q + kv, None))):
@@ -200,7 +202,7 @@ class ModelRunner:
         weights = self.layers[index]
         out = self._proj(weights.o_proj, attn_out, index, "o_proj", lora)
         normed = add_rmsnorm(out, residual, weights.post_norm.weight, weights.post_norm.eps, use_triton=self.use_triton)
-        gate_up = F.linear(normed, weights.gate_up_weight, weights.gate_up_bias)
+        gate_up = self._linear(normed, weights.gate_up_weight, weights.gate_up_bias)
         if lora is not None:
             width = gate_up.shape[1] // 2
             add_lora(gate_up[:, :width], normed, self.lora, lora, index, "gate_proj")
@@ -221,7 +223,7 @@ class ModelRunner:
 
     def _proj(self, linear: nn.Linear, x: torch.Tensor, index: int, module: str, lora: LoraGroups | None) -> torch.Tensor:
         """``linear(x)`` plus each row group's LoRA delta for ``module`` of layer ``index``; x [N, in]."""
-        out = linear(x)
+        out = self._linear(x, linear.weight, linear.bias)
         if lora is not None:
             add_lora(out, x, self.lora, lora, index, module)
         return out
@@ -232,6 +234,13 @@ class ModelRunner:
         self.last_hidden = add_rmsnorm(delta if delta is not None else residual,
                                        residual if delta is not None else None,
                                        norm.weight, norm.eps, use_triton=self.use_triton)
-        return self.hf.lm_head(self.last_hidden).float()
+        head = self.hf.lm_head
+        return self._linear(self.last_hidden, head.weight, head.bias).float()
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``F.linear``, or on CUDA the faster per shape of cuBLAS and the split-K kernel at 1-8 rows."""
+        if self.gemv is None:
+            return F.linear(x, weight, bias)
+        return self.gemv.linear(x, weight, bias)
 
 
