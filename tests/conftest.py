@@ -13,6 +13,21 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+
+def _no_cuda_device() -> bool:
+    """No CUDA device visible, judged without importing torch (which may import Triton)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        return True
+    return not any(Path("/dev").glob("nvidia[0-9]*"))
+
+
+# Without a GPU the Triton kernels run in the interpreter, in every test: Triton decorates
+# triton.language's own jit functions (tl.sum, tl.max, ...) when it is first imported, and a
+# kernel interpreted later cannot call compiled ones, so the flag must precede any import of
+# Triton (transformers' modelling can import it).
+if _no_cuda_device():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import pytest
 
 from server.config import Settings

@@ -5,13 +5,8 @@ torch path's logits."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-
-if not torch.cuda.is_available():  # before the kernels are first imported, as tests/kernels does
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import kernels
 from server.engine.model import SUPPORTED_MODEL_TYPES, ModelRunner, runs_hand_written
