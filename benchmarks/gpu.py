@@ -13,7 +13,11 @@ then for each shape:
 - TTFT of a 4,000-token prompt: cold (no cached prefix) and a second request sharing the first
   3,984 tokens (whole 16-token blocks; the prefix cache);
 - HTTP: output tok/s through ``trellis serve`` at 1/16/64/256 streaming clients, free and
-  ``json_schema`` (``benchmarks/serve.py``'s client).
+  ``json_schema`` (``benchmarks/serve.py``'s client);
+- generate: transformers' own greedy ``generate`` on the same model in the same run, with a static
+  cache and torch.compile on CUDA (eager on the CPU), at the decode batches up to 8; ms per decode
+  step from two generation lengths (the prefill cancels out); the note gives Trellis's free decode
+  speed-up over it at the same batch (``--parts decode generate``).
 
 One table at the end: "x floor" is the measured step time over the floor step time (the
 effective step time of an HTTP level is clients / output tok/s), "vs free" is each structured
@@ -61,7 +65,8 @@ SHAPES = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, tie_word_embeddings=True),
 }
-PARTS = ("decode", "ttft", "http")
+PARTS = ("decode", "ttft", "http", "generate")
+GENERATE_MAX_BATCH = 8
 JSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "people", "schema": PEOPLE, "strict": True}}
 TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "chat_template", "vocab", "merges", "added_tokens")
 PREFIX_BLOCK = 16  # the shared prefix is a whole number of cache blocks
@@ -212,6 +217,45 @@ def measure_decode(hf_model, tokenizer, compiled, plan: Plan, shape: str, floor_
         del engine
         free_memory(plan.device)
     return rows
+
+
+def measure_generate(hf_model, plan: Plan, shape: str, floor_ms: float, decode_rows: list[Row]) -> list[Row]:
+    """transformers' own greedy ``generate`` (static cache + torch.compile on CUDA) per batch <= 8."""
+    rows: list[Row] = []
+    trellis = {row.rows: row for row in decode_rows if row.what == "decode" and row.workload == "free"}
+    for batch in [b for b in plan.batches if b <= GENERATE_MAX_BATCH]:
+        step_ms = generate_step_ms(hf_model, batch, plan)
+        ours = trellis.get(batch)
+        note = "static cache + torch.compile" if plan.device.type == "cuda" else "eager (CPU)"
+        if ours is not None and ours.ms:
+            note += f"; Trellis {step_ms / ours.ms:.2f}x faster per step"
+        rows.append(Row(shape, "hf generate", batch, "free", "-", tok_s=1000 * batch / step_ms, ms=step_ms,
+                        x_floor=step_ms / floor_ms, note=note))
+        print(format_row(rows[-1]), flush=True)
+    return rows
+
+
+def generate_step_ms(hf_model, batch: int, plan: Plan) -> float:
+    """ms per decode step of ``generate``: (time of long - time of short) / extra tokens, best of 3."""
+    prompt = torch.randint(100, 1000, (batch, 32), device=plan.device)
+    short, extra = 4, plan.steps
+
+    def timed(new_tokens: int) -> float:
+        options = {"do_sample": False, "max_new_tokens": new_tokens, "min_new_tokens": new_tokens,
+                   "pad_token_id": 0, "cache_implementation": "static"}
+        if plan.device.type != "cuda":
+            options["disable_compile"] = True
+        synchronize(plan.device)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            hf_model.generate(prompt, attention_mask=torch.ones_like(prompt), **options)
+        synchronize(plan.device)
+        return time.perf_counter() - start
+
+    for _ in range(2):  # compiles (CUDA) and warms both lengths
+        timed(short), timed(short + extra)
+    best = min(timed(short + extra) - timed(short) for _ in range(3))
+    return 1000 * max(best, 1e-9) / extra
 
 
 def path_note(engine: Engine, before: dict[str, int]) -> str:
@@ -443,6 +487,8 @@ def run(plan: Plan, tokenizer_dir: Path) -> dict:
             compiled = compiler.compile(ConstraintSpec("json_schema", PEOPLE))
             if "decode" in plan.parts:
                 report.rows += measure_decode(hf_model, tokenizer, compiled, plan, shape, report.floor_ms)
+            if "generate" in plan.parts:
+                report.rows += measure_generate(hf_model, plan, shape, report.floor_ms, report.rows)
             if "ttft" in plan.parts:
                 report.rows += measure_ttft(hf_model, tokenizer, plan, shape)
             if "http" in plan.parts:

@@ -27,6 +27,9 @@ def test_smoke_run_measures_every_part_and_writes_json(tmp_path, default_dir):
     http = [r for r in rows if r["what"] == "http"]
     assert [r["workload"] for r in http] == ["free", "json_schema"]
     assert all(r["tok_s"] > 0 and r["vs_free"] > 0 for r in http)
+    generate = [r for r in rows if r["what"] == "hf generate"]
+    assert [r["rows"] for r in generate] == [2] and generate[0]["ms"] > 0
+    assert "Trellis" in generate[0]["note"]  # the speed-up over transformers at the same batch
 
 
 def test_profile_writes_one_table_per_decode_row(tmp_path, default_dir):
