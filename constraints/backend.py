@@ -125,6 +125,13 @@ class Matcher(ABC):
         token: these tokens are appended, never sampled)."""
         return self._accept_prefix(ids)
 
+    def valid_prefix(self, ids: Sequence[int]) -> int:
+        """How many of ``ids``, from the current state, the matcher would take in a row; the
+        state is left unchanged (drafts are checked before they are fed)."""
+        taken = self._accept_prefix(ids)
+        self.rollback(taken)
+        return taken
+
     def _accept_prefix(self, ids: Sequence[int]) -> int:
         n = 0
         for t in ids:

@@ -117,6 +117,12 @@ class LLGuidanceMatcher(Matcher):
         self._history.append((token_id, True))
         return True
 
+    def valid_prefix(self, ids) -> int:
+        # drafts: llguidance checks the run without consuming it
+        if self._m.is_error() or self.is_terminated() or any(t in self._stops for t in ids):
+            return super().valid_prefix(ids)
+        return self._m.validate_tokens(list(ids))
+
     def _accept_prefix(self, ids) -> int:
         # forced tokens (forced_tokens' probe, accept_forced): llguidance's grammar check of the
         # whole run at once instead of a mask per token

@@ -1,8 +1,10 @@
-"""Drafts verified inside the batched step (predicted outputs), output unchanged.
+"""Drafts verified inside the batched step (predicted outputs, prompt lookup), output unchanged.
 
-A row following a draft (:class:`server.engine.drafts.Draft`) feeds its next draft tokens after
-its pending tokens (``seq.verify``), as one extension sharing the step's prefill budget, and gets
-logits at every fed position. After the step's sampling, the positions after each draft token are
+A row whose :class:`~server.engine.speculation.Speculator` proposes tokens feeds them after its
+pending tokens (``seq.verify``), as one extension sharing the step's prefill budget, and gets
+logits at every fed position. A constrained row's draft is first cut at the first token its
+matcher refuses (it could never be sampled), and drafts are fed only while the measured step
+cost says their expected acceptance pays for them (:mod:`server.engine.speculation_policy`). After the step's sampling, the positions after each draft token are
 sampled in rounds, one batched sampler pass per position over the rows still agreeing; a draft
 token counts only if the token sampled there equals it, and the cache is rolled back past the
 first disagreement. Each position is sampled exactly as without a draft (same processing, same
@@ -15,6 +17,7 @@ from collections.abc import Callable
 
 from server.engine.scheduler import Scheduler
 from server.engine.sequence import Sequence
+from server.engine.speculation_policy import SpeculationPolicy
 
 Extension = list[tuple[Sequence, int]]  # (sequence, tokens fed)
 
@@ -29,15 +32,26 @@ class DraftVerifier:
         self.prefill_budget = prefill_budget
         self.max_draft_tokens = max_draft_tokens
         self.max_model_len = max_model_len
+        self.policy = SpeculationPolicy()
+
+    def wants_tokens_first(self, running: list[Sequence]) -> bool:
+        """Some row may draft this step: its proposal continues from its last token, so the loop
+        reads the tokens in flight before scheduling."""
+        drafting = [seq for seq in running if seq.draft is not None and seq.draft.ready]
+        return any(self.policy.worth(seq.draft.acceptance, len(running)) for seq in drafting)
 
     def plan(self, decode_rows: list[Sequence], extend_plan: Extension) -> tuple[list[Sequence], Extension]:
         """Give rows that follow a prediction their next draft tokens (``seq.verify``), fed after
         their pending tokens; a decoding row with a draft becomes a one-token extension."""
-        budget = self.prefill_budget - sum(take for _, take in extend_plan)
+        fed = sum(take for _, take in extend_plan)
+        budget = self.prefill_budget - fed
+        step_tokens = len(decode_rows) + fed
         for seq, take in [(seq, 1) for seq in decode_rows] + extend_plan:
             if seq.draft is None or take != len(seq.pending) or seq.scoring or budget <= 0:
                 continue
-            seq.verify = seq.draft.proposal(self._room(seq, budget))
+            if not self.policy.worth(seq.draft.acceptance, step_tokens):
+                continue
+            seq.verify = self._grammar_cut(seq, seq.draft.proposal(self._room(seq, budget)))
             if seq.verify and not self.scheduler.grow(seq, seq.cached_len + take + len(seq.verify)):
                 seq.verify = []  # no free block for the draft: plain decoding this step
             budget -= len(seq.verify)
@@ -45,6 +59,17 @@ class DraftVerifier:
             return decode_rows, extend_plan
         drafting = [(seq, 1) for seq in decode_rows if seq.verify]
         return [seq for seq in decode_rows if not seq.verify], extend_plan + drafting
+
+    @staticmethod
+    def _grammar_cut(seq: Sequence, draft: list[int]) -> list[int]:
+        """``draft`` up to the first token the row's constraint refuses (all of it when free)."""
+        matcher = seq.matcher
+        if not draft or matcher is None:
+            return draft
+        try:
+            return draft[: _valid_prefix(matcher, draft)]
+        except Exception:  # a failing matcher drafts nothing; the mask fill reports its failure
+            return []
 
     def _room(self, seq: Sequence, budget: int) -> int:
         """How many draft tokens ``seq`` may verify now: the per-step cap, the budget, the
@@ -95,3 +120,18 @@ def _sampled_draft_token(seq: Sequence, mark: int, position: int) -> bool:
     out = seq.output_ids
     index = mark + position
     return position < len(seq.verify) and len(out) > index and out[index] == seq.verify[position]
+
+
+def _valid_prefix(matcher, draft: list[int]) -> int:
+    """How many draft tokens the matcher takes from its current state, which it keeps (its own
+    ``valid_prefix`` where it has one)."""
+    valid_prefix = getattr(matcher, "valid_prefix", None)
+    if valid_prefix is not None:
+        return valid_prefix(draft)
+    if getattr(matcher, "rollback", None) is None:  # cannot probe without consuming: sampling decides
+        return len(draft)
+    taken = 0
+    while taken < len(draft) and matcher.accept_token(draft[taken]):
+        taken += 1
+    matcher.rollback(taken)
+    return taken

@@ -62,6 +62,8 @@ from server.engine.block_manager import BlockManager, BlockTable
 from server.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from server.engine.draft_verifier import DraftVerifier
 from server.engine.drafts import Draft
+from server.engine.prompt_lookup import PromptLookup
+from server.engine.speculation import Speculator
 from server.engine.errors import EngineDead, EngineOverloaded, EngineUnavailable
 from server.engine.failures import CONSTRAINT_LIMIT, describe
 from server.engine.host_buffers import HostStaging
@@ -138,6 +140,7 @@ class Engine:
         enable_prefix_caching: bool = True,
         mask_fill_threads: int = 0,
         overlap: bool | None = None,
+        speculation: bool = True,
     ) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
@@ -146,6 +149,8 @@ class Engine:
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len
         self.prefill_budget = prefill_budget
+        self.speculation = speculation  # prompt-lookup drafts for every sequence that allows them
+        self.max_draft_tokens = max_draft_tokens
         self.stats = EngineStats()
         self.last_step_at = time.monotonic()
         self._admission = AdmissionControl(max_waiting_seqs, max_waiting_tokens)
@@ -173,6 +178,7 @@ class Engine:
         self.overlap = runner.device.type != "cpu" if overlap is None else overlap
         self.policy = OverlapPolicy(self.overlap)  # per step: launch before reading, or read first
         self._forward_events: tuple | None = None  # recorded around this step's forward launch
+        self._forward_tokens = 0  # tokens this step's forward fed (the speculation policy's cost fit)
         self._inflight: InFlight | None = None  # the last sampler pass, not yet read by the host
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -384,7 +390,7 @@ class Engine:
         """Whether this step reads the in-flight tokens before it schedules: in the synchronous
         order (the loop's setting, or the policy's choice) and when draft proposals continue
         from them."""
-        return not self.policy.launch_first or any(seq.draft is not None for seq in self.scheduler.running)
+        return not self.policy.launch_first or self.drafts.wants_tokens_first(self.scheduler.running)
 
     def _drain_inbox(self) -> None:
         while True:
@@ -429,11 +435,21 @@ class Engine:
         )
         if seq.reasoning is not None:
             self.intake.reasoning.enter(seq)
-        if request.prediction_token_ids:
-            seq.draft = Draft(request.prediction_token_ids)
+        seq.draft = self._speculator(request)
         if request.score_choices:
             ChoiceScorer.start(seq)
         return seq
+
+    def _speculator(self, request: GenerationRequest) -> Speculator | None:
+        """The sequence's draft sources: its prediction, and prompt lookup unless speculation is
+        off (server or request) or the request scores choices instead of generating."""
+        prediction = Draft(request.prediction_token_ids) if request.prediction_token_ids else None
+        lookup = None
+        if self.speculation and request.speculation and not request.score_choices:
+            lookup = PromptLookup(request.prompt_token_ids)
+        if prediction is None and lookup is None:
+            return None
+        return Speculator(prediction, lookup, self.max_draft_tokens)
 
     def _abort(self, request_id: str) -> None:
         for seq in self.scheduler.waiting + self.scheduler.running:
@@ -483,7 +499,11 @@ class Engine:
         logits = self.runner.forward(batch)
         if self._forward_events is not None:
             self._forward_events[1].record()
-        self.stats.forward_s += time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        self.stats.forward_s += elapsed
+        self._forward_tokens = int(batch.tokens.shape[0])
+        if self.runner.device.type == "cpu":  # synchronous: the wall time is the forward's cost
+            self.drafts.policy.record(self._forward_tokens, elapsed)
         first_rows = None  # with per-position logits: each row's first position
         if batch.logit_counts is not None:
             logits, first_rows = self._split_logits(logits, counts, extend_plan, scoring, len(decode_rows))
@@ -561,7 +581,7 @@ class Engine:
         for seq in sampled:
             seq.pending = [SAMPLED]
         self._inflight = InFlight(sampled, pending, event, hidden if hidden_rows else None, hidden_rows,
-                                  forward_events=self._forward_events)
+                                  forward_events=self._forward_events, forward_tokens=self._forward_tokens)
         self._forward_events = None  # draft positions sampled after it have no forward of their own
         self.stats.sample_s += time.perf_counter() - started
 
@@ -574,7 +594,10 @@ class Engine:
         try:
             result = inflight.wait()
             hidden = inflight.hidden_lists()
-            self.policy.record_forward(inflight.forward_ms())
+            forward_ms = inflight.forward_ms()
+            self.policy.record_forward(forward_ms)
+            if forward_ms is not None:
+                self.drafts.policy.record(inflight.forward_tokens, forward_ms / 1000)
         except Exception as exc:
             for seq in inflight.seqs:
                 resolve(seq, 0)  # the placeholder must not stay in the cache's token record

@@ -59,6 +59,7 @@ class InFlight:
     hidden: torch.Tensor | None = None  # [H, D] last-layer states of the rows in ``hidden_rows``
     hidden_rows: list[int] = field(default_factory=list)
     forward_events: tuple[Any, Any] | None = None  # recorded around the forward's launch
+    forward_tokens: int = 0  # tokens the forward fed
     _row_of: dict[int, int] | None = None
 
     def row_of(self, seq: Sequence) -> int | None:

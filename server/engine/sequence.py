@@ -8,8 +8,8 @@ from typing import Any
 
 from sampler import SamplingParams, SamplingRow, TokenLogprobs
 from server.engine.block_manager import BlockTable
-from server.engine.drafts import Draft
 from server.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from server.engine.speculation import Speculator
 
 
 SAMPLED = -1  # a sampled token still on the device (overlapped loop; no real token id is negative)
@@ -64,6 +64,7 @@ class GenerationRequest:
     token_dfa: Any = None  # constraints.TokenDFA for a device-resident mask, when enabled
     reasoning: ReasoningPhase | None = None  # the constraint applies after this segment
     prediction_token_ids: list[int] | None = None  # predicted output (a draft to verify)
+    speculation: bool = True  # prompt-lookup drafts allowed (the server's --speculation permitting)
     score_choices: list[list[int]] | None = None  # choices' token ids: score all, emit one
     adapter: int = 0  # LoRA adapter id (0 = the base model)
     return_hidden_states: bool = False  # report each output token's last-layer hidden state
@@ -139,7 +140,7 @@ class Sequence:
     error: str | None = None
     aborted: bool = False
     closed: bool = False  # the final delta (with finish_reason) went to the sink
-    draft: Draft | None = None  # predicted output being followed
+    draft: Speculator | None = None  # where its drafts come from (prediction, prompt lookup)
     verify: list[int] = field(default_factory=list)  # draft tokens fed this step
     verify_logits: Any = None  # [len(verify), V] logits after each of them
     choices: ChoiceScores | None = None  # a choice request's scores (choice scoring)

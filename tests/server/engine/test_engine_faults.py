@@ -295,7 +295,7 @@ class Fatal(BaseException):
 
 
 def test_engine_death_is_visible_and_every_pending_sequence_gets_an_error(make_engine, monkeypatch):
-    engine = make_engine(slots=1)
+    engine = make_engine(slots=1, speculation=False)  # counts tokens per forward
     fail_once(monkeypatch, engine, "_forward", at_call=3, exc=Fatal("dead"))
     running, waiting = Collector(), Collector()
     engine.submit_all([request("running", running, max_tokens=100), request("waiting", waiting)])

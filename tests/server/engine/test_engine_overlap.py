@@ -26,7 +26,7 @@ def tiny_hf(tiny_model_dir):
 
 def make_engine(hf, tokenizer, **kwargs) -> Engine:
     runner = ModelRunner.for_sequences(hf, 4, 128, block_size=4)
-    return Engine(runner, tokenizer, max_batch_size=4, max_model_len=128, **kwargs)
+    return Engine(runner, tokenizer, max_batch_size=4, max_model_len=128, **{"speculation": False, **kwargs})
 
 
 def submit(engine: Engine, deltas: dict[int, list], *, sink_error_at: int | None = None) -> None:
@@ -129,7 +129,8 @@ class RecordingEvent(ReadyEvent):
 
 def test_the_host_reads_a_steps_tokens_after_the_next_forward_is_launched(tiny_hf, default_tokenizer):
     runner = RecordingRunner(ModelRunner.for_sequences(tiny_hf, 4, 128, block_size=4), forward_ms=5.0)
-    engine = Engine(runner, default_tokenizer, max_batch_size=4, max_model_len=128, overlap=True)
+    engine = Engine(runner, default_tokenizer, max_batch_size=4, max_model_len=128, overlap=True,
+                    speculation=False)
     deltas: dict[int, list] = {}
     submit(engine, deltas)
     for _ in range(3):
@@ -140,7 +141,8 @@ def test_the_host_reads_a_steps_tokens_after_the_next_forward_is_launched(tiny_h
 
 def test_the_synchronous_loop_reads_before_the_next_launch(tiny_hf, default_tokenizer):
     runner = RecordingRunner(ModelRunner.for_sequences(tiny_hf, 4, 128, block_size=4))
-    engine = Engine(runner, default_tokenizer, max_batch_size=4, max_model_len=128, overlap=False)
+    engine = Engine(runner, default_tokenizer, max_batch_size=4, max_model_len=128, overlap=False,
+                    speculation=False)
     deltas: dict[int, list] = {}
     submit(engine, deltas)
     for _ in range(3):
@@ -151,7 +153,8 @@ def test_the_synchronous_loop_reads_before_the_next_launch(tiny_hf, default_toke
 def constrained_engine(hf, tokenizer, compiler, forward_ms: float) -> tuple[Engine, RecordingRunner, dict]:
     """Three json_schema rows on an engine whose forwards take ``forward_ms`` on the device."""
     runner = RecordingRunner(ModelRunner.for_sequences(hf, 4, 256, block_size=4), forward_ms=forward_ms)
-    engine = Engine(runner, tokenizer, max_batch_size=4, max_model_len=256, overlap=True, jump_forward=False)
+    engine = Engine(runner, tokenizer, max_batch_size=4, max_model_len=256, overlap=True, jump_forward=False,
+                    speculation=False)
     compiled = compiler.compile(ConstraintSpec("json_schema", SCHEMA))
     deltas: dict[int, list] = {}
     for i in range(3):

@@ -22,7 +22,7 @@ def tiny_hf(tiny_model_dir):
 
 def make_engine(hf, tokenizer, slots: int = 8, **kwargs) -> Engine:
     runner = ModelRunner.for_sequences(hf, slots, 512)
-    return Engine(runner, tokenizer, max_batch_size=slots, max_model_len=512, **kwargs)
+    return Engine(runner, tokenizer, max_batch_size=slots, max_model_len=512, **{"speculation": False, **kwargs})
 
 
 def run(engine: Engine, requests: list[dict]) -> list[dict]:

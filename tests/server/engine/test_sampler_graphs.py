@@ -137,7 +137,8 @@ def graphed_engine(tiny_hf, tokenizer, overlap: bool | None = None) -> tuple[Eng
     graphed = GraphedRunner(runner, max_batch_size=4, max_blocks_per_seq=2 * MAX_LEN // BLOCK,
                             max_graph_tokens=32, pad_eagerly=True, graph_factory=Factory())
     graphed.capture(decode=False)  # decode steps pad eagerly (the CPU attention reads host lengths)
-    return Engine(graphed, tokenizer, max_batch_size=4, max_model_len=MAX_LEN * 2, overlap=overlap), graphed
+    return Engine(graphed, tokenizer, max_batch_size=4, max_model_len=MAX_LEN * 2, overlap=overlap,
+                  speculation=False), graphed
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +151,7 @@ def compiler(tiny_hf, default_tokenizer):
 
 def test_engine_samples_in_graph_and_gives_the_eager_tokens(tiny_hf, default_tokenizer, compiler):
     eager = Engine(ModelRunner.for_sequences(tiny_hf, 4, MAX_LEN * 2, block_size=BLOCK), default_tokenizer,
-                   max_batch_size=4, max_model_len=MAX_LEN * 2)
+                   max_batch_size=4, max_model_len=MAX_LEN * 2, speculation=False)
     expected = generate(eager, compiler, default_tokenizer)
     engine, graphed = graphed_engine(tiny_hf, default_tokenizer)
     assert graphed.graph_sampler.captured == (1, 2, 4)
@@ -167,7 +168,7 @@ def test_overlapped_engine_samples_in_graph_and_gives_the_eager_tokens(tiny_hf, 
     """The CUDA path's overlapped loop: ids out of the sampling graph's buffer feed the next
     step from the device, logprobs read back packed, the same tokens as the eager sampler's."""
     eager = Engine(ModelRunner.for_sequences(tiny_hf, 4, MAX_LEN * 2, block_size=BLOCK), default_tokenizer,
-                   max_batch_size=4, max_model_len=MAX_LEN * 2)
+                   max_batch_size=4, max_model_len=MAX_LEN * 2, speculation=False)
     expected = generate(eager, compiler, default_tokenizer)
     engine, _ = graphed_engine(tiny_hf, default_tokenizer, overlap=True)
     assert generate(engine, compiler, default_tokenizer) == expected
@@ -178,7 +179,7 @@ def test_overlapped_engine_samples_in_graph_and_gives_the_eager_tokens(tiny_hf, 
 def test_engine_samples_eagerly_while_a_row_needs_the_eager_sampler(tiny_hf, default_tokenizer, compiler):
     penalised = SamplingParams(temperature=0.0, repetition_penalty=1.3)
     eager = Engine(ModelRunner.for_sequences(tiny_hf, 4, MAX_LEN * 2, block_size=BLOCK), default_tokenizer,
-                   max_batch_size=4, max_model_len=MAX_LEN * 2)
+                   max_batch_size=4, max_model_len=MAX_LEN * 2, speculation=False)
     expected = generate(eager, compiler, default_tokenizer, penalised)
     engine, _ = graphed_engine(tiny_hf, default_tokenizer)
     assert generate(engine, compiler, default_tokenizer, penalised) == expected

@@ -1,0 +1,102 @@
+"""A sequence's speculation: where its drafts come from and how long they may be.
+
+Two sources, one mechanism (:mod:`server.engine.draft_verifier` feeds and verifies both):
+
+- the client's prediction (:class:`~server.engine.drafts.Draft`), followed whenever the output
+  is aligned with it, at full length;
+- prompt lookup (:class:`~server.engine.prompt_lookup.PromptLookup`), otherwise: its drafts start
+  at ``INITIAL_LENGTH`` tokens, double while they are wholly accepted, shrink to what was kept
+  plus one after a partial miss, and after ``k`` misses in a row wait ``2 ** k`` proposals
+  (at most ``MAX_COOLDOWN``) before trying again.
+
+Tokens the grammar forces are not drafts: jump-forward appends them as certain output and they
+are fed in the same extension, ahead of the draft; a constrained row's draft is cut at the
+first token its matcher refuses (:meth:`DraftVerifier.plan`).
+"""
+
+from __future__ import annotations
+
+from server.engine.drafts import Draft
+from server.engine.prompt_lookup import PromptLookup
+
+INITIAL_LENGTH = 4
+MAX_COOLDOWN = 32
+ACCEPTANCE_WEIGHT = 0.3  # weight of the newest verification in the acceptance estimate
+
+
+class Speculator:
+    """One sequence's draft sources, its draft length, and what its drafts achieved."""
+
+    def __init__(self, prediction: Draft | None, lookup: PromptLookup | None, max_length: int) -> None:
+        self.prediction = prediction
+        self.lookup = lookup
+        self.max_length = max_length
+        self.length = min(INITIAL_LENGTH, max_length)
+        self.acceptance = 0.5  # estimated share of a draft's tokens that are kept
+        self.source: str | None = None  # "prediction" or "prompt": where the last proposal came from
+        self.lookup_accepted = 0
+        self.lookup_rejected = 0
+        self._misses = 0
+        self._cooldown = 0
+
+    @property
+    def accepted(self) -> int:
+        """Prediction tokens kept (usage's ``accepted_prediction_tokens``)."""
+        return self.prediction.accepted if self.prediction is not None else 0
+
+    @property
+    def rejected(self) -> int:
+        """Prediction tokens fed and not kept (usage's ``rejected_prediction_tokens``)."""
+        return self.prediction.rejected if self.prediction is not None else 0
+
+    @property
+    def ready(self) -> bool:
+        """A proposal may come next step (the loop reads the last token before scheduling)."""
+        if self.prediction is not None and self.prediction.aligned:
+            return True
+        return self.lookup is not None and self._cooldown == 0
+
+    def proposal(self, limit: int) -> list[int]:
+        """Up to ``limit`` draft tokens expected next ([] when no source has one)."""
+        self.source = None
+        if self.prediction is not None:
+            tokens = self.prediction.proposal(limit)
+            if tokens:
+                self.source = "prediction"
+                return tokens
+        if self.lookup is None:
+            return []
+        if self._cooldown > 0:
+            self._cooldown -= 1
+            return []
+        tokens = self.lookup.proposal(min(limit, self.length))
+        self.source = "prompt" if tokens else None
+        return tokens
+
+    def observe(self, token: int) -> None:
+        """The output gained ``token`` (sampled, forced or verified)."""
+        if self.prediction is not None:
+            self.prediction.observe(token)
+        if self.lookup is not None:
+            self.lookup.observe(token)
+
+    def settle(self, fed: int, used: int) -> None:
+        """The last proposal was verified: ``fed`` draft tokens fed, the first ``used`` kept."""
+        if fed <= 0:
+            return
+        self.acceptance += ACCEPTANCE_WEIGHT * (used / fed - self.acceptance)
+        if self.source == "prediction":
+            self.prediction.settle(fed, used)
+            return
+        self.lookup_accepted += used
+        self.lookup_rejected += fed - used
+        if used == fed:
+            self.length = min(self.max_length, 2 * self.length)
+            self._misses = 0
+        elif used == 0:
+            self._misses += 1
+            self._cooldown = min(2 ** self._misses, MAX_COOLDOWN)
+            self.length = max(1, self.length // 2)
+        else:
+            self.length = max(1, used + 1)
+            self._misses = 0

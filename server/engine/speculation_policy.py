@@ -1,0 +1,57 @@
+"""Whether draft tokens pay for themselves at the current step size, from measured forward cost.
+
+A step feeding ``n`` tokens costs about ``a + b·n`` (the weights read once, then per-token work).
+Adding ``d`` draft tokens of which ``A`` are kept turns ``n`` tokens per step into ``n + A``,
+at a cost of ``b·d`` more: worth it when ``A / d > b·n / (a + b·n)``. ``a`` and ``b`` are fitted
+to every forward's (tokens, time) by least squares with exponential forgetting, so the
+threshold follows the machine and the load: near zero for one sequence whose step time is the
+weight read, close to one when the batch already makes the step compute-bound. Until the fit
+has seen steps of different sizes, drafts are let through (that is how it sees them).
+"""
+
+from __future__ import annotations
+
+DECAY = 0.98  # weight of the past per recorded forward
+MIN_SPREAD = 1.0  # tokens²: below this variance of the step sizes the slope is not trusted
+
+
+class SpeculationPolicy:
+    """The fitted step cost and the acceptance a draft token needs (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._sums = [0.0] * 5  # weighted n, x, y, xx, xy
+
+    def record(self, tokens: int, seconds: float) -> None:
+        """One forward fed ``tokens`` tokens and took ``seconds`` (device time)."""
+        if tokens <= 0 or seconds <= 0:
+            return
+        x, y = float(tokens), float(seconds)
+        sums = [value * DECAY for value in self._sums]
+        for i, term in enumerate((1.0, x, y, x * x, x * y)):
+            sums[i] += term
+        self._sums = sums
+
+    def cost(self) -> tuple[float, float] | None:
+        """(a, b): fixed and per-token seconds of a forward, or None until the slope is known."""
+        n, x, y, xx, xy = self._sums
+        if n <= 0:
+            return None
+        spread = xx / n - (x / n) ** 2
+        if spread < MIN_SPREAD:
+            return None
+        slope = (xy / n - (x / n) * (y / n)) / spread
+        fixed = y / n - slope * (x / n)
+        return max(fixed, 0.0), max(slope, 0.0)
+
+    def threshold(self, tokens: int) -> float:
+        """The share of draft tokens that must be kept for drafting to pay in a step of ``tokens``."""
+        cost = self.cost()
+        if cost is None:
+            return 0.0
+        fixed, slope = cost
+        total = fixed + slope * tokens
+        return slope * tokens / total if total > 0 else 0.0
+
+    def worth(self, acceptance: float, tokens: int) -> bool:
+        """Drafts with this expected acceptance pay in a step of ``tokens`` tokens."""
+        return acceptance > self.threshold(tokens)
