@@ -292,11 +292,15 @@ def _reasoning_streamer(job: ChatJob) -> reasoning_mod.ReasoningStreamSplitter |
 def _usage(job: ChatJob, choices: list[ChoiceResult]) -> Usage:
     completion_tokens = sum(c.completion_tokens for c in choices)
     details = None
-    if job.req.prediction is not None:
+    drafted = sum(c.accepted_draft_tokens + c.rejected_draft_tokens for c in choices)
+    if job.req.prediction is not None or drafted:
         details = CompletionTokensDetails(
             accepted_prediction_tokens=sum(c.accepted_prediction_tokens for c in choices),
             rejected_prediction_tokens=sum(c.rejected_prediction_tokens for c in choices),
         )
+    if drafted:
+        details.accepted_draft_tokens = sum(c.accepted_draft_tokens for c in choices)
+        details.rejected_draft_tokens = sum(c.rejected_draft_tokens for c in choices)
     return build_usage(len(job.prompt_ids), completion_tokens, cached_details=job.req.return_cached_tokens_details,
                        truncated=job.truncated, completion_details=details,
                        cached=choices[0].cached_tokens if choices else 0)

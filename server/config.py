@@ -28,6 +28,7 @@ class Settings:
     enable_prefix_caching: bool = True
     jump_forward: bool = True
     overlap: str = "auto"
+    speculation: str = "auto"
     close_on_length: bool = False
     device_dfa: str = "auto"
     mask_fill_threads: int = 0
@@ -88,6 +89,7 @@ _HELP = {
     "enable_prefix_caching": "reuse the KV blocks of a prompt prefix seen before: shared system prompts, tools, re-sent conversations (on|off)",
     "jump_forward": "append tokens a constraint forces without sampling them (on|off)",
     "overlap": "overlapped engine loop: the next step's forward is launched before the host reads the sampled tokens (same output): auto (on with CUDA), on, off",
+    "speculation": "the engine's own drafts, verified in the batched step (same output): prompt lookup for every sequence, cut by its constraint, fed while the measured step cost says they pay: auto, off (a request may send speculation: off)",
     "close_on_length": "constrained outputs close (parse and validate) before max_tokens ends, unless a request sets structured_outputs.close_on_length false (on|off)",
     "device_dfa": "regex/choice constraints as a device-resident DFA masked by a kernel: auto (on with CUDA), on, off",
     "mask_fill_threads": "threads filling the constraint masks of one step, in xgrammar's and llguidance's batched fills (0 = with CUDA one per masked row up to one per core, on the CPU 1)",
@@ -136,6 +138,7 @@ _CHOICES = {
     "log_level": ["debug", "info", "warning", "error"],
     "device_dfa": ["auto", "on", "off"],
     "overlap": ["auto", "on", "off"],
+    "speculation": ["auto", "off"],
     "max_tokens_overflow": ["error", "clamp"],
     "ray_routing": ["cache", "round-robin", "pow2"],
     "tool_call_format": ["", "qwen3-hermes", "qwen3-xml", "llama", "mistral", "deepseek", "kimi", "glm", "gpt-oss", "gemma4"],

@@ -6,6 +6,8 @@
   (in ``lora_path``) naming it. Responses name the adapter in ``model`` (:func:`response_model`).
 - ``service_tier``: ``auto``/``default``/``flex``/``priority`` decide the order of admission to the
   batch (priority first, flex only when nothing else waits); anything else is a 400.
+- ``speculation``: ``off`` keeps the engine's own drafts (prompt lookup) away from the request
+  (its output is the same either way); ``auto`` follows the server's ``--speculation``.
 - ``return_routed_experts`` is refused (or dropped on ``/v0`` / with ``drop_params``) with the other
   fields the loaded model cannot honour, in :func:`server.requests.reject_unimplemented`.
 """
@@ -19,6 +21,7 @@ from server.dialect import split_model
 from server.errors import APIError, bad_request
 
 SERVICE_TIERS = ("auto", "default", "flex", "priority")
+SPECULATION = ("auto", "off")
 
 
 def adapter_names(state) -> dict[str, int]:
@@ -51,6 +54,9 @@ def apply_engine_options(state, req):
         raise bad_request(
             f"'service_tier' must be one of {', '.join(SERVICE_TIERS)}, got {req.service_tier!r}", param="service_tier"
         )
+    if req.speculation is not None and req.speculation not in SPECULATION:
+        raise bad_request(f"'speculation' must be one of {', '.join(SPECULATION)}, got {req.speculation!r}",
+                          param="speculation")
     from_model = adapter_in_model(state, req.model)
     from_path = req.lora_path
     if from_path is not None:

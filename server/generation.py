@@ -155,6 +155,7 @@ def start_generation(
         stop_regex=stop_regexes(req.stop_regex),
         adapter=adapter,
         return_hidden_states=bool(getattr(req, "return_hidden_states", False)),
+        speculation=getattr(req, "speculation", None) != "off",
         service_tier=getattr(req, "service_tier", None) or "default",
     )
     return stream
@@ -173,6 +174,8 @@ class ChoiceResult:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
+    accepted_draft_tokens: int = 0  # the engine's own drafts (prompt lookup)
+    rejected_draft_tokens: int = 0
     choice_logprobs: list[float] | None = None
     hidden_states: list[list[float]] = field(default_factory=list)
 
@@ -185,6 +188,8 @@ class ChoiceResult:
         self.cached_tokens = delta.cached_tokens
         self.accepted_prediction_tokens = delta.accepted_prediction_tokens
         self.rejected_prediction_tokens = delta.rejected_prediction_tokens
+        self.accepted_draft_tokens = delta.accepted_draft_tokens
+        self.rejected_draft_tokens = delta.rejected_draft_tokens
         self.choice_logprobs = delta.choice_logprobs or self.choice_logprobs
         if delta.finish_reason:
             self.finish_reason, self.stop_reason = delta.finish_reason, delta.stop_reason

@@ -107,6 +107,7 @@ class _SamplingFields(_Request, kw_only=True):
     lora_path: str | None = None
     return_hidden_states: bool = False
     return_routed_experts: bool = False
+    speculation: str | None = None  # "auto" (default: the server's --speculation) or "off": no drafts of Trellis's own
     # Structured outputs (OpenAI, vLLM legacy + current, SGLang).
     response_format: Json | None = None
     guided_json: Any = None
@@ -209,6 +210,9 @@ class PromptTokensDetails(msgspec.Struct, omit_defaults=True, kw_only=True):
 class CompletionTokensDetails(_Response, kw_only=True):
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
+    # drafts Trellis found itself (prompt lookup), verified like a prediction: set when any was fed
+    accepted_draft_tokens: int | msgspec.UnsetType = msgspec.UNSET
+    rejected_draft_tokens: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class Usage(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -216,7 +220,7 @@ class Usage(msgspec.Struct, omit_defaults=True, kw_only=True):
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None
-    completion_tokens_details: CompletionTokensDetails | None = None  # set with a ``prediction``
+    completion_tokens_details: CompletionTokensDetails | None = None  # set with a ``prediction`` or drafts
 
 
 class ChoiceLogprob(_Response, kw_only=True):

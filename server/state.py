@@ -91,6 +91,12 @@ class ServerState:
         for path, count in getattr(engine.runner, "path_counts", {}).items():  # a GraphedRunner (CUDA)
             what = f"forward passes run on the {path.replace('_', ' ')} path"
             gauges[f"trellis_forward_steps_{path}"] = (what, count)
+        gauges["trellis_draft_tokens"] = ("draft tokens fed for verification (predictions and prompt lookup)",
+                                          stats.draft_tokens)
+        gauges["trellis_draft_tokens_accepted"] = ("draft tokens kept in the output", stats.accepted_draft_tokens)
+        gauges["trellis_prompt_lookup_draft_tokens"] = ("prompt-lookup draft tokens fed", stats.lookup_draft_tokens)
+        gauges["trellis_prompt_lookup_draft_tokens_accepted"] = ("prompt-lookup draft tokens kept",
+                                                                 stats.accepted_lookup_draft_tokens)
         gauges["trellis_sampler_passes_in_graph"] = ("sampler passes replayed from CUDA graphs", stats.sampled_in_graph)
         gauges["trellis_sampler_passes_eager"] = ("sampler passes run eagerly", stats.sampled_eagerly)
         gauges["trellis_engine_overlapped_steps"] = (
@@ -209,6 +215,7 @@ def build_state(settings: Settings, source: ModelSource | None = None) -> Server
         enable_prefix_caching=settings.enable_prefix_caching,
         mask_fill_threads=settings.mask_fill_threads,
         overlap=None if settings.overlap == "auto" else settings.overlap == "on",
+        speculation=settings.speculation != "off",
     )
     engine.start()
     eos = eos_ids(tokenizer, source.directory)

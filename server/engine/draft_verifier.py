@@ -108,6 +108,9 @@ class DraftVerifier:
         for seq, _ in drafting:
             kept = used[id(seq)]
             seq.table.truncate(seq.cached_len - (len(seq.verify) - kept))
+            if seq.draft.source == "prompt":
+                self.stats.lookup_draft_tokens += len(seq.verify)
+                self.stats.accepted_lookup_draft_tokens += kept
             seq.draft.settle(len(seq.verify), kept)
             self.stats.draft_tokens += len(seq.verify)
             self.stats.accepted_draft_tokens += kept

@@ -92,8 +92,10 @@ class EngineStats:
     decode_tokens: int = 0
     extend_tokens: int = 0
     forced_tokens: int = 0
-    draft_tokens: int = 0  # predicted-output tokens fed for verification
+    draft_tokens: int = 0  # draft tokens fed for verification (predictions and prompt lookup)
     accepted_draft_tokens: int = 0  # of those, kept in the output
+    lookup_draft_tokens: int = 0  # prompt-lookup draft tokens fed (part of draft_tokens)
+    accepted_lookup_draft_tokens: int = 0
     scored_choices: int = 0  # choices scored as a whole sequence (choice logprobs)
     closing_steered: int = 0  # tokens close_on_length chose instead of the sampled one
     mask_fill_s: float = 0.0
@@ -442,10 +444,12 @@ class Engine:
 
     def _speculator(self, request: GenerationRequest) -> Speculator | None:
         """The sequence's draft sources: its prediction, and prompt lookup unless speculation is
-        off (server or request) or the request scores choices instead of generating."""
+        off (server or request), the request scores choices instead of generating, or it wants
+        hidden states (a verified draft token has none of its own, as a forced one)."""
         prediction = Draft(request.prediction_token_ids) if request.prediction_token_ids else None
         lookup = None
-        if self.speculation and request.speculation and not request.score_choices:
+        if self.speculation and request.speculation and not request.score_choices \
+                and not request.return_hidden_states:
             lookup = PromptLookup(request.prompt_token_ids)
         if prediction is None and lookup is None:
             return None

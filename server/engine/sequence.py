@@ -87,6 +87,8 @@ class SequenceDelta:
     error: str | None = None
     accepted_prediction_tokens: int = 0  # running totals (predicted outputs)
     rejected_prediction_tokens: int = 0
+    accepted_draft_tokens: int = 0  # running totals (the engine's own drafts: prompt lookup)
+    rejected_draft_tokens: int = 0
     choice_logprobs: list[float] | None = None  # per choice, normalised (choice scoring)
     hidden_states: list[list[float]] | None = None  # per token of this delta, when asked for
 
@@ -196,6 +198,8 @@ class Sequence:
             error=self.error,
             accepted_prediction_tokens=self.draft.accepted if self.draft else 0,
             rejected_prediction_tokens=self.draft.rejected if self.draft else 0,
+            accepted_draft_tokens=self.draft.lookup_accepted if self.draft else 0,
+            rejected_draft_tokens=self.draft.lookup_rejected if self.draft else 0,
             choice_logprobs=self.choices.normalised if self.choices is not None else None,
             hidden_states=self.step_hidden if self.request.return_hidden_states else None,
         )

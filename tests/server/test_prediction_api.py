@@ -29,7 +29,8 @@ def test_correct_prediction_same_output_fewer_steps(tiny_server):
     # not every predicted token can match; most do, and they save steps.
     assert details.accepted_prediction_tokens >= predicted.usage.completion_tokens // 2
     assert steps <= predicted.usage.completion_tokens - details.accepted_prediction_tokens
-    assert plain.usage.completion_tokens_details is None
+    plain_details = plain.usage.completion_tokens_details  # present when the engine's own drafts were fed
+    assert plain_details is None or plain_details.accepted_prediction_tokens == plain_details.rejected_prediction_tokens == 0
 
 
 def test_wrong_prediction_rejected_and_output_unchanged(tiny_server):

@@ -1,0 +1,178 @@
+"""The engine's own speculation (prompt lookup, cut by the grammar, adaptive, priced by the
+measured step cost): drafts are fed and kept, and never change an output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from constraints import ConstraintSpec
+from sampler import SamplingParams
+from server.engine.drafts import Draft
+from server.engine.engine import Engine
+from server.engine.model import ModelRunner, load_hf_model
+from server.engine.prompt_lookup import PromptLookup
+from server.engine.sequence import GenerationRequest, ReasoningPhase
+from server.engine.speculation import INITIAL_LENGTH, Speculator
+from server.engine.speculation_policy import SpeculationPolicy
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tiny_model_dir):
+    return load_hf_model(tiny_model_dir, torch.float32, torch.device("cpu"))
+
+
+# ---------------------------------------------------------------------- the parts
+
+
+def test_lookup_proposes_what_followed_the_longest_suffix_latest() -> None:
+    lookup = PromptLookup([5, 6, 7, 8, 1, 6, 7, 9, 2])
+    assert lookup.proposal(3) == []  # 2 never occurred before
+    lookup.observe(6)
+    assert lookup.proposal(3) == [7, 9, 2]  # the latest 6 was followed by 7 9 2
+    lookup.observe(7)
+    lookup.observe(9)
+    assert lookup.proposal(2) == [2, 6]  # "6 7 9" occurred once: what followed it
+    lookup.observe(4)
+    assert lookup.proposal(5) == []
+
+
+def test_speculator_grows_on_acceptance_and_backs_off_on_misses() -> None:
+    spec = Speculator(None, PromptLookup([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1]), max_length=16)
+    assert spec.proposal(32) == [2, 3, 4, 5][:INITIAL_LENGTH] and spec.source == "prompt"
+    spec.settle(4, 4)
+    assert spec.length == 8 and spec.lookup_accepted == 4
+    spec.settle(8, 0)  # a miss: wait two proposals, shorter drafts
+    assert spec.length == 4 and not spec.ready
+    assert spec.proposal(32) == [] and spec.proposal(32) == []
+    assert spec.ready and spec.proposal(32)
+    assert spec.lookup_rejected == 8 and spec.accepted == spec.rejected == 0  # usage's prediction counts
+
+
+def test_prediction_leads_and_lookup_follows_when_it_is_off_track() -> None:
+    spec = Speculator(Draft([10, 11, 12]), PromptLookup([7, 8, 9]), max_length=8)
+    assert spec.proposal(8) == [10, 11, 12] and spec.source == "prediction"
+    spec.observe(99)  # off the prediction
+    spec.observe(7)
+    assert spec.proposal(8) == [8, 9, 99, 7] and spec.source == "prompt"  # INITIAL_LENGTH tokens
+
+
+def test_policy_prices_draft_tokens_from_the_fitted_step_cost() -> None:
+    policy = SpeculationPolicy()
+    assert policy.threshold(16) == 0.0  # nothing measured: drafts go through (and get measured)
+    for tokens in [1, 4, 16, 1, 8, 32] * 4:
+        policy.record(tokens, 0.040 + 0.002 * tokens)
+    fixed, slope = policy.cost()
+    assert fixed == pytest.approx(0.040) and slope == pytest.approx(0.002)
+    assert policy.threshold(1) == pytest.approx(0.002 / 0.042)
+    assert policy.worth(0.3, 1) and not policy.worth(0.3, 64)  # 64 tokens: 0.128 / 0.168 needed
+
+
+def test_grammar_cuts_a_draft_at_the_first_refused_token(default_compiler, default_tokenizer) -> None:
+    from server.engine.draft_verifier import DraftVerifier
+
+    matcher = default_compiler.compile(ConstraintSpec("regex", "[0-9]{3}-[a-z]+")).new_matcher()
+    ids = default_tokenizer.encode("123-abc", add_special_tokens=False)
+    bad = default_tokenizer.encode("X", add_special_tokens=False)
+    draft = ids[:2] + bad + ids[2:]
+    seq = type("Row", (), {"matcher": matcher})()
+    assert DraftVerifier._grammar_cut(seq, draft) == ids[:2]
+    assert matcher.accept_token(ids[0])  # the probe left the state where it was
+
+
+# ---------------------------------------------------------------------- same output, drafts fed
+
+
+def run(hf, tokenizer, requests, *, speculation: bool, slots: int = 4, overlap: bool = False):
+    engine = Engine(ModelRunner.for_sequences(hf, slots, 256, block_size=4), tokenizer, max_batch_size=slots,
+                    max_model_len=256, speculation=speculation, overlap=overlap)
+    deltas: dict[int, list] = {i: [] for i in range(len(requests))}
+    for i, fields in enumerate(requests):
+        engine.submit(GenerationRequest(request_id=f"s{i}", sink=deltas[i].append, eos_token_ids=frozenset({2}),
+                                        **fields))
+    for _ in range(400):
+        if all(d and d[-1].finish_reason for d in deltas.values()):
+            break
+        engine.step()
+    engine.flush()
+    outputs = {i: ([t for d in ds for t in d.token_ids], "".join(d.text for d in ds), ds[-1].finish_reason)
+               for i, ds in deltas.items()}
+    return outputs, engine.stats, deltas
+
+
+def extraction_requests(compiler, tokenizer) -> list[dict]:
+    """Prompts that repeat themselves (the tiny random model copies its context), free and
+    constrained, greedy and seeded, one with a stop string inside the copied text."""
+    text = tokenizer.encode(" alpha beta gamma delta alpha beta gamma delta alpha beta", add_special_tokens=False)
+    prompt = [1, *text, *text]
+    compiled = compiler.compile(ConstraintSpec("json_schema", SCHEMA))
+    return [
+        {"prompt_token_ids": prompt, "params": SamplingParams(temperature=0.0), "max_tokens": 40},
+        {"prompt_token_ids": prompt, "params": SamplingParams(temperature=0.8, seed=7), "max_tokens": 40},
+        {"prompt_token_ids": prompt, "params": SamplingParams(temperature=0.0), "max_tokens": 60,
+         "matcher": compiled.new_matcher()},
+        {"prompt_token_ids": prompt, "params": SamplingParams(temperature=0.9, seed=3), "max_tokens": 60,
+         "matcher": compiled.new_matcher()},
+        {"prompt_token_ids": prompt, "params": SamplingParams(temperature=0.0), "max_tokens": 40,
+         "stop": (" gamma",)},
+        {"prompt_token_ids": prompt, "params": SamplingParams(temperature=0.0), "max_tokens": 30,
+         "prediction_token_ids": text[:6]},
+    ]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_drafts_never_change_an_output(tiny_hf, default_tokenizer, default_compiler, overlap) -> None:
+    results = {}
+    for speculation in (False, True):
+        requests = extraction_requests(default_compiler, default_tokenizer)
+        results[speculation] = run(tiny_hf, default_tokenizer, requests, speculation=speculation, overlap=overlap)
+    (off, off_stats, _), (on, on_stats, deltas) = results[False], results[True]
+    assert on == off
+    assert off_stats.lookup_draft_tokens == 0
+    assert on_stats.accepted_lookup_draft_tokens > 0 and on_stats.steps < off_stats.steps
+    assert sum(d[-1].accepted_draft_tokens for d in deltas.values()) == on_stats.accepted_lookup_draft_tokens
+    last = deltas[5][-1]  # the client's prediction is still verified alongside, and counted apart
+    assert last.accepted_prediction_tokens + last.rejected_prediction_tokens > 0
+
+
+def test_constrained_outputs_hold_only_tokens_the_grammar_allows(tiny_hf, default_tokenizer, default_compiler):
+    outputs, stats, _ = run(tiny_hf, default_tokenizer, extraction_requests(default_compiler, default_tokenizer),
+                            speculation=True)
+    compiled = default_compiler.compile(ConstraintSpec("json_schema", SCHEMA))
+    for i in (2, 3):
+        matcher = compiled.new_matcher()
+        tokens = outputs[i][0]
+        assert all(matcher.accept_token(t) for t in tokens), outputs[i]
+    assert stats.lookup_draft_tokens > 0
+
+
+def test_a_draft_crossing_the_end_of_reasoning_changes_nothing(tiny_hf, default_tokenizer, default_compiler):
+    """The prompt holds reasoning, the end marker and an answer: lookup drafts run across the
+    marker into the constrained answer, where the grammar and the verification take over."""
+    marker = default_tokenizer.encode("</think>", add_special_tokens=False)[-1]
+    words = default_tokenizer.encode(" think think think", add_special_tokens=False)
+    answer = default_tokenizer.encode('{"name": "ab", "age": 3}', add_special_tokens=False)
+    prompt = [1, *words, marker, *answer, *words, marker, *answer, *words]
+    compiled = default_compiler.compile(ConstraintSpec("json_schema", SCHEMA))
+    params = SamplingParams(temperature=0.0, min_tokens=2, banned_until_min_tokens=frozenset({marker}),
+                            logit_bias={marker: 4.0})
+    outputs = {}
+    for speculation in (False, True):
+        request = {"prompt_token_ids": prompt, "params": params, "max_tokens": 50,
+                   "matcher": compiled.new_matcher(), "reasoning": ReasoningPhase(end_ids=(marker,))}
+        outputs[speculation] = run(tiny_hf, default_tokenizer, [request], speculation=speculation)
+    assert outputs[True][0] == outputs[False][0]
+    tokens = outputs[True][0][0][0]
+    assert marker in tokens  # the reasoning ended; the answer after it parses
+    matcher = compiled.new_matcher()
+    assert all(matcher.accept_token(t) for t in tokens[tokens.index(marker) + 1:])
+    assert outputs[True][1].lookup_draft_tokens > 0
+
+
+def test_a_request_can_turn_its_drafts_off(tiny_hf, default_tokenizer, default_compiler):
+    requests = [dict(r, speculation=False) for r in extraction_requests(default_compiler, default_tokenizer)[:2]]
+    _, stats, _ = run(tiny_hf, default_tokenizer, requests, speculation=True)
+    assert stats.lookup_draft_tokens == 0
