@@ -6,6 +6,7 @@ output-tokens/s ratio of every level to concurrency 1 (measured in the same run)
 
     python benchmarks/serve.py --base-url http://127.0.0.1:8000 --concurrency 1 4 16
     python benchmarks/serve.py --concurrency 16 --json-schema   # free and json_schema side by side
+    python benchmarks/serve.py --concurrency 16 --speculation-ab  # free text, the engine's drafts off vs auto
 """
 
 from __future__ import annotations
@@ -123,17 +124,28 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--json-schema", action="store_true",
                         help="also run every level with a json_schema response_format (ratio to free printed)")
+    parser.add_argument("--speculation-ab", action="store_true",
+                        help="run every level's free workload with the request field speculation off, then auto "
+                             "(ratio of auto to off printed)")
     args = parser.parse_args()
     model = args.model or httpx.get(args.base_url + "/v1/models").json()["data"][0]["id"]
     rows = []
     for level in args.concurrency:
         requests = args.requests_per_level or max(4, 2 * level)
-        rows.append(("free", asyncio.run(run_level(args.base_url, model, level, requests, args.max_tokens))))
+        if args.speculation_ab:
+            for mode in ("off", "auto"):
+                rows.append((f"free, speculation {mode}", asyncio.run(run_level(
+                    args.base_url, model, level, requests, args.max_tokens, {"speculation": mode}))))
+        else:
+            rows.append(("free", asyncio.run(run_level(args.base_url, model, level, requests, args.max_tokens))))
         if args.json_schema:
             rows.append(("json_schema", asyncio.run(run_level(args.base_url, model, level, requests, args.max_tokens,
                                                               JSON_FORMAT))))
     base = rows[0][1]["tok_s"]
-    free = {r["concurrency"]: r["tok_s"] for name, r in rows if name == "free"}
+    free: dict[int, float] = {}
+    for name, r in rows:  # each level's first free row (speculation off with --speculation-ab)
+        if name.startswith("free"):
+            free.setdefault(r["concurrency"], r["tok_s"])
     print(f"model={model} max_tokens={args.max_tokens}")
     print("| concurrency | workload | requests | req/s | output tok/s | vs c=1 | vs free | TTFT p50 s | TTFT p95 s | TPOT ms |")
     print("|---|---|---|---|---|---|---|---|---|---|")

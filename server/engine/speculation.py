@@ -6,8 +6,9 @@ Two sources, one mechanism (:mod:`server.engine.draft_verifier` feeds and verifi
   is aligned with it, at full length;
 - prompt lookup (:class:`~server.engine.prompt_lookup.PromptLookup`), otherwise: its drafts start
   at ``INITIAL_LENGTH`` tokens, double while they are wholly accepted, shrink to what was kept
-  plus one after a partial miss, and after ``k`` misses in a row wait ``2 ** k`` proposals
-  (at most ``MAX_COOLDOWN``) before trying again.
+  plus one after a partial miss, and after ``k`` misses in a row wait ``2 ** (k - 1) - 1``
+  proposals (at most ``MAX_COOLDOWN``) before trying again (a first miss costs no wait: values
+  copied from the prompt often start right after one).
 
 Tokens the grammar forces are not drafts: jump-forward appends them as certain output and they
 are fed in the same extension, ahead of the draft; a constrained row's draft is cut at the
@@ -95,7 +96,7 @@ class Speculator:
             self._misses = 0
         elif used == 0:
             self._misses += 1
-            self._cooldown = min(2 ** self._misses, MAX_COOLDOWN)
+            self._cooldown = min(2 ** (self._misses - 1) - 1, MAX_COOLDOWN)
             self.length = max(1, self.length // 2)
         else:
             self.length = max(1, used + 1)

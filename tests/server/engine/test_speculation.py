@@ -45,11 +45,13 @@ def test_speculator_grows_on_acceptance_and_backs_off_on_misses() -> None:
     assert spec.proposal(32) == [2, 3, 4, 5][:INITIAL_LENGTH] and spec.source == "prompt"
     spec.settle(4, 4)
     assert spec.length == 8 and spec.lookup_accepted == 4
-    spec.settle(8, 0)  # a miss: wait two proposals, shorter drafts
-    assert spec.length == 4 and not spec.ready
-    assert spec.proposal(32) == [] and spec.proposal(32) == []
+    spec.settle(8, 0)  # a first miss: shorter drafts, no wait
+    assert spec.length == 4 and spec.ready and spec.proposal(32)
+    spec.settle(4, 0)  # a second miss in a row: wait one proposal
+    assert spec.length == 2 and not spec.ready
+    assert spec.proposal(32) == []
     assert spec.ready and spec.proposal(32)
-    assert spec.lookup_rejected == 8 and spec.accepted == spec.rejected == 0  # usage's prediction counts
+    assert spec.lookup_rejected == 12 and spec.accepted == spec.rejected == 0  # usage's prediction counts
 
 
 def test_prediction_leads_and_lookup_follows_when_it_is_off_track() -> None:
