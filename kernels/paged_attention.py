@@ -250,26 +250,30 @@ def paged_attention_torch(
 
     All decode rows (``q_len == 1``) attend together: their blocks gathered and padded to the
     longest of their contexts, one ``F.scaled_dot_product_attention`` call (GQA) with a length
-    mask. Each multi-token row is one SDPA call with its causal offset mask. Sinks ride along as
+    mask. Short multi-token rows (drafts, jump-forward runs: up to ``SHORT_QUERY`` tokens) attend
+    together the same way, their queries padded to the longest, with each row's causal offset
+    mask; each longer row (a prefill chunk) is one SDPA call with its own. Sinks ride along as
     an extra key; a softcap (which SDPA cannot apply) takes a masked float32 matmul instead.
     """
     decode_rows = [r for r, q_len in enumerate(meta.query_lens_host) if q_len == 1]
     if len(decode_rows) == query.shape[0] == meta.num_rows:  # a decode-only step: no indexing
         return _attend_decode_rows(query, k_cache, v_cache, meta, slice(None), scale, sliding_window, sinks, softcap)
     out = torch.empty_like(query)
+    starts = _query_starts(meta)
     if decode_rows:
-        starts = _query_starts(meta)
         tokens = [starts[r] for r in decode_rows]
         out[tokens] = _attend_decode_rows(
             query[tokens], k_cache, v_cache, meta, decode_rows, scale, sliding_window, sinks, softcap
         )
-    starts = None
-    for row, q_len in enumerate(meta.query_lens_host):
-        if q_len <= 1:
-            continue
-        if starts is None:
-            starts = _query_starts(meta)
-        begin = starts[row]
+    multi = [r for r, q_len in enumerate(meta.query_lens_host) if q_len > 1]
+    short = [r for r in multi if meta.query_lens_host[r] <= SHORT_QUERY]
+    if len(short) > 1:
+        tokens = [starts[r] + j for r in short for j in range(meta.query_lens_host[r])]
+        out[tokens] = _attend_short_rows(query, k_cache, v_cache, meta, short, starts, scale, sliding_window,
+                                         sinks, softcap)
+        multi = [r for r in multi if r not in set(short)]
+    for row in multi:
+        begin, q_len = starts[row], meta.query_lens_host[row]
         out[begin : begin + q_len] = _attend_one_row(
             query[begin : begin + q_len], k_cache, v_cache, meta, row, scale, sliding_window, sinks, softcap
         )
@@ -284,6 +288,7 @@ def _query_starts(meta: PagedAttentionMetadata) -> list[int]:
     return starts
 
 
+SHORT_QUERY = 64  # multi-token rows up to this long (drafts, forced runs) attend together in one call
 _WORKSPACE_MAX_BYTES = 64 << 20  # gathers up to this size reuse one buffer per thread
 _workspace = threading.local()
 
@@ -425,6 +430,41 @@ def _attend_decode_rows(
             visible &= k_pos >= ctx - sliding_window
         visible = visible.unsqueeze(1)
     return _attend(q.unsqueeze(1), keys, values, visible, scale, sinks, softcap).squeeze(1)
+
+
+def _attend_short_rows(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: PagedAttentionMetadata,
+    rows: list[int],
+    starts: list[int],
+    scale: float,
+    sliding_window: int | None,
+    sinks: torch.Tensor | None,
+    softcap: float | None,
+) -> torch.Tensor:
+    """Several multi-token rows in one call: [sum of their q_len, h, d], rows in order. Queries
+    are padded to the longest row and keys to the longest context; the padding queries' outputs
+    are dropped (each sees at least key 0, so nothing is NaN)."""
+    q_lens = [meta.query_lens_host[r] for r in rows]
+    contexts = [meta.context_lens_host[r] for r in rows]
+    width, longest = max(q_lens), max(contexts)
+    heads_dims = query.shape[1:]
+    padded = [i * width + j for i, q_len in enumerate(q_lens) for j in range(q_len)]
+    tokens = [starts[r] + j for r, q_len in zip(rows, q_lens) for j in range(q_len)]
+    q = query.new_zeros((len(rows) * width, *heads_dims))
+    q[padded] = query[tokens]
+    keys = _gather_kv(k_cache, meta.block_tables, rows, longest, "k")  # [B, L, kv, d]
+    values = _gather_kv(v_cache, meta.block_tables, rows, longest, "v")
+    first = torch.tensor([c - n for c, n in zip(contexts, q_lens)], device=query.device).view(-1, 1, 1)
+    q_pos = first + torch.arange(width, device=query.device).view(1, -1, 1)  # [B, W, 1]
+    k_pos = torch.arange(longest, device=query.device).view(1, 1, -1)
+    visible = k_pos <= q_pos
+    if sliding_window is not None:
+        visible &= k_pos > q_pos - sliding_window
+    out = _attend(q.view(len(rows), width, *heads_dims), keys, values, visible, scale, sinks, softcap)
+    return out.reshape(-1, *heads_dims)[padded]
 
 
 def _attend_one_row(

@@ -157,8 +157,8 @@ def test_torch_path_half_precision(dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(v) or "plain")
 @pytest.mark.parametrize(
     "rows",
-    [[(1, 5), (1, 40), (1, 17)], [(1, 24), (1, 24)], [(12, 12), (30, 30)]],
-    ids=["decode", "decode-equal-lengths", "prefill"],
+    [[(1, 5), (1, 40), (1, 17)], [(1, 24), (1, 24)], [(12, 12), (30, 30)], [(1, 30), (4, 40), (70, 70), (2, 100)]],
+    ids=["decode", "decode-equal-lengths", "prefill", "drafts-beside-a-long-prefill"],
 )
 def test_torch_path_decode_only_and_prefill_only(rows: list, variant: dict) -> None:
     step = make_step(rows, heads=4, kv_heads=2, head_dim=32, block_size=8)
