@@ -50,6 +50,7 @@ class DraftVerifier:
             if seq.draft is None or take != len(seq.pending) or seq.scoring or budget <= 0:
                 continue
             if not self.policy.worth(seq.draft.acceptance, step_tokens):
+                seq.draft.priced_out()
                 continue
             seq.verify = self._grammar_cut(seq, seq.draft.proposal(self._room(seq, budget)))
             if seq.verify and not self.scheduler.grow(seq, seq.cached_len + take + len(seq.verify)):

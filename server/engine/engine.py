@@ -443,12 +443,16 @@ class Engine:
         return seq
 
     def _speculator(self, request: GenerationRequest) -> Speculator | None:
-        """The sequence's draft sources: its prediction, and prompt lookup unless speculation is
+        """The sequence's draft sources: its prediction, and prompt lookup for a constrained
+        sequence (extraction, tool calls: values copied from the prompt) unless speculation is
         off (server or request), the request scores choices instead of generating, or it wants
-        hidden states (a verified draft token has none of its own, as a forced one)."""
+        hidden states (a verified draft token has none of its own, as a forced one). Free text
+        does not draft: prompt lookup keeps under one draft token in ten there, and the mixed
+        steps its drafts make cost more than that saves (``benchmarks/serve.py --speculation-ab``)."""
         prediction = Draft(request.prediction_token_ids) if request.prediction_token_ids else None
         lookup = None
-        if self.speculation and request.speculation and not request.score_choices \
+        constrained = request.matcher is not None or request.token_dfa is not None
+        if self.speculation and request.speculation and constrained and not request.score_choices \
                 and not request.return_hidden_states:
             lookup = PromptLookup(request.prompt_token_ids)
         if prediction is None and lookup is None:

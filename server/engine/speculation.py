@@ -1,5 +1,8 @@
 """A sequence's speculation: where its drafts come from and how long they may be.
 
+Prompt lookup serves constrained sequences (extraction, tool calls), whose values are copied
+from the prompt; free text does not draft (:meth:`Engine._speculator`).
+
 Two sources, one mechanism (:mod:`server.engine.draft_verifier` feeds and verifies both):
 
 - the client's prediction (:class:`~server.engine.drafts.Draft`), followed whenever the output
@@ -23,6 +26,8 @@ from server.engine.prompt_lookup import PromptLookup
 INITIAL_LENGTH = 4
 MAX_COOLDOWN = 32
 ACCEPTANCE_WEIGHT = 0.3  # weight of the newest verification in the acceptance estimate
+INITIAL_ACCEPTANCE = 0.5
+RETRY_AFTER = 32  # steps a sequence priced out of drafting waits before it tries once more
 
 
 class Speculator:
@@ -33,7 +38,8 @@ class Speculator:
         self.lookup = lookup
         self.max_length = max_length
         self.length = min(INITIAL_LENGTH, max_length)
-        self.acceptance = 0.5  # estimated share of a draft's tokens that are kept
+        self.acceptance = INITIAL_ACCEPTANCE  # estimated share of a draft's tokens that are kept
+        self._priced_out = 0  # steps in a row the policy kept this sequence's drafts out
         self.source: str | None = None  # "prediction" or "prompt": where the last proposal came from
         self.lookup_accepted = 0
         self.lookup_rejected = 0
@@ -73,6 +79,14 @@ class Speculator:
         tokens = self.lookup.proposal(min(limit, self.length))
         self.source = "prompt" if tokens else None
         return tokens
+
+    def priced_out(self) -> None:
+        """The step's cost kept this sequence's draft out; after ``RETRY_AFTER`` such steps its
+        estimate is reset, so it tries again (the text it copies may have changed)."""
+        self._priced_out += 1
+        if self._priced_out >= RETRY_AFTER:
+            self._priced_out = 0
+            self.acceptance = INITIAL_ACCEPTANCE
 
     def observe(self, token: int) -> None:
         """The output gained ``token`` (sampled, forced or verified)."""

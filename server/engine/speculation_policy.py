@@ -6,13 +6,18 @@ at a cost of ``b·d`` more: worth it when ``A / d > b·n / (a + b·n)``. ``a`` a
 to every forward's (tokens, time) by least squares with exponential forgetting, so the
 threshold follows the machine and the load: near zero for one sequence whose step time is the
 weight read, close to one when the batch already makes the step compute-bound. Until the fit
-has seen steps of different sizes, drafts are let through (that is how it sees them).
+has seen steps of different sizes, drafts are let through (that is how it sees them). A draft
+source kept less than ``MIN_ACCEPTANCE`` of the time is priced out whatever the fit says.
 """
 
 from __future__ import annotations
 
 DECAY = 0.98  # weight of the past per recorded forward
 MIN_SPREAD = 1.0  # tokens²: below this variance of the step sizes the slope is not trusted
+# Verifying a draft also costs what the forward fit does not see: logits at every draft position
+# and a sampler pass per kept position. Drafts kept less often than this never pay for that
+# (free text: prompt lookup keeps well under one token in ten).
+MIN_ACCEPTANCE = 0.2
 
 
 class SpeculationPolicy:
@@ -54,4 +59,4 @@ class SpeculationPolicy:
 
     def worth(self, acceptance: float, tokens: int) -> bool:
         """Drafts with this expected acceptance pay in a step of ``tokens`` tokens."""
-        return acceptance > self.threshold(tokens)
+        return acceptance > max(self.threshold(tokens), MIN_ACCEPTANCE)

@@ -7,13 +7,15 @@ import httpx
 import openai
 import pytest
 
-# The tiny random model copies its context: a prompt that repeats itself gives drafts to keep.
+# The tiny random model copies its context: a prompt that repeats itself gives drafts to keep
+# (prompt lookup drafts for constrained answers: extraction, tool calls).
 MESSAGES = [{"role": "user", "content": "alpha beta gamma delta alpha beta gamma delta alpha beta gamma delta"}]
+WORDS = "( (alpha|beta|gamma|delta))+"
 
 
 def chat(client, **extra):
     return client.chat.completions.create(model="tiny", messages=MESSAGES, temperature=0.0, max_tokens=32,
-                                          extra_body={"ignore_eos": True, **extra})
+                                          extra_body={"ignore_eos": True, "guided_regex": WORDS, **extra})
 
 
 def test_drafts_keep_the_answer_and_are_reported(tiny_server):

@@ -65,6 +65,7 @@ def test_prediction_leads_and_lookup_follows_when_it_is_off_track() -> None:
 def test_policy_prices_draft_tokens_from_the_fitted_step_cost() -> None:
     policy = SpeculationPolicy()
     assert policy.threshold(16) == 0.0  # nothing measured: drafts go through (and get measured)
+    assert policy.worth(0.5, 16) and not policy.worth(0.1, 1)  # rarely kept drafts never pay
     for tokens in [1, 4, 16, 1, 8, 32] * 4:
         policy.record(tokens, 0.040 + 0.002 * tokens)
     fixed, slope = policy.cost()
@@ -106,11 +107,13 @@ def run(hf, tokenizer, requests, *, speculation: bool, slots: int = 4, overlap: 
 
 
 def extraction_requests(compiler, tokenizer) -> list[dict]:
-    """Prompts that repeat themselves (the tiny random model copies its context), free and
-    constrained, greedy and seeded, one with a stop string inside the copied text."""
+    """Prompts that repeat themselves (the tiny random model copies its context), free (no
+    drafts of its own) and constrained, greedy and seeded, one with a stop string inside the
+    copied text, one with a prediction."""
     text = tokenizer.encode(" alpha beta gamma delta alpha beta gamma delta alpha beta", add_special_tokens=False)
     prompt = [1, *text, *text]
     compiled = compiler.compile(ConstraintSpec("json_schema", SCHEMA))
+    words = compiler.compile(ConstraintSpec("regex", "( (alpha|beta|gamma|delta))+"))
     return [
         {"prompt_token_ids": prompt, "params": SamplingParams(temperature=0.0), "max_tokens": 40},
         {"prompt_token_ids": prompt, "params": SamplingParams(temperature=0.8, seed=7), "max_tokens": 40},
@@ -119,7 +122,9 @@ def extraction_requests(compiler, tokenizer) -> list[dict]:
         {"prompt_token_ids": prompt, "params": SamplingParams(temperature=0.9, seed=3), "max_tokens": 60,
          "matcher": compiled.new_matcher()},
         {"prompt_token_ids": prompt, "params": SamplingParams(temperature=0.0), "max_tokens": 40,
-         "stop": (" gamma",)},
+         "stop": (" gamma",), "matcher": words.new_matcher()},
+        {"prompt_token_ids": prompt, "params": SamplingParams(temperature=0.7, seed=9), "max_tokens": 40,
+         "matcher": words.new_matcher()},
         {"prompt_token_ids": prompt, "params": SamplingParams(temperature=0.0), "max_tokens": 30,
          "prediction_token_ids": text[:6]},
     ]
@@ -136,7 +141,7 @@ def test_drafts_never_change_an_output(tiny_hf, default_tokenizer, default_compi
     assert off_stats.lookup_draft_tokens == 0
     assert on_stats.accepted_lookup_draft_tokens > 0 and on_stats.steps < off_stats.steps
     assert sum(d[-1].accepted_draft_tokens for d in deltas.values()) == on_stats.accepted_lookup_draft_tokens
-    last = deltas[5][-1]  # the client's prediction is still verified alongside, and counted apart
+    last = deltas[6][-1]  # the client's prediction is still verified alongside, and counted apart
     assert last.accepted_prediction_tokens + last.rejected_prediction_tokens > 0
 
 
@@ -175,6 +180,6 @@ def test_a_draft_crossing_the_end_of_reasoning_changes_nothing(tiny_hf, default_
 
 
 def test_a_request_can_turn_its_drafts_off(tiny_hf, default_tokenizer, default_compiler):
-    requests = [dict(r, speculation=False) for r in extraction_requests(default_compiler, default_tokenizer)[:2]]
+    requests = [dict(r, speculation=False) for r in extraction_requests(default_compiler, default_tokenizer)[2:5]]
     _, stats, _ = run(tiny_hf, default_tokenizer, requests, speculation=True)
     assert stats.lookup_draft_tokens == 0
