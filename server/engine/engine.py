@@ -62,8 +62,6 @@ from server.engine.block_manager import BlockManager, BlockTable
 from server.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from server.engine.draft_verifier import DraftVerifier
 from server.engine.drafts import Draft
-from server.engine.prompt_lookup import PromptLookup
-from server.engine.speculation import Speculator
 from server.engine.errors import EngineDead, EngineOverloaded, EngineUnavailable
 from server.engine.failures import CONSTRAINT_LIMIT, describe
 from server.engine.host_buffers import HostStaging
@@ -72,9 +70,11 @@ from server.engine.intake import TokenIntake
 from server.engine.mask_fill import MaskFill
 from server.engine.model import ModelRunner
 from server.engine.overlap_policy import OverlapPolicy
+from server.engine.prompt_lookup import PromptLookup
 from server.engine.scheduler import Scheduler
 from server.engine.scoring import ChoiceScorer
 from server.engine.sequence import GenerationRequest, Sequence, SequenceDelta, error_delta
+from server.engine.speculation import Speculator
 from server.engine.step_batch import StepBatch
 
 __all__ = ["CONSTRAINT_LIMIT", "Engine", "EngineDead", "EngineOverloaded", "EngineStats", "EngineUnavailable"]
@@ -151,7 +151,7 @@ class Engine:
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len
         self.prefill_budget = prefill_budget
-        self.speculation = speculation  # prompt-lookup drafts for every sequence that allows them
+        self.speculation = speculation  # prompt-lookup drafts for the constrained sequences that allow them
         self.max_draft_tokens = max_draft_tokens
         self.stats = EngineStats()
         self.last_step_at = time.monotonic()
