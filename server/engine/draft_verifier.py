@@ -13,6 +13,7 @@ RNG stream), so the output is the one the row would produce without a prediction
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from server.engine.scheduler import Scheduler
@@ -49,7 +50,8 @@ class DraftVerifier:
         for seq, take in [(seq, 1) for seq in decode_rows] + extend_plan:
             if seq.draft is None or take != len(seq.pending) or seq.scoring or budget <= 0:
                 continue
-            if not self.policy.worth(seq.draft.acceptance, step_tokens):
+            # a client's prediction is verified as asked; the engine's own drafts only where they pay
+            if not seq.draft.following_prediction and not self.policy.worth(seq.draft.acceptance, step_tokens):
                 seq.draft.priced_out()
                 continue
             seq.verify = self._grammar_cut(seq, seq.draft.proposal(self._room(seq, budget)))
@@ -90,6 +92,8 @@ class DraftVerifier:
         samples and takes the token after draft token ``i`` of each of ``seqs``."""
         if not drafting:
             return
+        started = time.perf_counter()
+        fed = sum(len(seq.verify) for seq, _ in drafting)
         used = {id(seq): 0 for seq, _ in drafting}
         active, position = drafting, 0
         while active:
@@ -116,6 +120,7 @@ class DraftVerifier:
             self.stats.draft_tokens += len(seq.verify)
             self.stats.accepted_draft_tokens += kept
             seq.verify, seq.verify_logits = [], None
+        self.policy.record_verification(fed, time.perf_counter() - started)
 
 
 def _sampled_draft_token(seq: Sequence, mark: int, position: int) -> bool:

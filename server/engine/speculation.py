@@ -57,6 +57,11 @@ class Speculator:
         return self.prediction.rejected if self.prediction is not None else 0
 
     @property
+    def following_prediction(self) -> bool:
+        """The output is on the client's prediction: the next draft comes from it."""
+        return self.prediction is not None and self.prediction.aligned
+
+    @property
     def ready(self) -> bool:
         """A proposal may come next step (the loop reads the last token before scheduling)."""
         if self.prediction is not None and self.prediction.aligned:

@@ -2,7 +2,9 @@
 
 A step feeding ``n`` tokens costs about ``a + b·n`` (the weights read once, then per-token work).
 Adding ``d`` draft tokens of which ``A`` are kept turns ``n`` tokens per step into ``n + A``,
-at a cost of ``b·d`` more: worth it when ``A / d > b·n / (a + b·n)``. ``a`` and ``b`` are fitted
+at a cost of ``(b + v)·d`` more, ``v`` the host time verification spends per draft token (its
+sampler passes and mask fills, measured every step): worth it when
+``A / d > (b + v)·n / (a + b·n)``. ``a`` and ``b`` are fitted
 to every forward's (tokens, time) by least squares with exponential forgetting, so the
 threshold follows the machine and the load: near zero for one sequence whose step time is the
 weight read, close to one when the batch already makes the step compute-bound. Until the fit
@@ -20,11 +22,21 @@ MIN_SPREAD = 1.0  # tokens²: below this variance of the step sizes the slope is
 MIN_ACCEPTANCE = 0.2
 
 
+VERIFY_WEIGHT = 0.1  # weight of the newest step in the verification cost estimate
+
+
 class SpeculationPolicy:
     """The fitted step cost and the acceptance a draft token needs (see the module docstring)."""
 
     def __init__(self) -> None:
         self._sums = [0.0] * 5  # weighted n, x, y, xx, xy
+        self.verify_s_per_token = 0.0  # host seconds the verification spends per draft token fed
+
+    def record_verification(self, draft_tokens: int, seconds: float) -> None:
+        """One step's verification (a sampler pass and a mask fill per kept position, the
+        rollback) took ``seconds`` for ``draft_tokens`` fed."""
+        if draft_tokens > 0:
+            self.verify_s_per_token += VERIFY_WEIGHT * (seconds / draft_tokens - self.verify_s_per_token)
 
     def record(self, tokens: int, seconds: float) -> None:
         """One forward fed ``tokens`` tokens and took ``seconds`` (device time)."""
@@ -55,7 +67,7 @@ class SpeculationPolicy:
             return 0.0
         fixed, slope = cost
         total = fixed + slope * tokens
-        return slope * tokens / total if total > 0 else 0.0
+        return (slope + self.verify_s_per_token) * tokens / total if total > 0 else 0.0
 
     def worth(self, acceptance: float, tokens: int) -> bool:
         """Drafts with this expected acceptance pay in a step of ``tokens`` tokens."""
