@@ -7,7 +7,7 @@ from benchmarks import extraction
 
 
 def test_one_document_same_answer_with_and_without_drafts(default_dir, tmp_path):
-    result = extraction.main(["--clients", "1", "--docs", "1", "--workloads", "extraction", "--max-tokens", "40",
+    result = extraction.main(["--clients", "1", "--docs", "1", "--workloads", "extraction", "--max-tokens", "120",
                               "--json", str(tmp_path / "x.json")])
     (row,) = result["rows"]
     assert row["identical"] and row["valid"]
