@@ -16,6 +16,7 @@ import torch
 
 from kernels._backend import layer_kernels, select_backend
 from kernels.paged_attention import write_kv
+from kernels.rmsnorm import add_rmsnorm_reference
 
 
 def rope_write_kv_reference(
@@ -29,8 +30,8 @@ def rope_write_kv_reference(
     q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
     q = q.view(tokens, num_heads, head_dim)
     k = k.view(tokens, num_kv_heads, head_dim)
-    if q_norm is not None:
-        q, k = _head_rmsnorm(q, q_norm, eps), _head_rmsnorm(k, k_norm, eps)
+    if q_norm is not None:  # per head: the norm is over the last dimension
+        q, k = add_rmsnorm_reference(q, None, q_norm, eps), add_rmsnorm_reference(k, None, k_norm, eps)
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [N, 1, d]
     q = q * cos + _rotate_half(q) * sin
     k = k * cos + _rotate_half(k) * sin
@@ -54,12 +55,6 @@ def rope_write_kv(
                                      head_dim, q_norm, k_norm, eps)
     return rope_write_kv_reference(qkv, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads,
                                    q_norm, k_norm, eps)
-
-
-def _head_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    hidden = x.float()
-    variance = hidden.pow(2).mean(-1, keepdim=True)
-    return weight * (hidden * torch.rsqrt(variance + eps)).to(x.dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -172,8 +172,7 @@ class ModelRunner:
         """Layer ``index`` up to attention: ``residual += delta`` (the previous layer's MLP output;
         None for the first layer), the input norm and the q/k/v projection, [N, q + 2 kv columns]."""
         weights = self.layers[index]
-        normed = add_rmsnorm(delta if delta is not None else residual, residual if delta is not None else None,
-                             weights.input_norm.weight, weights.input_norm.eps, use_triton=self.use_triton)
+        normed = self._add_norm(residual, delta, weights.input_norm)
         qkv = self._linear(normed, weights.qkv_weight, weights.qkv_bias)
         if lora is not None:
             q, kv = weights.q_size, weights.kv_size
@@ -230,12 +229,15 @@ class ModelRunner:
 
     def _logits(self, residual: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
         """[R, D] → [R, V] float32; keeps the final-norm hidden states in :attr:`last_hidden`."""
-        norm = self._final_norm
-        self.last_hidden = add_rmsnorm(delta if delta is not None else residual,
-                                       residual if delta is not None else None,
-                                       norm.weight, norm.eps, use_triton=self.use_triton)
+        self.last_hidden = self._add_norm(residual, delta, self._final_norm)
         head = self.hf.lm_head
         return self._linear(self.last_hidden, head.weight, head.bias).float()
+
+    def _add_norm(self, residual: torch.Tensor, delta: torch.Tensor | None, norm: Norm) -> torch.Tensor:
+        """``norm(residual += delta)``, or ``norm(residual)`` when no block output is pending."""
+        if delta is None:
+            return add_rmsnorm(residual, None, norm.weight, norm.eps, use_triton=self.use_triton)
+        return add_rmsnorm(delta, residual, norm.weight, norm.eps, use_triton=self.use_triton)
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``F.linear``, or on CUDA the faster per shape of cuBLAS and the split-K kernel at 1-8 rows."""

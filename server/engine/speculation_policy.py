@@ -31,12 +31,14 @@ class SpeculationPolicy:
     def __init__(self) -> None:
         self._sums = [0.0] * 5  # weighted n, x, y, xx, xy
         self.verify_s_per_token = 0.0  # host seconds the verification spends per draft token fed
+        self._last: tuple[int, float] | None = None  # (tokens, threshold): every row of a step asks alike
 
     def record_verification(self, draft_tokens: int, seconds: float) -> None:
         """One step's verification (a sampler pass and a mask fill per kept position, the
         rollback) took ``seconds`` for ``draft_tokens`` fed."""
         if draft_tokens > 0:
             self.verify_s_per_token += VERIFY_WEIGHT * (seconds / draft_tokens - self.verify_s_per_token)
+            self._last = None
 
     def record(self, tokens: int, seconds: float) -> None:
         """One forward fed ``tokens`` tokens and took ``seconds`` (device time)."""
@@ -47,6 +49,7 @@ class SpeculationPolicy:
         for i, term in enumerate((1.0, x, y, x * x, x * y)):
             sums[i] += term
         self._sums = sums
+        self._last = None
 
     def cost(self) -> tuple[float, float] | None:
         """(a, b): fixed and per-token seconds of a forward, or None until the slope is known."""
@@ -62,6 +65,11 @@ class SpeculationPolicy:
 
     def threshold(self, tokens: int) -> float:
         """The share of draft tokens that must be kept for drafting to pay in a step of ``tokens``."""
+        if self._last is None or self._last[0] != tokens:
+            self._last = (tokens, self._threshold(tokens))
+        return self._last[1]
+
+    def _threshold(self, tokens: int) -> float:
         cost = self.cost()
         if cost is None:
             return 0.0
