@@ -96,6 +96,20 @@ def greedy_completion(matcher: "Matcher", limit: int) -> list[int] | None:
         matcher.rollback(len(walk.taken))
 
 
+def closing_token(matcher: "Matcher") -> int | None:
+    """The first token of the greedy walk towards closing from ``matcher``'s state (the token
+    that ends the value being written: a string's quote, an object's brace), state unchanged;
+    None when only a stop token or nothing is allowed."""
+    import torch
+
+    if matcher.is_terminated():
+        return None
+    ctx = matcher.ctx
+    walk = _Walk(matcher, closing_order(ctx), frozenset(ctx.stop_token_ids))
+    token = walk.choose(torch.zeros((1, (ctx.vocab_size + 31) // 32), dtype=torch.int32))
+    return None if token is None or token in walk.stops else token
+
+
 class _Walk:
     """One greedy walk: the tokens taken so far and, per mask seen, the tokens chosen there
     (a token is not chosen twice at the same mask, which breaks loops such as a closing bracket

@@ -54,7 +54,7 @@ class DraftVerifier:
             if not seq.draft.following_prediction and not self.policy.worth(seq.draft.acceptance, step_tokens):
                 seq.draft.priced_out()
                 continue
-            seq.verify = self._grammar_cut(seq, seq.draft.proposal(self._room(seq, budget)))
+            seq.verify = self._grammar_cut(seq, self._proposal(seq, self._room(seq, budget)))
             if seq.verify and not self.scheduler.grow(seq, seq.cached_len + take + len(seq.verify)):
                 seq.verify = []  # no free block for the draft: plain decoding this step
             budget -= len(seq.verify)
@@ -62,6 +62,15 @@ class DraftVerifier:
             return decode_rows, extend_plan
         drafting = [(seq, 1) for seq in decode_rows if seq.verify]
         return [seq for seq in decode_rows if not seq.verify], extend_plan + drafting
+
+    @staticmethod
+    def _proposal(seq: Sequence, room: int) -> list[int]:
+        """The row's next draft; a lookup draft of a constrained row is composed with its
+        grammar (a failing matcher drafts nothing; the mask fill reports its failure)."""
+        try:
+            return seq.draft.proposal(room, seq.matcher)
+        except Exception:
+            return []
 
     @staticmethod
     def _grammar_cut(seq: Sequence, draft: list[int]) -> list[int]:
@@ -85,31 +94,31 @@ class DraftVerifier:
             self.max_model_len - emitted - 1,
         )
 
-    def verify(self, drafting: list[tuple[Sequence, int]], sample_position: Callable[[list[Sequence], int], None]) -> None:
+    def verify(self, drafting: list[tuple[Sequence, int]],
+               sample_position: Callable[[list[tuple[Sequence, int]]], None]) -> None:
         """Sample the positions after each fed draft token in rounds, then roll the cache back
         past the first disagreement. ``drafting``: (sequence, its output length before this
-        step's sampling), with this step's tokens already taken; ``sample_position(seqs, i)``
-        samples and takes the token after draft token ``i`` of each of ``seqs``."""
+        step's sampling), with this step's tokens already taken; ``sample_position(rows)``
+        samples and takes, for each (sequence, i), the token after its draft token ``i``.
+
+        A kept draft token may be followed by tokens the grammar forces (jump-forward appends
+        them): those equal to the draft's next tokens are already cached and kept too, and
+        sampling resumes after them."""
         if not drafting:
             return
         started = time.perf_counter()
         fed = sum(len(seq.verify) for seq, _ in drafting)
         used = {id(seq): 0 for seq, _ in drafting}
-        active, position = drafting, 0
+        active = [(seq, mark, 0) for seq, mark in drafting]
         while active:
-            agreeing = []
-            for seq, mark in active:
-                if not _sampled_draft_token(seq, mark, position):
-                    continue
-                used[id(seq)] = position + 1
-                if seq.finished:
-                    continue
-                seq.pending.pop(0)  # the draft token's keys/values are already cached
-                if not seq.pending:  # nothing forced after it: sample the next position
-                    agreeing.append((seq, mark))
-            if agreeing:
-                sample_position([seq for seq, _ in agreeing], position)
-            active, position = agreeing, position + 1
+            to_sample = []
+            for seq, mark, position in active:
+                position = _keep_agreeing(seq, mark, position, used)
+                if position is not None:
+                    to_sample.append((seq, mark, position))
+            if to_sample:
+                sample_position([(seq, position) for seq, _, position in to_sample])
+            active = [(seq, mark, position + 1) for seq, mark, position in to_sample]
         for seq, _ in drafting:
             kept = used[id(seq)]
             seq.table.truncate(seq.cached_len - (len(seq.verify) - kept))
@@ -121,6 +130,21 @@ class DraftVerifier:
             self.stats.accepted_draft_tokens += kept
             seq.verify, seq.verify_logits = [], None
         self.policy.record_verification(fed, time.perf_counter() - started)
+
+
+def _keep_agreeing(seq: Sequence, mark: int, position: int, used: dict[int, int]) -> int | None:
+    """Keep the draft tokens from ``position`` on that the output agrees with (the one sampled
+    there, then any forced after it); returns the position whose next token is to be sampled,
+    or None when the row is done (a disagreement, the end of its draft, or it finished)."""
+    while _sampled_draft_token(seq, mark, position):
+        used[id(seq)] = position + 1
+        if seq.finished:
+            return None
+        seq.pending.pop(0)  # the draft token's keys/values are already cached
+        if not seq.pending:  # nothing forced after it: sample the next position
+            return position
+        position += 1  # a forced token follows: kept if it is the draft's next token
+    return None
 
 
 def _sampled_draft_token(seq: Sequence, mark: int, position: int) -> bool:

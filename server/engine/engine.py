@@ -633,9 +633,10 @@ class Engine:
 
     # ------------------------------------------------------------------ predicted outputs
 
-    def _sample_draft_position(self, seqs: list[Sequence], position: int) -> None:
-        """One sampler pass over the logits after draft token ``position`` of each row."""
-        logits = torch.stack([seq.verify_logits[position] for seq in seqs])
+    def _sample_draft_position(self, rows: list[tuple[Sequence, int]]) -> None:
+        """One sampler pass over the logits after draft token ``i`` of each (row, i)."""
+        seqs = [seq for seq, _ in rows]
+        logits = torch.stack([seq.verify_logits[position] for seq, position in rows])
         bitmask, indices = self.masks.finish(self.masks.start(seqs), seqs, self._fail)
         hidden, self._step_hidden = self._step_hidden, None  # no forward of its own: no hidden states
         try:

@@ -19,6 +19,8 @@ class PromptLookup:
 
     def __init__(self, prompt: list[int], max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM) -> None:
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.prompt_length = len(prompt)
+        self._prompt_text: str | None = None
         self.context: list[int] = []
         self._after: dict[tuple[int, ...], int] = {}  # n-gram → position right after its latest occurrence
         self._previous: list[int | None] = [None] * (max_ngram + 1)  # per n: where the suffix occurred before
@@ -46,3 +48,24 @@ class PromptLookup:
             if start is not None:
                 return self.context[start : start + limit]
         return []
+
+    def proposal_after(self, extra: list[int], limit: int) -> list[int]:
+        """Up to ``limit`` tokens expected after the context followed by ``extra`` (tokens not
+        observed yet: a draft being composed), from the longest suffix n-gram found earlier."""
+        if not extra:
+            return self.proposal(limit)
+        if limit <= 0:
+            return []
+        tail = self.context[-self.max_ngram :] + extra
+        end = len(self.context)
+        for n in range(min(self.max_ngram, len(tail)), self.min_ngram - 1, -1):
+            start = self._after.get(tuple(tail[-n:]))
+            if start is not None and start < end:
+                return self.context[start : start + limit]
+        return []
+
+    def prompt_text(self, decode) -> str:
+        """The prompt as text (``decode``d once)."""
+        if self._prompt_text is None:
+            self._prompt_text = decode(self.context[: self.prompt_length])
+        return self._prompt_text

@@ -13,14 +13,15 @@ Two sources, one mechanism (:mod:`server.engine.draft_verifier` feeds and verifi
   proposals (at most ``MAX_COOLDOWN``) before trying again (a first miss costs no wait: values
   copied from the prompt often start right after one).
 
-Tokens the grammar forces are not drafts: jump-forward appends them as certain output and they
-are fed in the same extension, ahead of the draft; a constrained row's draft is cut at the
-first token its matcher refuses (:meth:`DraftVerifier.plan`).
+A constrained row's lookup draft is composed with its grammar (:mod:`server.engine.grammar_draft`):
+the text it forces, one copied span, and the value's closing; a prediction is cut at the first
+token the matcher refuses (:meth:`DraftVerifier.plan`).
 """
 
 from __future__ import annotations
 
 from server.engine.drafts import Draft
+from server.engine.grammar_draft import compose_draft
 from server.engine.prompt_lookup import PromptLookup
 
 INITIAL_LENGTH = 4
@@ -68,8 +69,9 @@ class Speculator:
             return True
         return self.lookup is not None and self._cooldown == 0
 
-    def proposal(self, limit: int) -> list[int]:
-        """Up to ``limit`` draft tokens expected next ([] when no source has one)."""
+    def proposal(self, limit: int, matcher=None) -> list[int]:
+        """Up to ``limit`` draft tokens expected next ([] when no source has one); with the
+        row's ``matcher``, a lookup draft is composed with its grammar."""
         self.source = None
         if self.prediction is not None:
             tokens = self.prediction.proposal(limit)
@@ -81,7 +83,10 @@ class Speculator:
         if self._cooldown > 0:
             self._cooldown -= 1
             return []
-        tokens = self.lookup.proposal(min(limit, self.length))
+        if matcher is not None:
+            tokens = compose_draft(matcher, self.lookup.proposal_after, limit, self.length)
+        else:
+            tokens = self.lookup.proposal(min(limit, self.length))
         self.source = "prompt" if tokens else None
         return tokens
 

@@ -9,7 +9,7 @@ import torch
 from constraints import ConstraintSpec
 from sampler import SamplingParams
 from server.engine.drafts import Draft
-from server.engine.engine import Engine
+from server.engine.engine import DEFAULT_MAX_DRAFT_TOKENS, Engine
 from server.engine.model import ModelRunner, load_hf_model
 from server.engine.prompt_lookup import PromptLookup
 from server.engine.sequence import GenerationRequest, ReasoningPhase
@@ -38,6 +38,60 @@ def test_lookup_proposes_what_followed_the_longest_suffix_latest() -> None:
     assert lookup.proposal(2) == [2, 6]  # "6 7 9" occurred once: what followed it
     lookup.observe(4)
     assert lookup.proposal(5) == []
+
+
+def test_lookup_proposes_after_a_draft_it_has_not_observed() -> None:
+    lookup = PromptLookup([5, 6, 7, 8, 1, 6, 7, 9, 2, 3])
+    assert lookup.proposal_after([6, 7], 3) == [9, 2, 3]  # as if 6 7 were output: the latest 6 7
+    assert lookup.proposal_after([4], 3) == []  # 4 never occurred
+    assert lookup.proposal_after([], 2) == lookup.proposal(2)
+    assert lookup.context == [5, 6, 7, 8, 1, 6, 7, 9, 2, 3]  # nothing was observed
+
+
+def _accept_text(matcher, tokenizer, text: str) -> None:
+    for token in tokenizer.encode(text, add_special_tokens=False):
+        assert matcher.accept_token(token), text
+
+
+def test_a_composed_draft_copies_a_value_closes_it_and_bridges_to_the_next(default_compiler, default_tokenizer):
+    """Inside a string value copied from the prompt: the rest of the value, the quote that ends
+    it where the prompt's line ends, and the text the grammar forces up to the next value."""
+    from server.engine.grammar_draft import compose_draft
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "city": {"type": "string"}},
+              "required": ["name", "city"], "additionalProperties": False}
+    matcher = default_compiler.compile(ConstraintSpec("json_schema", schema)).new_matcher()
+    encode = lambda text: default_tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    lookup = PromptLookup(encode("Name: Ada Lovelace\nCity: London\n"))
+    _accept_text(matcher, default_tokenizer, '{"name":')
+    bridge = compose_draft(matcher, lookup.proposal_after, 16, 4)
+    assert default_tokenizer.decode(bridge).startswith(' "')  # the forced text, its last token included
+    value = encode('{"name": "Ada')[len(encode('{"name":')):]
+    for token in value:
+        assert matcher.accept_token(token)
+        lookup.observe(token)
+    draft = compose_draft(matcher, lookup.proposal_after, 16, 4)
+    # the value so far is Ġ" Ad a where the prompt has ĠAda: the copy is found by its text
+    assert [default_tokenizer.decode([t]) for t in value] == [' "', "Ad", "a"]
+    assert default_tokenizer.decode(draft) == ' Lovelace", "city": "'
+    assert all(matcher.accept_token(t) for t in draft)  # composing left the matcher's state as it was
+
+
+def test_a_client_prediction_is_verified_through_the_tokens_the_grammar_forces(tiny_hf, default_tokenizer,
+                                                                            default_compiler):
+    """Jump-forward appends forced tokens after a kept draft token; where they are the draft's
+    next tokens (a correct prediction) they are kept in the same step, not fed again."""
+    compiled = default_compiler.compile(ConstraintSpec("json_schema", SCHEMA))
+    prompt = [1, *default_tokenizer.encode(" a person", add_special_tokens=False)]
+    request = {"prompt_token_ids": prompt, "params": SamplingParams(temperature=0.0), "max_tokens": 40}
+    (plain, _), = [(out, stats) for out, stats, _ in [run(tiny_hf, default_tokenizer, [
+        dict(request, matcher=compiled.new_matcher())], speculation=False)]]
+    tokens = plain[0][0]
+    predicted, stats, _ = run(tiny_hf, default_tokenizer, [
+        dict(request, matcher=compiled.new_matcher(), prediction_token_ids=tokens)], speculation=False)
+    assert predicted == plain
+    assert stats.forced_tokens > 0 and stats.accepted_draft_tokens > 0
+    assert stats.steps <= 1 + -(-len(tokens) // DEFAULT_MAX_DRAFT_TOKENS) + 1  # prefill, then whole drafts
 
 
 def test_speculator_grows_on_acceptance_and_backs_off_on_misses() -> None:
