@@ -1,6 +1,6 @@
 """Paged attention of one step: the row-by-row oracle vs the batched torch path (vs Triton on CUDA).
 
-Usage: python benchmarks/attention.py [--device cpu|cuda] [--iters 10] [--context 512] [--threads N]
+Usage: python benchmarks/attention.py [--device cpu|cuda] [--iters 10] [--context 512] [--threads N] [--smoke]
 
 Two steps per attention shape (SmolLM2-135M: 9 heads / 3 kv heads / dim 64; Llama-3.2-1B:
 32 / 8 / 64): 16 decode rows at ``--context`` tokens each, and one ``--context``-token prefill
@@ -8,7 +8,7 @@ beside 15 such decode rows. Blocks of 16 slots, handed out in a shuffled order. 
 CPU, bfloat16 on CUDA. Prints the median time of one call per implementation and the speed-up
 over the oracle; every implementation's output is checked against the oracle first. "unpaged
 SDPA" runs the same step over per-row contiguous keys (gathered before timing): what the torch
-path would cost without paging.
+path would cost without paging. ``--smoke``: 48-token contexts, one timed call (checks it runs).
 """
 
 from __future__ import annotations
@@ -110,13 +110,40 @@ def median_us(impls: dict[str, Callable[[], object]], device: torch.device, iter
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def main() -> None:
+# --smoke: sizes for a run of seconds that checks the script works end to end (tests run it)
+SMOKE = {"context": 48, "iters": 1}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line; ``--smoke`` takes 48-token contexts and one timed call."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="48-token contexts, one timed call: checks it runs")
+    args = parser.parse_args(argv)
+    if args.smoke:  # the smoke sizes are defaults: flags given still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args(argv)
+    return args
+
+
+def implementations(query, k_cache, v_cache, meta, scale: float) -> dict[str, Callable[[], torch.Tensor]]:
+    """Every implementation of one step, the oracle first (Triton only where it runs)."""
+    impls: dict[str, Callable[[], torch.Tensor]] = {
+        "oracle (rows)": lambda: paged_attention_reference(query, k_cache, v_cache, meta, scale=scale),
+        "torch batched": lambda: paged_attention_torch(query, k_cache, v_cache, meta, scale=scale),
+        "unpaged SDPA": contiguous_sdpa(query, k_cache, v_cache, meta, scale),
+    }
+    if select_backend(query) == "triton":
+        impls["triton"] = lambda: paged_attention(query, k_cache, v_cache, meta, scale=scale)
+    return impls
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Check and time every implementation; returns one row per (shape, step, implementation) as printed."""
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -125,24 +152,21 @@ def main() -> None:
     steps = {f"16 decode × {ctx}": [(1, ctx)] * 16, f"prefill {ctx} + 15 decode": [(ctx, ctx)] + [(1, ctx)] * 15}
     print(f"device={device} dtype={dtype} threads={torch.get_num_threads()} block_size={BLOCK_SIZE}")
     print(f"{'shape':<14} {'step':<24} {'implementation':<16} {'µs/call':>10} {'vs oracle':>10}")
+    rows = []
     for shape_name, (heads, kv_heads, head_dim) in SHAPES.items():
-        for step_name, rows in steps.items():
-            query, k_cache, v_cache, meta = build_step(rows, heads, kv_heads, head_dim, dtype, device)
-            scale = head_dim**-0.5
-            impls: dict[str, Callable[[], torch.Tensor]] = {
-                "oracle (rows)": lambda: paged_attention_reference(query, k_cache, v_cache, meta, scale=scale),
-                "torch batched": lambda: paged_attention_torch(query, k_cache, v_cache, meta, scale=scale),
-                "unpaged SDPA": contiguous_sdpa(query, k_cache, v_cache, meta, scale),
-            }
-            if select_backend(query) == "triton":
-                impls["triton"] = lambda: paged_attention(query, k_cache, v_cache, meta, scale=scale)
+        for step_name, step_rows in steps.items():
+            query, k_cache, v_cache, meta = build_step(step_rows, heads, kv_heads, head_dim, dtype, device)
+            impls = implementations(query, k_cache, v_cache, meta, head_dim**-0.5)
             want = impls["oracle (rows)"]().float()
             for fn in impls.values():
                 torch.testing.assert_close(fn().float(), want, atol=3e-2, rtol=3e-2)
             timings = median_us(impls, device, args.iters)
             for impl_name, us in timings.items():
                 ratio = timings["oracle (rows)"] / us
+                rows.append({"shape": shape_name, "step": step_name, "implementation": impl_name, "us": us,
+                             "vs_oracle": ratio})
                 print(f"{shape_name:<14} {step_name:<24} {impl_name:<16} {us:>10.0f} {ratio:>9.1f}×")
+    return rows
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ time per step, and the ratio of each structured workload to the free one.
 
     python benchmarks/decode.py                      # default model on this machine's device
     python benchmarks/decode.py --model random-1b    # random-init ~1B Llama (GPU speed work)
+    python benchmarks/decode.py --smoke --model DIR  # batch 2, 3 steps, free and json_schema: checks it runs
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ class Result:
 
 
 def load_model(name: str, device: torch.device, dtype: str):
+    """(HF model, tokenizer): the default model, a random ~1B Llama, or a local HF directory."""
+    if name not in ("default", "random-1b"):
+        directory = Path(name)
+        return load_hf_model(directory, resolve_dtype(dtype, device), device), load_tokenizer(directory)
     tokenizer = load_tokenizer(default_model_dir(show_progress=True))
     if name == "default":
         return load_hf_model(default_model_dir(), resolve_dtype(dtype, device), device), tokenizer
@@ -132,6 +137,7 @@ def measure(runner, tokenizer, compiled, *, batch: int, jump: bool, steps: int, 
     elapsed = time.perf_counter() - started
     after = _snapshot(engine.stats)
     delta = {k: after[k] - before[k] for k in after}
+    workload.stopped = True  # the aborted sequences are not replaced
     for seq in list(engine.scheduler.running):  # release the KV blocks for the next workload
         seq.finish("abort")
     engine._report_and_retire()
@@ -147,9 +153,14 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def main() -> None:
+# --smoke: sizes for a run of seconds that checks the script works end to end (tests run it)
+SMOKE = {"batch": [2], "steps": 3, "warmup": 1, "workloads": ["free", "json_schema"]}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line; ``--smoke`` shrinks the run to seconds (batch 2, 3 steps, free and json_schema)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="default", choices=["default", "random-1b"])
+    parser.add_argument("--model", default="default", help="'default', 'random-1b' or a local HF directory")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--batch", type=int, nargs="+", default=None, help="default: 1 8 32 (CPU), 1 8 32 64 128 (GPU)")
@@ -157,7 +168,40 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="batch 2, 3 steps, free and json_schema: checks it runs")
+    args = parser.parse_args(argv)
+    if args.smoke:  # the smoke sizes are defaults: flags given still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args(argv)
+    return args
+
+
+def measure_batch(hf, tokenizer, compiled: dict, args: argparse.Namespace, batch: int) -> list[dict]:
+    """Every workload (jump-forward off and on where it applies) at one batch size, printed as measured."""
+    runner = ModelRunner.for_sequences(hf, batch, MAX_LEN)
+    free_rate = None
+    rows = []
+    for name in args.workloads:
+        for jump in ([False] if name == "free" else [False, True]):
+            rate, elapsed, d = measure(runner, tokenizer, compiled[name], batch=batch, jump=jump,
+                                       steps=args.steps, warmup=args.warmup)
+            free_rate = rate if name == "free" else free_rate
+            steps = max(d["steps"], 1)
+            row = {"batch": batch, "workload": name, "jump": jump, "tok_s": rate,
+                   "vs_free": rate / free_rate if free_rate else None, "step_ms": 1000 * elapsed / steps,
+                   "fill_us": 1e6 * d["fill"] / steps, "sample_us": 1e6 * d["sample"] / steps,
+                   "forward_ms": 1000 * d["forward"] / steps, "steps": d["steps"]}
+            rows.append(row)
+            ratio = f"{row['vs_free']:.2f}x" if row["vs_free"] is not None else "-"
+            print(f"| {batch} | {name} | {'on' if jump else 'off'} | {rate:.1f} | {ratio} | "
+                  f"{row['step_ms']:.1f} | {row['fill_us']:.0f} | {row['sample_us']:.0f} | "
+                  f"{row['forward_ms']:.1f} |", flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Run the benchmark; returns one row per (batch, workload, jump-forward) as printed."""
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
@@ -165,25 +209,14 @@ def main() -> None:
     batches = args.batch or ([1, 8, 32, 64, 128] if device.type == "cuda" else [1, 8, 32])
     hf, tokenizer = load_model(args.model, device, args.dtype)
     compiler = ConstraintCompiler(tokenizer, hf.config.vocab_size, stop_token_ids=[tokenizer.eos_token_id])
-    compiled = {name: compiler.compile(spec) if spec else None for name, spec in WORKLOADS.items()}
-    print(f"device={device} model={args.model} threads={torch.get_num_threads()} steps={args.steps}")
-    print("| batch | workload | jump-forward | output tok/s | vs free | step ms | mask fill µs/step | sampler µs/step | forward ms/step |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for batch in batches:
-        runner = ModelRunner.for_sequences(hf, batch, MAX_LEN)
-        free_rate = None
-        for name in args.workloads:
-            for jump in ([False] if name == "free" else [False, True]):
-                rate, elapsed, d = measure(runner, tokenizer, compiled[name], batch=batch, jump=jump,
-                                           steps=args.steps, warmup=args.warmup)
-                free_rate = rate if name == "free" else free_rate
-                ratio = f"{rate / free_rate:.2f}x" if free_rate else "-"
-                steps = max(d["steps"], 1)
-                print(f"| {batch} | {name} | {'on' if jump else 'off'} | {rate:.1f} | {ratio} | "
-                      f"{1000 * elapsed / steps:.1f} | {1e6 * d['fill'] / steps:.0f} | "
-                      f"{1e6 * d['sample'] / steps:.0f} | {1000 * d['forward'] / steps:.1f} |", flush=True)
-        del runner
-    compiler.close()
+    try:
+        compiled = {name: compiler.compile(WORKLOADS[name]) if WORKLOADS[name] else None for name in args.workloads}
+        print(f"device={device} model={args.model} threads={torch.get_num_threads()} steps={args.steps}")
+        print("| batch | workload | jump-forward | output tok/s | vs free | step ms | mask fill µs/step | sampler µs/step | forward ms/step |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        return [row for batch in batches for row in measure_batch(hf, tokenizer, compiled, args, batch)]
+    finally:
+        compiler.close()
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ identical and every output is valid JSON of its schema.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import random
@@ -38,6 +39,7 @@ from server.engine.engine import Engine  # noqa: E402
 from server.engine.model import ModelRunner, load_hf_model, resolve_dtype  # noqa: E402
 from server.engine.sequence import GenerationRequest  # noqa: E402
 from server.model_loader import default_model_dir, load_tokenizer  # noqa: E402
+from server.state import resolve_quantization  # noqa: E402
 
 FIRST = ["Maria", "James", "Aiko", "Lucas", "Fatima", "Oliver", "Chen", "Sofia", "Ivan", "Amara", "Diego", "Hannah"]
 LAST = ["Okafor", "Lindqvist", "Tanaka", "Moreau", "Haddad", "Kowalski", "Ferreira", "Novak", "Brennan", "Sato"]
@@ -239,6 +241,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--quantization", default="none", choices=["none", "int4", "int8"],
+                        help="the linear layers' weights (--quantization of the server)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     parser.add_argument("--show", action="store_true", help="print every answer (speculation auto)")
@@ -250,8 +254,9 @@ def main(argv: list[str] | None = None) -> dict:
     compiled = {kind: compiler.compile(ConstraintSpec("json_schema", schema))
                 for kind, schema in (("invoice", INVOICE), ("ticket", TICKET), ("product", PRODUCT),
                                      ("tool_call", TOOL_CALL))}
-    print(f"device={device} threads={torch.get_num_threads()} greedy, json_schema + jump-forward, "
-          f"max_tokens={args.max_tokens}")
+    quantization = resolve_quantization(args.quantization, device, hand_written=True)
+    print(f"device={device} threads={torch.get_num_threads()} quantization={quantization} greedy, json_schema + "
+          f"jump-forward, max_tokens={args.max_tokens}")
     print("| workload | clients | docs | prompt tokens (mean) | tok/s off | tok/s auto | speed-up | TPOT ms off | "
           "TPOT ms auto | TPOT speed-up | steps off / auto | forced | drafts kept (of fed) | identical | valid JSON |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -263,7 +268,8 @@ def main(argv: list[str] | None = None) -> dict:
                 docs = documents(workload, count, args.seed + clients)
                 prompts = [render(tokenizer, doc) for doc in docs]
                 max_len = max(len(p) for p in prompts) + args.max_tokens + 8
-                runner = ModelRunner.for_sequences(hf, clients, max_len)
+                model = copy.deepcopy(hf) if quantization != "none" else hf  # quantizing re-points its modules
+                runner = ModelRunner.for_sequences(model, clients, max_len, quantization=quantization)
                 off, auto = (run(runner, tokenizer, compiled, prompts, docs, clients=clients, speculation=flag,
                                  max_tokens=args.max_tokens, max_len=max_len) for flag in (False, True))
                 row = summarise(workload, clients, prompts, off, auto, valid_outputs(tokenizer, auto.outputs, docs)

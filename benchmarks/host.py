@@ -15,6 +15,7 @@ measured side by side.
 
     python benchmarks/host.py                              # batch 1 64 256, D = 5 ms
     python benchmarks/host.py --batch 64 --device-ms 5 --baseline 4c32671
+    python benchmarks/host.py --smoke                      # batch 1 and 4, D = 1 ms, 4 steps: checks it runs
 """
 
 from __future__ import annotations
@@ -293,7 +294,12 @@ def print_table(label: str, rows: list[Measured]) -> None:
               f"{r.ms_per_token:.3f} |")
 
 
+# --smoke: sizes for a run of seconds that checks the script works end to end (tests run it)
+SMOKE = {"batch": [1, 4], "device_ms": 1.0, "steps": 4, "warmup": 2}
+
+
 def main(argv: list[str] | None = None) -> list[Measured]:
+    """Run the benchmark; returns this tree's rows (overlap as asked) as printed."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 64, 256])
     parser.add_argument("--device-ms", type=float, default=5.0, help="emulated device time per forward (D)")
@@ -305,9 +311,13 @@ def main(argv: list[str] | None = None) -> list[Measured]:
     parser.add_argument("--overlap", choices=["default", "on", "off"], default="on",
                         help="this tree's engine loop: overlapped (on) or synchronous (off)")
     parser.add_argument("--baseline", metavar="REV", help="also measure the engine at git revision REV")
+    parser.add_argument("--smoke", action="store_true", help="batch 1 and 4, D = 1 ms, 4 steps: checks it runs")
     parser.add_argument("--engine-root", help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.smoke:  # the smoke sizes are defaults: flags given still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args(argv)
     if args.json:
         rows = run_here(args)
         print(json.dumps([{**r.__dict__} for r in rows]))

@@ -2,6 +2,7 @@
 
     python benchmarks/load.py --base-url http://127.0.0.1:8000 --clients 200 --duration 60 \\
         --disconnect-fraction 0.1 --structured-fraction 0.5 [--max-tokens 64] [--warmup 20] [--pid PID]
+    python benchmarks/load.py --smoke --base-url http://127.0.0.1:8000   # 4 clients for 3 s: checks it runs
 
 Each client sends streamed chat requests back to back until ``--duration`` is over, then finishes
 the one in flight. Per request it decides (seeded) whether to ask for a small JSON object through
@@ -355,7 +356,13 @@ async def main_async(args) -> int:
     return 1 if failed else 0
 
 
-def parse_args(argv=None):
+# --smoke: sizes for a run of seconds that checks the script works end to end (tests run it)
+# (32 tokens: the tiny model's structured outputs finish, so their validation is exercised)
+SMOKE = {"clients": 4, "duration": 3.0, "max_tokens": 32, "warmup": 0.0, "settle": 10.0}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (``--base-url`` must be loopback); ``--smoke`` shrinks the soak to seconds."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base-url", default="http://127.0.0.1:8000", help="server on loopback")
@@ -375,7 +382,12 @@ def parse_args(argv=None):
                         help="seconds of the same load before memory is first read (0 = none)")
     parser.add_argument("--pid", type=int, default=None, help="server process id, to read its memory from /proc")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--smoke", action="store_true",
+                        help="4 clients for 3 s, 32 tokens, no warm-up, 10 s to settle: checks it runs")
     args = parser.parse_args(argv)
+    if args.smoke:  # the smoke sizes are defaults: flags given still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args(argv)
     host = urlsplit(args.base_url).hostname
     if host not in LOOPBACK:
         parser.error(f"--base-url must be a loopback address ({', '.join(sorted(LOOPBACK))}), got {host!r}")
@@ -387,7 +399,8 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Run the soak and print its table; returns the exit status (1: invalid output or not settled)."""
     return asyncio.run(main_async(parse_args(argv)))
 
 

@@ -5,6 +5,7 @@ Adapters are random peft LoRAs (all seven projections) built for the model at st
 from the test extra). Prints the median step time per workload (over interleaved rounds) and its ratio to the base-only step.
 
     python benchmarks/lora_bench.py --batch 8 --rank 16 --adapters 3
+    python benchmarks/lora_bench.py --smoke --model DIR   # batch 2, rank 4, one step: checks it runs
 """
 
 from __future__ import annotations
@@ -45,24 +46,45 @@ def step_ms(runner: ModelRunner, batch: int, adapters: list[int], steps: int) ->
     return statistics.median(times)
 
 
-def main() -> None:
+# --smoke: sizes for a run of seconds that checks the script works end to end (tests run it)
+SMOKE = {"batch": 2, "rank": 4, "adapters": 2, "steps": 1, "rounds": 1}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line; ``--smoke`` takes batch 2, rank 4, 2 adapters, one step in one round."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="default", help="'default' (SmolLM2-135M) or a local HF directory")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--adapters", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0)
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    directory = default_model_dir()
+    parser.add_argument("--smoke", action="store_true", help="batch 2, rank 4, 2 adapters, 1 step: checks it runs")
+    args = parser.parse_args(argv)
+    if args.smoke:  # the smoke sizes are defaults: flags given still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args(argv)
+    return args
+
+
+def build_runner(directory: Path, args: argparse.Namespace, device: torch.device) -> ModelRunner:
+    """The model with ``args.adapters`` random LoRA adapters in its bank."""
     hf = load_hf_model(directory, resolve_dtype("auto", device), device)
     with tempfile.TemporaryDirectory() as tmp:
         paths = [make_adapter(directory, Path(tmp) / f"a{i}", seed=i, rank=args.rank) for i in range(args.adapters)]
         bank = LoraBank([load_adapter(f"a{i}", path, hf) for i, path in enumerate(paths)])
-    runner = ModelRunner.for_sequences(hf, args.batch, 256, lora=bank)
+    return ModelRunner.for_sequences(hf, args.batch, 256, lora=bank)
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    """Time every workload; returns the median step ms per workload as printed."""
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    directory = default_model_dir() if args.model == "default" else Path(args.model)
+    runner = build_runner(directory, args, device)
     workloads = {
         "base only": [0] * args.batch,
         "one adapter": [1] * args.batch,
@@ -77,6 +99,7 @@ def main() -> None:
     print(f"| batch | rank | workload | step ms | vs base |\n|---|---|---|---|---|")
     for name, ms in results.items():
         print(f"| {args.batch} | {args.rank} | {name} | {ms:.2f} | {ms / base:.2f}x |")
+    return results
 
 
 if __name__ == "__main__":

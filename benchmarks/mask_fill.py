@@ -11,6 +11,7 @@ on one thread, and batch_fill on N threads (``--threads``, default min(rows, cor
 Schemas: a few realistic built-in ones, or valid instances from MaskBench with ``--data``.
 
     python benchmarks/mask_fill.py [--data ../shared/data/maskbench] [--rows 1,8,64] [--steps 40]
+    python benchmarks/mask_fill.py --smoke             # two built-in schemas, 1 and 4 rows, 3 steps
 """
 
 from __future__ import annotations
@@ -240,41 +241,68 @@ def measure(compiled: list[tuple[Any, list[int]]], rows: int, steps: int, thread
     return {name: 1e3 * total / steps for name, total in totals.items()}
 
 
-def main() -> None:
+# --smoke: sizes for a run of seconds that checks the script works end to end (tests run it)
+SMOKE = {"schemas": 2, "rows": "1,4", "steps": 3}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line; ``--smoke`` takes two built-in schemas, 1 and 4 rows and 3 steps."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, help="MaskBench directory (default: built-in schemas)")
-    ap.add_argument("--schemas", type=int, default=16, help="schemas taken from --data")
+    ap.add_argument("--schemas", type=int, default=16, help="schemas taken from --data (or the built-in ones)")
     ap.add_argument("--rows", default="1,8,64")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--threads", type=int, default=0, help="--mask-fill-threads for batch_fill (0: min(rows, cores))")
     ap.add_argument("--backends", default="xgrammar,llguidance")
-    args = ap.parse_args()
+    ap.add_argument("--tokenizer", type=Path, default=None,
+                    help="folder with the tokenizer files (default: the default model's)")
+    ap.add_argument("--smoke", action="store_true", help="2 built-in schemas, 1 and 4 rows, 3 steps: checks it runs")
+    args = ap.parse_args(argv)
+    if args.smoke:  # the smoke sizes are defaults: flags given still win
+        ap.set_defaults(**SMOKE)
+        args = ap.parse_args(argv)
+    return args
 
+
+def measure_backend(ctx: TokenizerContext, backend: str, cases: list, row_counts: list[int],
+                    args: argparse.Namespace) -> list[dict]:
+    """Compile the cases on one backend, then measure (and print) each row count."""
+    started = time.perf_counter()
+    compiled = compile_cases(ctx, backend, cases)
+    print(f"{backend}: {len(compiled)} of {len(cases)} schemas compiled and walked in "
+          f"{time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    if not compiled:
+        print(f"| {backend} | no schema compiled |")
+        return []
+    out = []
+    for rows in row_counts:
+        threads = args.threads or default_threads(rows)
+        result = measure(compiled, rows, args.steps, threads)
+        before, base, one, many = (result[k] for k in ("before", "row by row", "batch API 1t", "batched"))
+        out.append({"backend": backend, "rows": rows, "schemas": len(compiled), "ms": result,
+                    "threads": fill_threads(rows, threads)})
+        print(f"| {backend} | {rows} | {len(compiled)} | {before:.3f} | {base:.3f} | {one:.3f} | {many:.3f} | "
+              f"{fill_threads(rows, threads)} | {base / many:.2f}x | {before / many:.2f}x |", flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Measure every backend at every row count; returns one row each (ms per step per way) as printed."""
+    args = parse_args(argv)
     from server.model_loader import default_model_dir, load_tokenizer
 
-    tok = load_tokenizer(default_model_dir())
+    tok = load_tokenizer(args.tokenizer or default_model_dir())
     ctx = TokenizerContext(tok, VOCAB, len(tok), (tok.eos_token_id,), "mask-fill-bench")
-    cases = maskbench_cases(args.data, args.schemas) if args.data else BUILT_IN
+    cases = maskbench_cases(args.data, args.schemas) if args.data else BUILT_IN[: args.schemas]
     row_counts = [int(r) for r in args.rows.split(",")]
     print(f"{os.cpu_count()} cores; {len(cases)} schemas ({'MaskBench' if args.data else 'built-in'}); "
           f"{args.steps} steps; ms per step (mean); N = threads the batched fill used\n")
     print("| backend | rows | schemas | engine before | row by row | batch API, 1 thread | batch_fill, N threads | N "
           "| N threads vs row by row | N threads vs before |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for backend in args.backends.split(","):
-        started = time.perf_counter()
-        compiled = compile_cases(ctx, backend, cases)
-        print(f"{backend}: {len(compiled)} of {len(cases)} schemas compiled and walked in "
-              f"{time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
-        if not compiled:
-            print(f"| {backend} | no schema compiled |")
-            continue
-        for rows in row_counts:
-            threads = args.threads or default_threads(rows)
-            result = measure(compiled, rows, args.steps, threads)
-            before, base, one, many = (result[k] for k in ("before", "row by row", "batch API 1t", "batched"))
-            print(f"| {backend} | {rows} | {len(compiled)} | {before:.3f} | {base:.3f} | {one:.3f} | {many:.3f} | "
-                  f"{fill_threads(rows, threads)} | {base / many:.2f}x | {before / many:.2f}x |", flush=True)
+    backends = args.backends.split(",")
+    return [row for backend in backends for row in measure_backend(ctx, backend, cases, row_counts, args)]
+
 
 if __name__ == "__main__":
     main()

@@ -9,6 +9,7 @@ ratio to the baseline.
 
     python benchmarks/prediction.py                    # default model on this machine's device
     python benchmarks/prediction.py --tokens 256 --batch 4
+    python benchmarks/prediction.py --smoke            # 16 tokens: checks it runs
 """
 
 from __future__ import annotations
@@ -54,16 +55,37 @@ def run(engine: Engine, prompts: list[list[int]], max_tokens: int, prediction: l
     return outputs, time.perf_counter() - started, last, engine.stats.steps - steps_before
 
 
-def main() -> None:
+# --smoke: sizes for a run of seconds that checks the script works end to end (tests run it)
+SMOKE = {"tokens": 16}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line; ``--smoke`` generates 16 tokens per sequence."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="default", help="'default' (SmolLM2-135M) or a local HF directory")
     parser.add_argument("--tokens", type=int, default=128, help="output tokens per sequence")
     parser.add_argument("--batch", type=int, default=1, help="sequences generated together")
     parser.add_argument("--max-draft", type=int, default=32, help="draft tokens verified per step")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="16 output tokens per sequence: checks it runs")
+    args = parser.parse_args(argv)
+    if args.smoke:  # the smoke sizes are defaults: flags given still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args(argv)
+    return args
 
+
+def edited(text: str) -> str:
+    """``text`` with a span in its middle replaced (the prediction verification rejects, then re-aligns after)."""
+    middle = len(text) // 2
+    return text[:middle] + " EDITED SPAN HERE " + text[middle + 20 :]
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Run without a prediction, then with the correct and the edited one; returns the rows as printed."""
+    args = parse_args(argv)
     device = torch.device(args.device)
-    directory = default_model_dir(show_progress=False)
+    directory = default_model_dir(show_progress=False) if args.model == "default" else Path(args.model)
     tokenizer = load_tokenizer(directory)
     hf = load_hf_model(directory, resolve_dtype("auto", device), device)
     engine = Engine(ModelRunner.for_sequences(hf, args.batch, 2048), tokenizer, max_batch_size=args.batch,
@@ -75,23 +97,26 @@ def main() -> None:
     run(engine, prompts, 8, None)  # warm-up
     baseline, base_s, _, base_steps = run(engine, prompts, args.tokens, None)
     text = tokenizer.decode(baseline[0])
-    middle = len(text) // 2
-    edited_text = text[:middle] + " EDITED SPAN HERE " + text[middle + 20 :]
     cases = {
-        "none": None,
         "correct": tokenizer.encode(text, add_special_tokens=False),
-        "edited": tokenizer.encode(edited_text, add_special_tokens=False),
+        "edited": tokenizer.encode(edited(text), add_special_tokens=False),
     }
     total = args.tokens * args.batch
+    rows = [{"prediction": "none", "tok_s": total / base_s, "steps": base_steps, "accepted": 0, "rejected": 0,
+             "speedup": 1.0, "same": None}]
     print(f"device={device} batch={args.batch} tokens/seq={args.tokens} max_draft={args.max_draft}")
     print(f"{'prediction':<10} {'tok/s':>9} {'steps':>6} {'accepted':>9} {'rejected':>9} {'speedup':>8} same")
     print(f"{'none':<10} {total / base_s:>9.1f} {base_steps:>6} {0:>9} {0:>9} {1.0:>8.2f} -")
-    for name, prediction in list(cases.items())[1:]:
+    for name, prediction in cases.items():
         outputs, seconds, last, steps = run(engine, prompts, args.tokens, prediction)
-        accepted = sum(d.accepted_prediction_tokens for d in last)
-        rejected = sum(d.rejected_prediction_tokens for d in last)
-        print(f"{name:<10} {total / seconds:>9.1f} {steps:>6} {accepted:>9} {rejected:>9} "
-              f"{base_s / seconds:>8.2f} {outputs == baseline}")
+        row = {"prediction": name, "tok_s": total / seconds, "steps": steps,
+               "accepted": sum(d.accepted_prediction_tokens for d in last),
+               "rejected": sum(d.rejected_prediction_tokens for d in last), "speedup": base_s / seconds,
+               "same": outputs == baseline}
+        rows.append(row)
+        print(f"{name:<10} {row['tok_s']:>9.1f} {steps:>6} {row['accepted']:>9} {row['rejected']:>9} "
+              f"{row['speedup']:>8.2f} {row['same']}")
+    return rows
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ For each MaskBench schema of the slice whose rewrite changes it: build both gram
 walk every valid instance both ways timing each mask. Prints medians / p99 and the ratios.
 
     python benchmarks/property_order.py --subset Glaiveai2K --limit 300
+    python benchmarks/property_order.py --smoke        # 30 Glaiveai2K schemas, built once each way
 """
 
 from __future__ import annotations
@@ -29,13 +30,44 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
-def main(argv: list[str] | None = None) -> int:
+# --smoke: sizes for a run of seconds that checks the script works end to end (tests run it)
+SMOKE = {"subset": "Glaiveai2K", "limit": 30, "repeat": 1}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line; ``--smoke`` takes 30 Glaiveai2K schemas, each form built once."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "maskbench")
     ap.add_argument("--subset", default=None, help="comma-separated subsets (default: all)")
     ap.add_argument("--limit", type=int, default=300)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--tokenizer", type=Path, default=None,
+                    help="folder with the tokenizer files (default: the default model's)")
+    ap.add_argument("--smoke", action="store_true", help="30 Glaiveai2K schemas, built once: checks it runs")
     args = ap.parse_args(argv)
+    if args.smoke:  # the smoke sizes are defaults: flags given still win
+        ap.set_defaults(**SMOKE)
+        args = ap.parse_args(argv)
+    return args
+
+
+def print_table(result: dict) -> None:
+    """The markdown table of :func:`main`'s result."""
+    compile_s, mask_s, passed, walked = result["compile_s"], result["mask_s"], result["accepted"], result["walked"]
+    print(f"{result['changed']} of {result['schemas']} schemas rewritten; {walked} valid instances walked")
+    print("| form | compile p50 ms | compile p99 ms | mask p50 µs | mask p99 µs | valid instances accepted |")
+    print("|---|---|---|---|---|---|")
+    for name in ("declared", "any"):
+        print(f"| {name} order | {_pct(compile_s[name], .5) * 1e3:.2f} | {_pct(compile_s[name], .99) * 1e3:.1f} | "
+              f"{_pct(mask_s[name], .5) * 1e6:.1f} | {_pct(mask_s[name], .99) * 1e6:.0f} | {passed[name]} / {walked} |")
+    if compile_s["declared"]:
+        print(f"ratio any/declared: compile p50 {statistics.median(compile_s['any']) / statistics.median(compile_s['declared']):.2f}x, "
+              f"mask p50 {statistics.median(mask_s['any']) / statistics.median(mask_s['declared']):.2f}x")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Measure both forms of every rewritten schema; returns the samples (seconds) and counts as printed."""
+    args = parse_args(argv)
 
     import llguidance
     import llguidance.hf
@@ -49,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     from maskbench import load_rows
     from server.model_loader import default_model_dir, load_tokenizer
 
-    tok = load_tokenizer(default_model_dir())
+    tok = load_tokenizer(args.tokenizer or default_model_dir())
     lltok = llguidance.hf.from_tokenizer(tok, n_vocab=49152)
     opts = json_options(ConstraintSpec("json_schema", {}))
     mask = torch.zeros((49152 + 31) // 32, dtype=torch.int32)
@@ -102,17 +134,11 @@ def main(argv: list[str] | None = None) -> int:
             ids = tok.encode(json.dumps(test["data"]), add_special_tokens=False)
             for name, schema in (("declared", declared), ("any", anyway)):
                 passed[name] += walk(build(schema), ids, mask_s[name])
-    print(f"{changed} of {len(rows)} schemas rewritten; {walked} valid instances walked")
-    print("| form | compile p50 ms | compile p99 ms | mask p50 µs | mask p99 µs | valid instances accepted |")
-    print("|---|---|---|---|---|---|")
-    for name in ("declared", "any"):
-        print(f"| {name} order | {_pct(compile_s[name], .5) * 1e3:.2f} | {_pct(compile_s[name], .99) * 1e3:.1f} | "
-              f"{_pct(mask_s[name], .5) * 1e6:.1f} | {_pct(mask_s[name], .99) * 1e6:.0f} | {passed[name]} / {walked} |")
-    if compile_s["declared"]:
-        print(f"ratio any/declared: compile p50 {statistics.median(compile_s['any']) / statistics.median(compile_s['declared']):.2f}x, "
-              f"mask p50 {statistics.median(mask_s['any']) / statistics.median(mask_s['declared']):.2f}x")
-    return 0
+    result = {"schemas": len(rows), "changed": changed, "walked": walked, "accepted": passed,
+              "compile_s": compile_s, "mask_s": mask_s}
+    print_table(result)
+    return result
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

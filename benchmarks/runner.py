@@ -2,16 +2,18 @@
 
 ``TransformersRunner`` (server/engine/hf_runner.py: the model's own transformers layers, attention
 through :mod:`kernels.paged_attention` over a paged cache) against ``ModelRunner``
-(server/engine/model.py: a hand-written Llama forward over a slot cache), on the same weights in
-one process. For each batch size both runners prefill the same prompts, then greedy-decode; the
-timed decode steps alternate between the runners in short rounds so that both see the same
-machine load. Forward only (no sampler, no engine): prints decode tok/s, ms per step, the ratio,
-and for the paged runner the part of each step spent in ``write_kv`` + ``paged_attention`` (the
-kernel contract, timed around the calls; on CUDA this column needs the device synchronised, so it
-is left out there) to tell transformers' own overhead from the attention kernel's.
+(server/engine/model.py: a hand-written Llama forward over the same kind of paged cache), on the
+same weights in one process. For each batch size both runners prefill the same prompts, then
+greedy-decode; the timed decode steps alternate between the runners in short rounds so that both
+see the same machine load. Forward only (no sampler, no engine): prints decode tok/s, ms per step,
+the ratio, and for the transformers runner the part of each step spent in ``write_kv`` +
+``paged_attention`` (the kernel contract, timed around the calls; on CUDA this column needs the
+device synchronised, so it is left out there) to tell transformers' own overhead from the
+attention kernel's.
 
     python benchmarks/runner.py                       # SmolLM2-135M (the default model), batch 1 and 16
     python benchmarks/runner.py --batch 1 8 32 --steps 64 --prompt 256
+    python benchmarks/runner.py --smoke --model DIR   # batch 2, a few steps: checks the script runs
 """
 
 from __future__ import annotations
@@ -28,19 +30,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from server.engine import hf_runner  # noqa: E402
-from server.engine import model as slot_model  # noqa: E402
+from server.engine.model import ModelRunner, load_hf_model, resolve_dtype  # noqa: E402
 from server.engine.hf_runner import TransformersRunner, load_model  # noqa: E402
 from server.engine.step_batch import StepBatch  # noqa: E402
 from server.model_loader import default_model_dir  # noqa: E402
 
 
 class PagedDriver:
-    """Greedy decoding of ``batch`` sequences on a TransformersRunner, each in its own blocks."""
+    """Greedy decoding of ``batch`` sequences on a paged runner, each in its own blocks (block 0
+    is left out: the engine reserves it for padded rows)."""
 
-    def __init__(self, runner: TransformersRunner, prompts: list[list[int]], capacity: int) -> None:
+    def __init__(self, runner, prompts: list[list[int]], capacity: int) -> None:
         self.runner = runner
         per_seq = -(-capacity // runner.block_size)
-        self.tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(len(prompts))]
+        self.tables = [list(range(1 + i * per_seq, 1 + (i + 1) * per_seq)) for i in range(len(prompts))]
         self.lengths = [len(p) for p in prompts]
         self.next = self._run([(table, prompt, 0) for table, prompt in zip(self.tables, prompts)])
 
@@ -49,26 +52,9 @@ class PagedDriver:
         return logits.argmax(-1).tolist()
 
     def step(self) -> None:
+        """One greedy decode step of every sequence."""
         rows = [(table, [token], length) for table, token, length in zip(self.tables, self.next, self.lengths)]
         self.next = self._run(rows)
-        self.lengths = [length + 1 for length in self.lengths]
-
-
-class SlotDriver:
-    """The same on the hand-written ModelRunner (slot i holds sequence i)."""
-
-    def __init__(self, runner, prompts: list[list[int]]) -> None:
-        self.runner = runner
-        self.lengths = [len(p) for p in prompts]
-        self.next = []
-        for slot, prompt in enumerate(prompts):  # the old runner prefills a slot per call
-            batch = slot_model.StepBatch.build([(slot, prompt, 0)], slot + 1, runner.device)
-            self.next.append(int(runner.forward(batch)[0].argmax()))
-
-    def step(self) -> None:
-        rows = [(slot, [token], length) for slot, (token, length) in enumerate(zip(self.next, self.lengths))]
-        batch = slot_model.StepBatch.build(rows, len(rows), self.runner.device)
-        self.next = self.runner.forward(batch).argmax(-1).tolist()
         self.lengths = [length + 1 for length in self.lengths]
 
 
@@ -112,7 +98,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def main() -> None:
+HAND_WRITTEN, TRANSFORMERS = "hand-written (model.py)", "transformers + paged"
+
+
+# --smoke: sizes for a run of seconds that checks the script works end to end (tests run it)
+SMOKE = {"batch": [2], "prompt": 16, "steps": 2, "warmup": 1}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line; ``--smoke`` shrinks every size to a run of seconds."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="default", help="'default' (SmolLM2-135M) or a local HF directory")
     parser.add_argument("--device", default="auto")
@@ -123,14 +117,33 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="batch 2, 16-token prompts, 2 steps: checks it runs")
+    args = parser.parse_args(argv)
+    if args.smoke:  # the smoke sizes are defaults: flags given still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args(argv)
+    return args
+
+
+def build_drivers(slot_hf, paged_hf, prompts: list[list[int]], capacity: int, block_size: int) -> dict:
+    """Both runners over caches of the same size, each already past its prefill."""
+    blocks = 1 + len(prompts) * -(-capacity // block_size)
+    return {
+        HAND_WRITTEN: PagedDriver(ModelRunner(slot_hf, blocks, block_size), prompts, capacity),
+        TRANSFORMERS: PagedDriver(TransformersRunner(paged_hf, blocks, block_size), prompts, capacity),
+    }
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Run the comparison; returns one row per (batch, runner) as printed."""
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
-    dtype = slot_model.resolve_dtype(args.dtype, device)
+    dtype = resolve_dtype(args.dtype, device)
     directory = default_model_dir() if args.model == "default" else Path(args.model)
-    slot_hf = slot_model.load_hf_model(directory, dtype, device)
+    slot_hf = load_hf_model(directory, dtype, device)
     paged_hf = load_model(directory, dtype, device)
     vocab = slot_hf.config.vocab_size
     capacity = args.prompt + args.warmup + args.steps + 1
@@ -139,24 +152,26 @@ def main() -> None:
     clock = AttentionClock() if device.type == "cpu" else None
     print("| batch | runner | decode tok/s | ms/step | vs hand-written | attention ms/step |")
     print("|---|---|---|---|---|---|")
+    results = []
     for batch in args.batch:
         generator = torch.Generator().manual_seed(batch)
         prompts = [torch.randint(10, vocab, (args.prompt,), generator=generator).tolist() for _ in range(batch)]
-        blocks = batch * -(-capacity // args.block_size)
-        drivers = {
-            "hand-written (model.py)": SlotDriver(slot_model.ModelRunner(slot_hf, batch, capacity + 1), prompts),
-            "transformers + paged": PagedDriver(TransformersRunner(paged_hf, blocks, args.block_size), prompts,
-                                                capacity),
-        }
+        drivers = build_drivers(slot_hf, paged_hf, prompts, capacity, args.block_size)
         timed_rounds(drivers, args.warmup, args.warmup, device)
         if clock:
             clock.seconds = 0.0
         spent = timed_rounds(drivers, args.steps, 4, device)
-        base = spent["hand-written (model.py)"]
+        base = spent[HAND_WRITTEN]
         for name, seconds in spent.items():
-            attention = f"{1000 * clock.seconds / args.steps:.2f}" if clock and name.startswith("transformers") else "-"
-            print(f"| {batch} | {name} | {batch * args.steps / seconds:.1f} | {1000 * seconds / args.steps:.2f} | "
-                  f"{base / seconds:.2f}x | {attention} |", flush=True)
+            attention_ms = 1000 * clock.seconds / args.steps if clock and name == TRANSFORMERS else None
+            row = {"batch": batch, "runner": name, "tok_s": batch * args.steps / seconds,
+                   "ms_per_step": 1000 * seconds / args.steps, "vs_hand_written": base / seconds,
+                   "attention_ms": attention_ms}
+            results.append(row)
+            attention = "-" if attention_ms is None else f"{attention_ms:.2f}"
+            print(f"| {batch} | {name} | {row['tok_s']:.1f} | {row['ms_per_step']:.2f} | "
+                  f"{row['vs_hand_written']:.2f}x | {attention} |", flush=True)
+    return results
 
 
 if __name__ == "__main__":

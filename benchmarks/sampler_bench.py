@@ -1,10 +1,12 @@
 """Sampler pass and bitmask-apply timings on the current device.
 
 Usage: python benchmarks/sampler_bench.py [--vocab 49152] [--iters 20] [--device cuda|cpu] [--threads N]
+       [--batches 1 8 32 64] [--smoke]
 
-For B in (1, 8, 32, 64): one ``Sampler.sample`` pass (seeded temperature sampling) with
+For B in ``--batches`` (default 1, 8, 32, 64): one ``Sampler.sample`` pass (seeded temperature sampling) with
 all rows free, one row bitmask-constrained, all rows constrained, and one DFA-constrained
 row; plus ``apply_token_bitmask_inplace`` on all rows, torch reference vs Triton (CUDA).
+``--smoke``: B in (1, 4), a 4096-token vocabulary, two timed calls (checks it runs).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class _OneStateDFA:
 
 
 def bench_sampler(batch: int, vocab: int, device: torch.device, iters: int) -> dict[str, float]:
+    """Median µs of one sampler pass per workload (free, greedy, constrained rows, a DFA row)."""
     sampler = Sampler(vocab, device)
     params = SamplingParams(temperature=0.8, seed=0)
     rows = [sampler.new_row(params, []) for _ in range(batch)]
@@ -83,6 +86,7 @@ def bench_sampler(batch: int, vocab: int, device: torch.device, iters: int) -> d
 
 
 def bench_mask(batch: int, vocab: int, device: torch.device, iters: int) -> dict[str, float]:
+    """Median µs of the bitmask apply on every row: torch reference, Triton where it runs (else nan)."""
     base = torch.randn(batch, vocab, device=device)
     work = base.clone()
     words = _random_words(batch, vocab, device)
@@ -94,24 +98,45 @@ def bench_mask(batch: int, vocab: int, device: torch.device, iters: int) -> dict
     return {"mask ref": ref, "mask triton": tri}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+COLUMNS = ["free", "greedy", "1 constr", "all constr", "1 DFA", "mask ref", "mask triton"]
+
+
+# --smoke: sizes for a run of seconds that checks the script works end to end (tests run it)
+SMOKE = {"batches": [1, 4], "vocab": 4096, "iters": 2}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line; ``--smoke`` takes B in (1, 4), a 4096-token vocabulary and two timed calls."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vocab", type=int, default=49152)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default); 1 is steadier on a shared machine")
-    args = ap.parse_args()
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
+    ap.add_argument("--smoke", action="store_true", help="B in (1, 4), V=4096, 2 timed calls: checks it runs")
+    args = ap.parse_args(argv)
+    if args.smoke:  # the smoke sizes are defaults: flags given still win
+        ap.set_defaults(**SMOKE)
+        args = ap.parse_args(argv)
+    return args
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Time every column at every batch size; returns one row per batch (µs per column) as printed."""
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     print(f"device: {name}  V={args.vocab}  median of {args.iters} iters, µs per call")
-    cols = ["free", "greedy", "1 constr", "all constr", "1 DFA", "mask ref", "mask triton"]
-    print(f"{'B':>4} " + " ".join(f"{c:>11}" for c in cols) + f" {'1c/free':>8} {'all/free':>8} {'ref/tri':>8}")
-    for batch in (1, 8, 32, 64):
+    print(f"{'B':>4} " + " ".join(f"{c:>11}" for c in COLUMNS) + f" {'1c/free':>8} {'all/free':>8} {'ref/tri':>8}")
+    rows = []
+    for batch in args.batches:
         r = bench_sampler(batch, args.vocab, device, args.iters) | bench_mask(batch, args.vocab, device, args.iters)
         ratios = (r["1 constr"] / r["free"], r["all constr"] / r["free"], r["mask ref"] / r["mask triton"])
-        print(f"{batch:>4} " + " ".join(f"{r[c]:>11.1f}" for c in cols) + " " + " ".join(f"{x:>8.2f}" for x in ratios))
+        rows.append({"batch": batch, **r})
+        print(f"{batch:>4} " + " ".join(f"{r[c]:>11.1f}" for c in COLUMNS) + " " + " ".join(f"{x:>8.2f}" for x in ratios))
+    return rows
 
 
 if __name__ == "__main__":

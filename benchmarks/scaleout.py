@@ -9,6 +9,7 @@ output tok/s, its ratio to the first row, and constraint compiles (cache misses 
     python benchmarks/scaleout.py --model /path/to/tiny-llama --replicas 1 2 4          # this machine
     python benchmarks/scaleout.py --ray-address auto --model /models/llama --gpus-per-replica 1 \\
         --replicas 1 2 4 8 --concurrency 64 --max-tokens 128                             # a GPU cluster
+    python benchmarks/scaleout.py --model /path/to/tiny-llama --smoke   # 1 replica, 2 requests: checks it runs
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ def compiles(base_url: str) -> int:
 
 
 def wait_running(replicas: int, timeout: float = 600) -> None:
+    """Until the app runs with ``replicas`` running engine replicas (RuntimeError after ``timeout`` s)."""
     from ray import serve
 
     from server.scaleout.launch import APP_NAME, REPLICA_DEPLOYMENT
@@ -90,7 +92,13 @@ def wait_running(replicas: int, timeout: float = 600) -> None:
     raise RuntimeError(f"{replicas} replicas did not come up")
 
 
-def main() -> None:
+# --smoke: sizes for a run of seconds that checks the script works end to end (tests run it)
+SMOKE = {"replicas": [1], "routings": ["cache"], "groups": 1, "per_group": 2, "concurrency": 2,
+         "max_tokens": 4}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line; ``--smoke`` takes one replica, one routing and 2 requests of 4 tokens."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="a local Hugging Face model directory (or 'default')")
     parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 4])
@@ -104,35 +112,54 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--max-batch-size", type=int, default=8)
     parser.add_argument("--port", type=int, default=8765)
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true",
+                        help="1 replica, 1 routing, 2 requests of 4 tokens: checks it runs")
+    args = parser.parse_args(argv)
+    if args.smoke:  # the smoke sizes are defaults: flags given still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args(argv)
+    return args
 
-    from server.scaleout.launch import deploy, shutdown, start_ray
+
+def measure_row(args: argparse.Namespace, index: int, replicas: int, routing: str) -> dict:
+    """Deploy ``replicas`` replicas with ``routing`` and run a fresh workload through them."""
+    from server.scaleout.launch import deploy
+
+    settings = Settings(
+        model=args.model, served_model_name="bench", max_batch_size=args.max_batch_size,
+        compile_workers=1, log_requests=False, port=args.port, ray=True, replicas=replicas,
+        ray_routing=routing, ray_address=args.ray_address, gpus_per_replica=args.gpus_per_replica,
+        cpus_per_replica=args.cpus_per_replica, drain_timeout=5,
+    )
+    base_url = deploy(settings)
+    wait_running(replicas)
+    before = compiles(base_url)
+    requests = workload(index, args.groups, args.per_group, seed=index)
+    tokens, seconds = asyncio.run(run_workload(base_url, "bench", requests, args.concurrency, args.max_tokens))
+    print(f"  {replicas} replica(s), {routing}: {tokens / seconds:.1f} tok/s", file=sys.stderr, flush=True)
+    return {"replicas": replicas, "routing": routing, "requests": len(requests), "tokens": tokens,
+            "tok_s": tokens / seconds, "compiles": compiles(base_url) - before}
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Measure every (replicas, routing) row; returns the rows as printed."""
+    args = parse_args(argv)
+    from server.scaleout.launch import shutdown, start_ray
 
     start_ray(Settings(ray_address=args.ray_address, replicas=max(args.replicas), cpus_per_replica=args.cpus_per_replica))
     rows = [(n, routing) for n in args.replicas for routing in args.routings if n > 1 or routing == args.routings[0]]
-    results = []
     try:
-        for index, (replicas, routing) in enumerate(rows):
-            settings = Settings(
-                model=args.model, served_model_name="bench", max_batch_size=args.max_batch_size,
-                compile_workers=1, log_requests=False, port=args.port, ray=True, replicas=replicas,
-                ray_routing=routing, ray_address=args.ray_address, gpus_per_replica=args.gpus_per_replica,
-                cpus_per_replica=args.cpus_per_replica, drain_timeout=5,
-            )
-            base_url = deploy(settings)
-            wait_running(replicas)
-            before = compiles(base_url)
-            requests = workload(index, args.groups, args.per_group, seed=index)
-            tokens, seconds = asyncio.run(run_workload(base_url, "bench", requests, args.concurrency, args.max_tokens))
-            results.append((replicas, routing, tokens / seconds, compiles(base_url) - before, len(requests)))
-            print(f"  {replicas} replica(s), {routing}: {tokens / seconds:.1f} tok/s", file=sys.stderr, flush=True)
+        results = [measure_row(args, index, replicas, routing) for index, (replicas, routing) in enumerate(rows)]
     finally:
         shutdown()
 
-    base = results[0][2]
+    base = results[0]["tok_s"]
     print(f"\n{'replicas':>8}  {'routing':<12} {'requests':>8} {'output tok/s':>12} {'vs first':>8} {'compiles':>8}")
-    for replicas, routing, rate, compiled, count in results:
-        print(f"{replicas:>8}  {routing:<12} {count:>8} {rate:>12.1f} {rate / base:>7.2f}x {compiled:>8}")
+    for r in results:
+        r["vs_first"] = r["tok_s"] / base
+        print(f"{r['replicas']:>8}  {r['routing']:<12} {r['requests']:>8} {r['tok_s']:>12.1f} "
+              f"{r['vs_first']:>7.2f}x {r['compiles']:>8}")
+    return results
 
 
 if __name__ == "__main__":

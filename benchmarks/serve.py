@@ -7,6 +7,7 @@ output-tokens/s ratio of every level to concurrency 1 (measured in the same run)
     python benchmarks/serve.py --base-url http://127.0.0.1:8000 --concurrency 1 4 16
     python benchmarks/serve.py --concurrency 16 --json-schema   # free and json_schema side by side
     python benchmarks/serve.py --concurrency 16 --speculation-ab  # free text, the engine's drafts off vs auto
+    python benchmarks/serve.py --smoke --json-schema  # concurrency 1 and 2, 2 requests of 8 tokens each
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ async def one_request(client: httpx.AsyncClient, model: str, prompt: str, max_to
 
 async def run_level(base_url: str, model: str, concurrency: int, requests: int, max_tokens: int,
                     extra: dict | None = None) -> dict:
+    """``requests`` streamed requests, ``concurrency`` in flight: throughput, TTFT and TPOT."""
     async with httpx.AsyncClient(base_url=base_url, timeout=600) as client:
         queue = list(range(requests))
         samples: list[Sample] = []
@@ -115,7 +117,12 @@ def _pct(values: list[float], pct: float) -> float:
     return values[index]
 
 
-def main() -> None:
+# --smoke: sizes for a run of seconds that checks the script works end to end (tests run it)
+SMOKE = {"concurrency": [1, 2], "requests_per_level": 2, "max_tokens": 8}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line; ``--smoke`` takes concurrency 1 and 2, 2 requests per level, 8 tokens each."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base-url", default="http://127.0.0.1:8000")
     parser.add_argument("--model", default=None, help="model id (default: the server's first model)")
@@ -127,8 +134,17 @@ def main() -> None:
     parser.add_argument("--speculation-ab", action="store_true",
                         help="run every level's free workload with the request field speculation off, then auto "
                              "(ratio of auto to off printed)")
-    args = parser.parse_args()
-    model = args.model or httpx.get(args.base_url + "/v1/models").json()["data"][0]["id"]
+    parser.add_argument("--smoke", action="store_true",
+                        help="concurrency 1 and 2, 2 requests per level, 8 tokens: checks it runs")
+    args = parser.parse_args(argv)
+    if args.smoke:  # the smoke sizes are defaults: flags given still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args(argv)
+    return args
+
+
+def measure_levels(args: argparse.Namespace, model: str) -> list[tuple[str, dict]]:
+    """(workload name, :func:`run_level` result) for every concurrency level and workload."""
     rows = []
     for level in args.concurrency:
         requests = args.requests_per_level or max(4, 2 * level)
@@ -141,6 +157,14 @@ def main() -> None:
         if args.json_schema:
             rows.append(("json_schema", asyncio.run(run_level(args.base_url, model, level, requests, args.max_tokens,
                                                               JSON_FORMAT))))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Load the server level by level; returns one row per (level, workload) as printed."""
+    args = parse_args(argv)
+    model = args.model or httpx.get(args.base_url + "/v1/models").json()["data"][0]["id"]
+    rows = measure_levels(args, model)
     base = rows[0][1]["tok_s"]
     free: dict[int, float] = {}
     for name, r in rows:  # each level's first free row (speculation off with --speculation-ab)
@@ -149,12 +173,16 @@ def main() -> None:
     print(f"model={model} max_tokens={args.max_tokens}")
     print("| concurrency | workload | requests | req/s | output tok/s | vs c=1 | vs free | TTFT p50 s | TTFT p95 s | TPOT ms |")
     print("|---|---|---|---|---|---|---|---|---|---|")
+    results = []
     for name, r in rows:
+        results.append({"workload": name, **r, "vs_c1": r["tok_s"] / base,
+                        "vs_free": r["tok_s"] / free[r["concurrency"]]})
         print(
             f"| {r['concurrency']} | {name} | {r['requests']} | {r['req_s']:.2f} | {r['tok_s']:.1f} | "
             f"{r['tok_s'] / base:.2f}x | {r['tok_s'] / free[r['concurrency']]:.2f}x | {r['ttft_p50']:.2f} | "
             f"{r['ttft_p95']:.2f} | {r['tpot_ms']:.1f} |"
         )
+    return results
 
 
 if __name__ == "__main__":

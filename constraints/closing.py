@@ -4,7 +4,8 @@ Two ways of finding a completion from a matcher's current state:
 
 * a token DFA (regex / choice) knows each state's exact distance to a final state: a
   backwards breadth-first search over its transitions, done once per compiled constraint;
-* any other matcher (llguidance, xgrammar) is walked greedily: at each step the allowed token
+* any other matcher (llguidance, xgrammar) is walked greedily: text the grammar forces is
+  taken as its canonical tokens, and elsewhere the allowed token
   that ranks first in a fixed per-tokenizer order (stop tokens, then tokens made only of closing
   brackets and quotes, then other punctuation, then the longest letters/digits, then the rest)
   is accepted, until a stop token is allowed; the walk is rolled back afterwards. The result is
@@ -83,6 +84,8 @@ def greedy_completion(matcher: "Matcher", limit: int) -> list[int] | None:
     mask = torch.zeros((1, (ctx.vocab_size + 31) // 32), dtype=torch.int32)
     try:
         for _ in range(min(limit, MAX_COMPLETION_TOKENS) + 1):
+            if _take_forced(matcher, walk.taken, limit):
+                continue
             token = walk.choose(mask)
             if token is None:
                 return None  # nothing allowed: a dead end (the matcher hit a limit)
@@ -94,6 +97,24 @@ def greedy_completion(matcher: "Matcher", limit: int) -> list[int] | None:
         return None
     finally:
         matcher.rollback(len(walk.taken))
+
+
+def _take_forced(matcher: "Matcher", taken: list[int], limit: int) -> bool:
+    """Accept the text the grammar forces here, tokenized canonically (no mask needed: a
+    closing's keys and punctuation are mostly forced); True when at least one token was taken."""
+    text = matcher.forced_text()
+    if not text:
+        return False
+    ctx = matcher.ctx
+    ids = ctx.encode(text)
+    if ctx.decode(ids) != text:
+        return False
+    before = len(taken)
+    for token in ids[: max(limit - before, 0)]:
+        if not matcher.accept_token(token):
+            break
+        taken.append(token)
+    return len(taken) > before
 
 
 def closing_token(matcher: "Matcher") -> int | None:

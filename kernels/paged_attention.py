@@ -42,6 +42,11 @@ class PagedAttentionMetadata:
     block_tables: torch.Tensor
     query_lens_host: list[int]
     context_lens_host: list[int]
+    # per row, how many of its first new tokens are prompt tokens; when given (torch path), each
+    # row's prompt part attends on its own, as it would with nothing after it, and every other
+    # query alone over exactly its visible keys: a token's output then depends on its context
+    # only, not on its row or the batch (for weights whose bf16 activations would magnify an ulp)
+    prompt_counts: tuple[int, ...] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -255,6 +260,8 @@ def paged_attention_torch(
     mask; each longer row (a prefill chunk) is one SDPA call with its own. Sinks ride along as
     an extra key; a softcap (which SDPA cannot apply) takes a masked float32 matmul instead.
     """
+    if meta.prompt_counts is not None:
+        return _attend_token_by_token(query, k_cache, v_cache, meta, scale, sliding_window, sinks, softcap)
     decode_rows = [r for r, q_len in enumerate(meta.query_lens_host) if q_len == 1]
     if len(decode_rows) == query.shape[0] == meta.num_rows:  # a decode-only step: no indexing
         return _attend_decode_rows(query, k_cache, v_cache, meta, slice(None), scale, sliding_window, sinks, softcap)
@@ -277,6 +284,40 @@ def paged_attention_torch(
         out[begin : begin + q_len] = _attend_one_row(
             query[begin : begin + q_len], k_cache, v_cache, meta, row, scale, sliding_window, sinks, softcap
         )
+    return out
+
+
+def _attend_token_by_token(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: PagedAttentionMetadata,
+    scale: float,
+    sliding_window: int | None,
+    sinks: torch.Tensor | None,
+    softcap: float | None,
+) -> torch.Tensor:
+    """The torch path with ``meta.prompt_counts``: each row's prompt part on its own (the keys
+    after it are not visible to it anyway), then each output query alone, as a lone decode row
+    of its context length would be."""
+    out = torch.empty_like(query)
+    starts = _query_starts(meta)
+    for row, prompt in enumerate(meta.prompt_counts):
+        q_len, ctx = meta.query_lens_host[row], meta.context_lens_host[row]
+        begin = starts[row]
+        if prompt:
+            out[begin : begin + prompt] = _attend_one_row(query[begin : begin + prompt], k_cache, v_cache, meta, row,
+                                                          scale, sliding_window, sinks, softcap,
+                                                          ctx=ctx - (q_len - prompt))
+        if prompt == q_len:
+            continue
+        keys = _gather_kv(k_cache, meta.block_tables, row, ctx, "k")  # [ctx, kv, d]
+        values = _gather_kv(v_cache, meta.block_tables, row, ctx, "v")
+        for j in range(prompt, q_len):
+            seen = ctx - q_len + 1 + j
+            low = max(0, seen - sliding_window) if sliding_window is not None else 0
+            q = query[begin + j].view(1, 1, *query.shape[1:])
+            out[begin + j] = _attend(q, keys[None, low:seen], values[None, low:seen], None, scale, sinks, softcap)[0, 0]
     return out
 
 
@@ -477,9 +518,11 @@ def _attend_one_row(
     sliding_window: int | None,
     sinks: torch.Tensor | None,
     softcap: float | None,
+    ctx: int | None = None,
 ) -> torch.Tensor:
-    """A multi-token row [q, h, d] over its context (plain causal when it is a whole prefill)."""
-    q_len, ctx = q.shape[0], meta.context_lens_host[row]
+    """A multi-token row [q, h, d] over its context (plain causal when it is a whole prefill);
+    ``ctx``: the context its last query sees, when the row goes on beyond these queries."""
+    q_len, ctx = q.shape[0], ctx if ctx is not None else meta.context_lens_host[row]
     keys = _gather_kv(k_cache, meta.block_tables, row, ctx, "k").unsqueeze(0)  # [1, ctx, kv, d]
     values = _gather_kv(v_cache, meta.block_tables, row, ctx, "v").unsqueeze(0)
     visible = None

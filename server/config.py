@@ -18,6 +18,7 @@ class Settings:
     max_batch_size: int = 16
     max_model_len: int = 2048
     dtype: str = "auto"
+    quantization: str = "none"
     device: str = "auto"
     enforce_eager: bool = False
     cpu_threads: int = 0
@@ -79,6 +80,7 @@ _HELP = {
     "max_batch_size": "most sequences decoded together in one step",
     "max_model_len": "context length: prompt + completion tokens per sequence",
     "dtype": "weights dtype: auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16",
+    "quantization": "weight-only quantization of the linear layers for the CPU's kernels (decode tokens; the prompt keeps the model's dtype): none (the weights as loaded, exact), int4 (groups of 32, as GGUF's Q4_1; the output layer int8), int8 (per row); CPU and the Llama-family forward only",
     "device": "auto (CUDA when available), cpu or cuda",
     "enforce_eager": "run every step eagerly: no CUDA graphs for decode steps (on|off)",
     "cpu_threads": "torch CPU threads for the forward (0 = torch's default: one per core)",
@@ -89,7 +91,7 @@ _HELP = {
     "enable_prefix_caching": "reuse the KV blocks of a prompt prefix seen before: shared system prompts, tools, re-sent conversations (on|off)",
     "jump_forward": "append tokens a constraint forces without sampling them (on|off)",
     "overlap": "overlapped engine loop: the next step's forward is launched before the host reads the sampled tokens (same output): auto (on with CUDA), on, off",
-    "speculation": "the engine's own drafts, verified in the batched step (same output): prompt lookup for every sequence, cut by its constraint, fed while the measured step cost says they pay: auto, off (a request may send speculation: off)",
+    "speculation": "the engine's own drafts, verified in the batched step (same output): prompt lookup for constrained sequences, composed with their grammar, fed while the measured step cost says they pay: auto, off (a request may send speculation: off)",
     "close_on_length": "constrained outputs close (parse and validate) before max_tokens ends, unless a request sets structured_outputs.close_on_length false (on|off)",
     "device_dfa": "regex/choice constraints as a device-resident DFA masked by a kernel: auto (on with CUDA), on, off",
     "mask_fill_threads": "threads filling the constraint masks of one step, in xgrammar's and llguidance's batched fills (0 = with CUDA one per masked row up to one per core, on the CPU 1)",
@@ -134,6 +136,7 @@ _HELP = {
 _LISTS = {"lora_modules"}  # flags that take several values and may be repeated
 _CHOICES = {
     "dtype": ["auto", "float32", "bfloat16", "float16"],
+    "quantization": ["none", "int4", "int8"],
     "device": ["auto", "cpu", "cuda"],
     "log_level": ["debug", "info", "warning", "error"],
     "device_dfa": ["auto", "on", "off"],

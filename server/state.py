@@ -16,7 +16,7 @@ from server.engine.model import ModelRunner, load_hf_model, resolve_dtype, runs_
 from server.generation import GenerationStream, GenerationTiming, TokenTexts, start_generation
 from server.metrics import Metrics
 from server.render import PromptRenderer
-from server.model_loader import ModelSource, load_lora_adapters, load_tokenizer, resolve_model
+from server.model_loader import ModelLoadError, ModelSource, load_lora_adapters, load_tokenizer, resolve_model
 
 log = logging.getLogger("trellis")
 
@@ -50,12 +50,12 @@ class ServerState:
 
     @property
     def system_fingerprint(self) -> str:
-        """Changes when the model, its dtype or the server version changes."""
+        """Changes when the model, its dtype, its quantization or the server version changes."""
         import hashlib
 
         from server import __version__
 
-        seed = f"{self.model_name}|{self.settings.dtype}|{self.vocab_size}|{__version__}"
+        seed = f"{self.model_name}|{self.settings.dtype}|{self.settings.quantization}|{self.vocab_size}|{__version__}"
         return "fp_" + hashlib.sha256(seed.encode()).hexdigest()[:10]
 
     def __post_init__(self) -> None:
@@ -156,15 +156,32 @@ def load_runner(settings: Settings, directory, dtype: torch.dtype, device: torch
 
     from server.engine import hf_runner
 
-    if runs_hand_written(AutoConfig.from_pretrained(directory)):
+    hand_written = runs_hand_written(AutoConfig.from_pretrained(directory))
+    quantization = resolve_quantization(settings.quantization, device, hand_written)
+    if hand_written:
         hf_model = load_hf_model(directory, dtype, device)
-        runner_class, shape = ModelRunner, ModelRunner.kv_shape(hf_model)
+        shape, options = ModelRunner.kv_shape(hf_model), {"quantization": quantization}
+        runner_class = ModelRunner
     else:
         hf_model = hf_runner.load_model(directory, dtype, device)
-        runner_class, shape = hf_runner.TransformersRunner, hf_runner.kv_shape(hf_model)
+        runner_class, shape, options = hf_runner.TransformersRunner, hf_runner.kv_shape(hf_model), {}
     lora = load_lora_adapters(settings.lora_modules, hf_model)
     blocks = kv_cache_blocks(settings, shape, dtype, device)
-    return runner_class(hf_model, num_blocks=blocks, block_size=settings.block_size, lora=lora), lora
+    return runner_class(hf_model, num_blocks=blocks, block_size=settings.block_size, lora=lora, **options), lora
+
+
+def resolve_quantization(name: str, device: torch.device, hand_written: bool) -> str:
+    """``--quantization``, checked: int4 or int8 run on the CPU with the hand-written forward
+    only; elsewhere they are refused (none is the default: int4 is twice as fast at decode here
+    but changes the default model's greedy answers, ``benchmarks/quantization.py``)."""
+    if name not in ("none", "int4", "int8"):
+        raise ModelLoadError(f"unknown --quantization {name!r} (choose none, int4 or int8)")
+    if name != "none" and device.type != "cpu":
+        raise ModelLoadError(f"--quantization {name} runs on the CPU; on {device.type} use --quantization none")
+    if name != "none" and not hand_written:
+        raise ModelLoadError(f"--quantization {name} needs the hand-written Llama-family forward, which this "
+                             "model's architecture does not use; use --quantization none")
+    return name
 
 
 def kv_cache_blocks(settings: Settings, shape: KVShape, dtype: torch.dtype, device: torch.device) -> int:

@@ -34,6 +34,7 @@ class DraftVerifier:
         self.max_draft_tokens = max_draft_tokens
         self.max_model_len = max_model_len
         self.policy = SpeculationPolicy()
+        self._proposing_s = 0.0  # host time this step's drafts took to propose (priced with verification)
 
     def wants_tokens_first(self, running: list[Sequence]) -> bool:
         """Some row may draft this step: its proposal continues from its last token, so the loop
@@ -54,7 +55,9 @@ class DraftVerifier:
             if not seq.draft.following_prediction and not self.policy.worth(seq.draft.acceptance, step_tokens):
                 seq.draft.priced_out()
                 continue
+            started = time.perf_counter()
             seq.verify = self._grammar_cut(seq, self._proposal(seq, self._room(seq, budget)))
+            self._proposing_s += time.perf_counter() - started
             if seq.verify and not self.scheduler.grow(seq, seq.cached_len + take + len(seq.verify)):
                 seq.verify = []  # no free block for the draft: plain decoding this step
             budget -= len(seq.verify)
@@ -105,8 +108,10 @@ class DraftVerifier:
         them): those equal to the draft's next tokens are already cached and kept too, and
         sampling resumes after them."""
         if not drafting:
+            self._proposing_s = 0.0
             return
-        started = time.perf_counter()
+        started = time.perf_counter() - self._proposing_s
+        self._proposing_s = 0.0
         fed = sum(len(seq.verify) for seq, _ in drafting)
         used = {id(seq): 0 for seq, _ in drafting}
         active = [(seq, mark, 0) for seq, mark in drafting]

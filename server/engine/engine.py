@@ -482,6 +482,16 @@ class Engine:
             self._deliver(seq)
             seq.row.release()
 
+    def _prompt_counts(self, rows, decode_rows, extend_plan) -> list[int] | None:
+        """Per row, how many of its new tokens are prompt tokens, for a quantized runner (which
+        routes them apart); scored choices are not."""
+        if getattr(self.runner, "quantized", None) is None:
+            return None
+        seqs = decode_rows + [seq for seq, _ in extend_plan]
+        counts = [max(0, min(len(new), len(seq.request.prompt_token_ids) - start))
+                  for seq, (_, new, start) in zip(seqs, rows, strict=False)]
+        return counts + [0] * (len(rows) - len(seqs))
+
     def _forward(self, decode_rows, extend_plan, scoring=()) -> torch.Tensor | None:
         """One model pass over every scheduled row; logits [R, V] for the rows that get a token
         this step (decode rows, then extensions whose pending tokens are all fed). Rows that
@@ -499,7 +509,8 @@ class Engine:
         adapters += [seq.request.adapter for seq, choices in scoring for _ in choices]
         batch = StepBatch.build(rows, self.runner.block_size, self.runner.device,
                                 logit_counts=counts if max(counts) > 1 else None, row_adapters=adapters,
-                                staging=self._step_staging)
+                                staging=self._step_staging, prompt_counts=self._prompt_counts(rows, decode_rows,
+                                                                                              extend_plan))
         self._gather_sampled(decode_rows, extend_plan, batch)
         if self.policy.enabled:  # the forward's device time, for the overlap policy
             self._forward_events = (device_event(self.runner, timing=True), device_event(self.runner, timing=True))

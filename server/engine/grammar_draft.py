@@ -20,20 +20,17 @@ matched against the draft's next tokens (:meth:`DraftVerifier.verify`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from constraints.closing import closing_token
+from server.engine.prompt_lookup import PromptLookup
 
 TAIL_TOKENS = 6  # output tokens whose text is matched against the prompt's
 MAX_KEY_CHARS, MIN_KEY_CHARS = 24, 2  # the longest suffix of that text found in the prompt, at least this long
 CHARS_PER_TOKEN = 8  # prompt text taken per wanted token (tokenized, then cut)
 
-Lookup = Callable[[list[int], int], list[int]]  # (draft so far, limit) -> copied continuation
 
-
-def compose_draft(matcher, lookup: Lookup, limit: int, copy_limit: int) -> list[int]:
+def compose_draft(matcher, lookup: PromptLookup, limit: int, copy_limit: int) -> list[int]:
     """Up to ``limit`` draft tokens from the matcher's state, at most ``copy_limit`` of them
-    copied by ``lookup``; the matcher's state is left unchanged."""
+    copied from the context ``lookup`` indexes; the matcher's state is left unchanged."""
     composer = _Composer(matcher)
     try:
         return composer.compose(lookup, limit, copy_limit)
@@ -50,7 +47,7 @@ class _Composer:
         self.draft: list[int] = []
         self.taken = 0
 
-    def compose(self, lookup: Lookup, limit: int, copy_limit: int) -> list[int]:
+    def compose(self, lookup: PromptLookup, limit: int, copy_limit: int) -> list[int]:
         copied = False
         while len(self.draft) < limit:
             if self._take(self._canonical(self.matcher.forced_text()), limit):
@@ -59,22 +56,19 @@ class _Composer:
                 break
             copied = True
             room = min(copy_limit, limit - len(self.draft))
-            span = lookup(self.draft, room + 1) or self._text_span(lookup, room + 1)
+            span = lookup.proposal_after(self.draft, room + 1) or self._text_span(lookup, room + 1)
             kept = self._take(span[:room], limit)
             if kept and kept < len(span) and not self._accepts(span[kept]):  # the value ends here
                 self._close(limit)
         return self.draft
 
-    def _text_span(self, lookup: Lookup, limit: int) -> list[int]:
+    def _text_span(self, lookup: PromptLookup, limit: int) -> list[int]:
         """The continuation of the output's text where the prompt's text has it, tokenized
         canonically: where tokens do not line up (a value's first token ``Ġ"Ad`` against the
         prompt's ``ĠAda``), the text still does."""
-        owner = getattr(lookup, "__self__", None)
-        if owner is None:
-            return []
         ctx = self.matcher.ctx
-        prompt = owner.prompt_text(ctx.decode)
-        tail = ctx.decode(owner.context[-TAIL_TOKENS:] + self.draft)
+        prompt = lookup.prompt_text(ctx.decode)
+        tail = ctx.decode(lookup.context[-TAIL_TOKENS:] + self.draft)
         for length in range(min(MAX_KEY_CHARS, len(tail)), MIN_KEY_CHARS - 1, -1):
             key = tail[-length:]
             at = prompt.rfind(key)

@@ -34,6 +34,8 @@ from server.engine.hf_runner import UnsupportedModelError
 from server.engine.kv_cache import KVShape, PagedKVCache
 from server.engine.layer_weights import LayerWeights, Norm, fuse_layer
 from server.engine.lora import LoraBank, LoraGroups, add_lora
+from server.engine.quantized_weights import ALL_OUTPUT, QuantizedLinears, TokenRoutes
+from server.engine.quantized_weights import CHOICES as QUANTIZATION_CHOICES
 from server.engine.rotary_table import RotaryTable
 from server.engine.step_batch import StepBatch
 
@@ -84,10 +86,12 @@ class ModelRunner:
     """Runs steps of a Llama-family model over a :class:`PagedKVCache` of ``num_blocks`` blocks."""
 
     def __init__(self, hf_model: nn.Module, num_blocks: int, block_size: int, lora: LoraBank | None = None,
-                 *, use_triton: bool | None = None) -> None:
+                 *, use_triton: bool | None = None, quantization: str = "none") -> None:
         """``use_triton``: the fused kernels' backend (:func:`kernels.select_backend`): None runs
         Triton on CUDA and torch on the CPU; True on the CPU runs the CUDA path's kernels in the
-        Triton interpreter (``TRITON_INTERPRET=1``, tests and kernel counts)."""
+        Triton interpreter (``TRITON_INTERPRET=1``, tests and kernel counts). ``quantization``:
+        ``int4`` or ``int8`` quantizes the linear layers for the CPU's kernels
+        (:mod:`server.engine.quantized_weights`); ``none`` keeps the weights as loaded."""
         self.hf = hf_model
         self.use_triton = use_triton
         self.lora = lora
@@ -112,15 +116,30 @@ class ModelRunner:
         self._final_norm = Norm.of(self._inner.norm)
         self.gemv = GemvChoice() if self.device.type == "cuda" and use_triton is not False else None
         self.rotary = RotaryTable(self._inner.rotary_emb, num_blocks * block_size, self.dtype, self.device)
+        self.quantized = self._quantize(quantization) if quantization != "none" else None
+        self._routes = ALL_OUTPUT  # the current pass's token routes through quantized layers
+
+    def _quantize(self, kind: str) -> QuantizedLinears:
+        if kind not in QUANTIZATION_CHOICES:
+            raise ValueError(f"unknown quantization {kind!r} (choose from {', '.join(QUANTIZATION_CHOICES)})")
+        if self.device.type != "cpu":
+            raise ValueError(f"quantization {kind} runs on the CPU only (the model is on {self.device.type})")
+        quantized = QuantizedLinears(kind)
+        self.layers = quantized.quantize_layers(self.layers, list(self._inner.layers))
+        tied = self.hf.get_output_embeddings().weight is self.hf.get_input_embeddings().weight
+        # the output layer stays 8-bit: its errors go straight into the logits (GGUF's Q4 files
+        # keep it at Q8_0 too), and int4 there costs 1 point in 10 of top-1 agreement
+        quantized.quantize_module(self.hf.lm_head, tied=tied, kind="int8")
+        return quantized
 
     @classmethod
     def for_sequences(
         cls, hf_model: nn.Module, max_seqs: int, max_len: int, block_size: int = 16, lora: LoraBank | None = None,
-        *, use_triton: bool | None = None,
+        *, use_triton: bool | None = None, quantization: str = "none",
     ) -> ModelRunner:
         """A runner whose cache holds ``max_seqs`` sequences of ``max_len`` tokens (tests, benchmarks)."""
         return cls(hf_model, num_blocks=max_seqs * -(-max_len // block_size) + 1, block_size=block_size, lora=lora,
-                   use_triton=use_triton)
+                   use_triton=use_triton, quantization=quantization)
 
     @staticmethod
     def kv_shape(hf_model: nn.Module) -> KVShape:
@@ -148,6 +167,8 @@ class ModelRunner:
         everything but :meth:`attend` from CUDA graphs through the same functions. Between
         layers the state is the residual stream (updated in place) and the last block's output
         not yet added to it, so each residual add rides in the next norm's kernel."""
+        if self.quantized is not None:
+            self._routes = TokenRoutes.of(batch.prompt_mask)
         residual, cos, sin = self.embed(batch.tokens, batch.positions)
         delta = None
         for index in range(self.shape.num_layers):
@@ -218,6 +239,8 @@ class ModelRunner:
         if not (batch.all_single and batch.logit_counts is None):
             residual = residual[batch.last_index]
             delta = None if delta is None else delta[batch.last_index]
+            if self.quantized is not None and batch.prompt_mask is not None:
+                self._routes = TokenRoutes.of(batch.prompt_mask[batch.last_index])
         return self._logits(residual, delta)
 
     def _proj(self, linear: nn.Linear, x: torch.Tensor, index: int, module: str, lora: LoraGroups | None) -> torch.Tensor:
@@ -240,7 +263,10 @@ class ModelRunner:
         return add_rmsnorm(delta, residual, norm.weight, norm.eps, use_triton=self.use_triton)
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """``F.linear``, or on CUDA the faster per shape of cuBLAS and the split-K kernel at 1-8 rows."""
+        """``F.linear``, or on CUDA the faster per shape of cuBLAS and the split-K kernel at 1-8 rows;
+        a quantized layer by each row's route (:class:`TokenRoutes`)."""
+        if self.quantized is not None:
+            return self.quantized.linear(x, weight, bias, self._routes)
         if self.gemv is None:
             return F.linear(x, weight, bias)
         return self.gemv.linear(x, weight, bias)

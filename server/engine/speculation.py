@@ -84,7 +84,7 @@ class Speculator:
             self._cooldown -= 1
             return []
         if matcher is not None:
-            tokens = compose_draft(matcher, self.lookup.proposal_after, limit, self.length)
+            tokens = compose_draft(matcher, self.lookup, limit, self.length)
         else:
             tokens = self.lookup.proposal(min(limit, self.length))
         self.source = "prompt" if tokens else None

@@ -34,8 +34,8 @@ class SpeculationPolicy:
         self._last: tuple[int, float] | None = None  # (tokens, threshold): every row of a step asks alike
 
     def record_verification(self, draft_tokens: int, seconds: float) -> None:
-        """One step's verification (a sampler pass and a mask fill per kept position, the
-        rollback) took ``seconds`` for ``draft_tokens`` fed."""
+        """One step's drafts took ``seconds`` of host time for ``draft_tokens`` fed: composing
+        them, then verifying them (a sampler pass and a mask fill per kept position, the rollback)."""
         if draft_tokens > 0:
             self.verify_s_per_token += VERIFY_WEIGHT * (seconds / draft_tokens - self.verify_s_per_token)
             self._last = None

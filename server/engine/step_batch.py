@@ -34,6 +34,7 @@ class StepBatch:
     attn: PagedAttentionMetadata
     logit_counts: list[int] | None = None  # None: one logits row per batch row
     lora: LoraGroups | None = None  # tokens grouped by LoRA adapter; None = all on the base model
+    prompt_mask: torch.Tensor | None = None  # [N] bool: the token is a prompt token; None = none is
 
     @property
     def num_rows(self) -> int:
@@ -52,12 +53,15 @@ class StepBatch:
         logit_counts: list[int] | None = None,
         row_adapters: list[int] | None = None,
         staging: HostStaging | None = None,
+        prompt_counts: list[int] | None = None,
     ) -> "StepBatch":
         """``rows`` in output order. ``logit_counts`` (optional, per row, 1 <= count <= the
         row's new tokens): how many of the row's last positions get logits; the forward then
         returns ``sum(logit_counts)`` rows, row by row, positions in order. ``row_adapters``:
         each row's LoRA adapter id (0 = base model), None = all base. Every row's block table
-        must already cover ``start + len(new)`` tokens.
+        must already cover ``start + len(new)`` tokens. ``prompt_counts`` (optional, per row): how
+        many of the row's first new tokens are prompt tokens (quantized layers route them apart,
+        and attention then takes each output token alone: ``PagedAttentionMetadata.prompt_counts``).
 
         Every integer array of the step is packed into one host buffer (``staging``'s, pinned
         on CUDA; a fresh one when None) and reaches the device in one non-blocking copy; the
@@ -91,6 +95,7 @@ class StepBatch:
             block_tables=tables_t.view(len(rows), width),
             query_lens_host=query_lens,
             context_lens_host=context_lens,
+            prompt_counts=tuple(prompt_counts) if prompt_counts is not None else None,
         )
         return StepBatch(
             tokens=tokens_t,
@@ -99,7 +104,15 @@ class StepBatch:
             attn=attn,
             logit_counts=logit_counts,
             lora=_lora_groups(lora_plan, lora_tensors),
+            prompt_mask=_prompt_mask(rows, prompt_counts, device),
         )
+
+
+def _prompt_mask(rows: list[Row], prompt_counts: list[int] | None, device: torch.device) -> torch.Tensor | None:
+    if not prompt_counts or not any(prompt_counts):
+        return None
+    flags = [i < count for (_, new, _), count in zip(rows, prompt_counts, strict=True) for i in range(len(new))]
+    return torch.tensor(flags, dtype=torch.bool, device=device)
 
 
 def _upload(

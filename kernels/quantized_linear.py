@@ -1,0 +1,119 @@
+"""Weight-only quantized linear layers for the CPU: int4 by groups, int8 per output row.
+
+A decode step on a CPU reads every weight once per token, so the weights' size is the step:
+stored as float32 the default model's linear layers are 540 MB. torch ships CPU kernels that
+multiply bf16 activations by 4- or 8-bit weights without expanding them
+(``aten._weight_int4pack_mm_for_cpu``, ``aten._weight_int8pack_mm``; AVX-512/AMX where the
+CPU has them); Trellis quantizes at load and calls them. Each kernel computes a row the same
+way whatever the number of rows (checked in the tests), so a token's logits do not depend on
+what else is in the step.
+
+int4 is asymmetric per group of ``group_size`` input columns (a scale and a zero point per
+group and output row), as GGUF's Q4_1: a weight quantized to Q4_1 (a 32-block's minimum and
+maximum on the grid's ends) comes back exactly, up to the bf16 rounding of the scales. int8 is
+symmetric per output row.
+
+:meth:`QuantizedWeight.dequantized` is the weight the kernel multiplies by, as a float tensor:
+the references (``x @ dequantized.T`` in float32) are the test oracles, and the engine runs a
+prompt's many rows through it in bf16, where a dense matmul is faster than the kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+KINDS = ("int4", "int8")
+INT4_GROUP = 32
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A linear layer's weight [out, in] quantized for one of the CPU kernels.
+
+    ``data``: int4 packed by ``aten._convert_weight_to_int4pack_for_cpu``, or int8 [out, in].
+    ``scales``: int4 [in / group, out, 2] bf16 (scale, zero: ``w = (q - 8) * scale + zero``),
+    or int8 [out] bf16 (``w = q * scale``).
+    """
+
+    kind: str
+    data: torch.Tensor
+    scales: torch.Tensor
+    group_size: int
+    shape: tuple[int, int]
+
+    def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight [out, in] the kernel multiplies by (its integers times their scales)."""
+        values = _unpack(self)
+        if self.kind == "int8":
+            return (values.float() * self.scales.float()[:, None]).to(dtype)
+        scale = self.scales[..., 0].float().t().repeat_interleave(self.group_size, dim=1)
+        zero = self.scales[..., 1].float().t().repeat_interleave(self.group_size, dim=1)
+        return ((values.float() - 8) * scale + zero).to(dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size() + self.scales.numel() * self.scales.element_size()
+
+
+def supports(kind: str, weight: torch.Tensor, group_size: int = INT4_GROUP) -> bool:
+    """Whether ``weight`` [out, in] can be quantized as ``kind`` (int4 needs whole groups and
+    an even output count)."""
+    if kind not in KINDS or weight.dim() != 2 or weight.device.type != "cpu":
+        return False
+    out_features, in_features = weight.shape
+    return kind == "int8" or (in_features % group_size == 0 and out_features % 2 == 0)
+
+
+def quantize(weight: torch.Tensor, kind: str, group_size: int = INT4_GROUP) -> QuantizedWeight:
+    """``weight`` [out, in] (any float dtype, CPU) quantized as ``kind`` (see :func:`supports`)."""
+    if not supports(kind, weight, group_size):
+        raise ValueError(f"cannot quantize a {tuple(weight.shape)} {weight.device.type} weight as {kind}")
+    with torch.no_grad():
+        return _quantize_int4(weight.float(), group_size) if kind == "int4" else _quantize_int8(weight.float())
+
+
+def quantized_linear(x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
+    """``x @ W^T`` for x [N, in] in bf16 (the kernels' input), through the CPU kernel; bf16 out."""
+    if weight.kind == "int4":
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, weight.data, weight.group_size, weight.scales)
+    return torch.ops.aten._weight_int8pack_mm(x, weight.data, weight.scales)
+
+
+def quantized_linear_reference(x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
+    """The oracle: float32 ``x @ dequantized^T``."""
+    return x.float() @ weight.dequantized().t()
+
+
+def _quantize_int4(weight: torch.Tensor, group_size: int) -> QuantizedWeight:
+    out_features, in_features = weight.shape
+    groups = weight.reshape(out_features, in_features // group_size, group_size)
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    # the scales are stored in bf16: quantize against the rounded ones, so the grid is the kernel's
+    scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny).to(torch.bfloat16).float()
+    zero = (low + 8 * scale).to(torch.bfloat16).float()
+    values = torch.round((groups - zero[..., None]) / scale[..., None] + 8).clamp(0, 15)
+    values = values.reshape(out_features, in_features).to(torch.int32)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(values, 1)
+    scales = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+    return QuantizedWeight("int4", packed, scales, group_size, (out_features, in_features))
+
+
+def _quantize_int8(weight: torch.Tensor) -> QuantizedWeight:
+    scale = (weight.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny).to(torch.bfloat16)
+    values = torch.round(weight / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
+    return QuantizedWeight("int8", values, scale, 0, tuple(weight.shape))
+
+
+def _unpack(weight: QuantizedWeight) -> torch.Tensor:
+    """The integers [out, in]: int8's as stored; int4's read back through the kernel (an
+    identity input gives ``(q - 8) * 1 + 8`` per column with unit scales and zero points 8)."""
+    if weight.kind == "int8":
+        return weight.data
+    out_features, in_features = weight.shape
+    unit = torch.empty_like(weight.scales)
+    unit[..., 0], unit[..., 1] = 1.0, 8.0
+    eye = torch.eye(in_features, dtype=torch.bfloat16)
+    columns = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, weight.data, weight.group_size, unit)
+    return columns.t().round().to(torch.uint8)

@@ -1,0 +1,151 @@
+"""The model's linear layers quantized for the CPU (``--quantization int4|int8``).
+
+Each linear weight of the hand-written forward (q/k/v, o, gate/up, down, lm_head) is quantized
+once at load (:mod:`kernels.quantized_linear`). A step's tokens then take one of two routes
+through the same quantized weights:
+
+- the output's tokens (decode rows, forced and draft tokens: a few rows a step) go through the
+  CPU kernel, which reads the 4- or 8-bit weights as they are stored;
+- the prompt's tokens (prefill: hundreds of rows) go through the dequantized weights in the
+  model's dtype (float32 on the CPU), where a dense matmul is several times faster than the
+  kernel for many rows.
+
+The kernel takes bf16 activations, and rounding to bf16 turns an ulp of difference into a
+different token now and then; so the kernel's route must compute a token the same way whatever
+else is in the step: output tokens are attended one by one and a row's prompt part on its own
+(``PagedAttentionMetadata.prompt_counts``), and the kernels compute each row alone (tested),
+which makes drafts, jump-forward and batching change no output token. The prompt's route keeps
+the model's dtype, so how a prompt was chunked or batched matters no more than it does
+unquantized. The loaded weights are replaced by the dequantized ones (the transformers modules
+re-pointed at them; tied embeddings keep their own table).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.quantized_linear import KINDS, QuantizedWeight, quantize, quantized_linear, supports
+from server.engine.layer_weights import LayerWeights
+
+CHOICES = ("none", *KINDS)
+
+
+@dataclass(frozen=True)
+class _Linear:
+    quantized: QuantizedWeight
+    dense: torch.Tensor  # [out, in] in the model's dtype: the dequantized weight, for prompt rows
+    key: torch.Tensor  # the tensor the forward passes for this layer (held, so its id stays its own)
+
+
+@dataclass(frozen=True)
+class TokenRoutes:
+    """Which of a pass's rows are prompt tokens (dense route) and which are output tokens
+    (kernel route); ``prompt`` None: none is, ``output`` None: all are."""
+
+    prompt: torch.Tensor | None
+    output: torch.Tensor | None
+
+    @staticmethod
+    def of(prompt_mask: torch.Tensor | None) -> TokenRoutes:
+        if prompt_mask is None:
+            return ALL_OUTPUT
+        prompt = prompt_mask.nonzero().flatten()
+        if len(prompt) == 0:
+            return ALL_OUTPUT
+        if len(prompt) == len(prompt_mask):
+            return TokenRoutes(prompt=None, output=None)
+        return TokenRoutes(prompt=prompt, output=(~prompt_mask).nonzero().flatten())
+
+    @property
+    def all_prompt(self) -> bool:
+        return self.prompt is None and self.output is None
+
+
+ALL_OUTPUT = TokenRoutes(prompt=None, output=torch.empty(0, dtype=torch.long))
+
+
+class QuantizedLinears:
+    """The quantized linear layers of a runner, found by their original weight tensor."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._by_weight: dict[int, _Linear] = {}
+        self.quantized_bytes = 0
+        self.dense_bytes = 0
+
+    def layer(self, weight: torch.Tensor) -> tuple[QuantizedWeight, torch.Tensor] | None:
+        """(quantized, dense) registered for ``weight``, or None."""
+        entry = self._by_weight.get(id(weight))
+        return None if entry is None else (entry.quantized, entry.dense)
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               routes: TokenRoutes) -> torch.Tensor:
+        """``x @ weight^T (+ bias)`` through the quantized layer registered for ``weight``
+        (``F.linear`` for any other), each row by its route; in ``x``'s dtype."""
+        layer = self._by_weight.get(id(weight))
+        if layer is None:
+            return F.linear(x, weight, bias)
+        if routes.all_prompt:
+            return F.linear(x, layer.dense, bias)
+        if routes.prompt is None:
+            out = quantized_linear(x.to(torch.bfloat16), layer.quantized).to(x.dtype)
+        else:
+            out = x.new_empty((x.shape[0], layer.dense.shape[0]))
+            out[routes.output] = quantized_linear(x[routes.output].to(torch.bfloat16), layer.quantized).to(x.dtype)
+            out[routes.prompt] = F.linear(x[routes.prompt], layer.dense)
+        return out if bias is None else out.add_(bias)
+
+    def quantize_layers(self, layers: list[LayerWeights], modules: list[nn.Module]) -> list[LayerWeights]:
+        """Quantize each layer's projections; returns the layers pointing at the dequantized
+        weights, with the transformers decoder layers' (``modules``) projections re-pointed at them."""
+        return [self._quantize_layer(layer, module) for layer, module in zip(layers, modules, strict=True)]
+
+    def quantize_module(self, module: nn.Linear, *, tied: bool = False, kind: str | None = None) -> None:
+        """Quantize ``module``'s weight (as ``kind``, default this instance's); ``tied``: it is
+        the embedding's table too, so the module keeps its float tensor."""
+        weight, kind = module.weight, kind or self.kind
+        if not supports(kind, weight):
+            return
+        if tied:  # the table stays as loaded: prompt rows' logits read it, no second copy
+            quantized = quantize(weight, kind)
+            self.quantized_bytes += quantized.nbytes
+            self._register(quantized, weight, weight)
+            return
+        quantized, dense = self._quantize(weight, kind)
+        module.weight = nn.Parameter(dense, requires_grad=False)
+        self._register(quantized, dense, module.weight)
+
+    def _quantize_layer(self, layer: LayerWeights, module: nn.Module) -> LayerWeights:
+        attn, mlp = module.self_attn, module.mlp
+        qkv = self._fused(layer.qkv_weight, (attn.q_proj, attn.k_proj, attn.v_proj))
+        gate_up = self._fused(layer.gate_up_weight, (mlp.gate_proj, mlp.up_proj))
+        for linear in (layer.o_proj, layer.down_proj):
+            self.quantize_module(linear)
+        return replace(layer, qkv_weight=qkv, gate_up_weight=gate_up)
+
+    def _fused(self, weight: torch.Tensor, parts: tuple[nn.Linear, ...]) -> torch.Tensor:
+        """Quantize a fused weight; its parts' modules are re-pointed at slices of the
+        dequantized copy, which the layer holds from now on."""
+        if not supports(self.kind, weight):
+            return weight
+        quantized, dense = self._quantize(weight)
+        start = 0
+        for linear in parts:
+            linear.weight = nn.Parameter(dense[start : start + linear.out_features], requires_grad=False)
+            start += linear.out_features
+        self._register(quantized, dense, dense)
+        return dense
+
+    def _quantize(self, weight: torch.Tensor, kind: str | None = None) -> tuple[QuantizedWeight, torch.Tensor]:
+        quantized = quantize(weight, kind or self.kind)
+        dense = quantized.dequantized(weight.dtype)
+        self.quantized_bytes += quantized.nbytes
+        self.dense_bytes += dense.numel() * dense.element_size()
+        return quantized, dense
+
+    def _register(self, quantized: QuantizedWeight, dense: torch.Tensor, key: torch.Tensor) -> None:
+        self._by_weight[id(key)] = _Linear(quantized, dense, key)

@@ -1,0 +1,16 @@
+"""``benchmarks/quantization.py --smoke`` on the default model: every row printed, the
+unquantized row agrees with itself, and int4 still mostly agrees with it."""
+
+from __future__ import annotations
+
+from benchmarks import quantization
+
+
+def test_smoke_run_prints_agreement_and_speed(default_dir, tmp_path):
+    result = quantization.main(["--smoke", "--kinds", "none", "int4", "--json", str(tmp_path / "q.json")])
+    none, int4 = result["rows"]
+    assert none["identical"] == 1.0 and none["prefix"] == 1.0 and none["agreement"] == 1.0
+    assert int4["weights_mb"] < none["weights_mb"] / 4  # 4-bit weights and their scales, against float32
+    assert int4["agreement"] > 0.6  # a quantized model, not a broken one
+    assert int4["decode_tok_s"] > 0 and int4["prefill_tok_s"] > 0
+    assert (tmp_path / "q.json").exists()

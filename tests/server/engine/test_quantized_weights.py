@@ -1,0 +1,95 @@
+"""The runner's quantized linear layers (``--quantization int4|int8``): the quantized model is
+the dequantized one, prompt and output tokens take their routes, the float32 weights are gone,
+and drafts still never change an output."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from server.engine.model import ModelRunner, load_hf_model
+from server.engine.step_batch import StepBatch
+from server.model_loader import ModelLoadError
+from server.state import resolve_quantization
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tiny_model_dir):
+    return load_hf_model(tiny_model_dir, torch.float32, torch.device("cpu"))
+
+
+def _logits(runner: ModelRunner, prompt: list[int], decode: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits of the prompt's last token (a prefill), then of each decode token fed one by one."""
+    block = runner.block_size
+    table = list(range(1, 1 + -(-(len(prompt) + len(decode)) // block)))
+    first = runner.forward(StepBatch.build([(table, prompt, 0)], block, runner.device, prompt_counts=[len(prompt)]))
+    steps = [runner.forward(StepBatch.build([(table, [token], len(prompt) + i)], block, runner.device,
+                                            prompt_counts=[0]))
+             for i, token in enumerate(decode)]
+    return first, torch.cat(steps)
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_a_quantized_runner_computes_the_dequantized_model(tiny_hf, kind) -> None:
+    quantized = ModelRunner.for_sequences(copy.deepcopy(tiny_hf), 1, 64, quantization=kind)
+    # the same model in float32: every linear layer's weight replaced by what the kernel multiplies by
+    reference_hf = copy.deepcopy(tiny_hf)
+    reference = ModelRunner.for_sequences(reference_hf, 1, 64)
+    for layer, ours in zip(reference.layers, quantized.layers, strict=True):
+        for name in ("qkv_weight", "gate_up_weight"):
+            getattr(layer, name).copy_(getattr(ours, name).float())
+        for module in ("o_proj", "down_proj"):
+            getattr(layer, module).weight.data.copy_(getattr(ours, module).weight.float())
+    prompt, decode = list(range(10, 30)), [5, 6, 7]
+    (got_prefill, got_decode), (want_prefill, want_decode) = _logits(quantized, prompt, decode), \
+        _logits(reference, prompt, decode)
+    # the lm_head is tied to the embedding here: the reference keeps it unquantized, so compare
+    # what precedes it exactly enough and the logits loosely
+    assert torch.allclose(got_prefill, want_prefill, atol=0.1, rtol=0.05)
+    assert torch.allclose(got_decode, want_decode, atol=0.1, rtol=0.05)
+    assert (got_decode.argmax(-1) == want_decode.argmax(-1)).float().mean() >= 2 / 3
+
+
+def test_the_loaded_weights_are_replaced_by_the_dequantized_ones(tiny_hf) -> None:
+    hf = copy.deepcopy(tiny_hf)
+    runner = ModelRunner.for_sequences(hf, 1, 64, quantization="int4")
+    layer, weights = hf.model.layers[0], runner.layers[0]
+    quantized, dense = runner.quantized.layer(weights.qkv_weight)
+    assert torch.equal(dense, quantized.dequantized()) and dense.dtype == torch.float32
+    q_rows = layer.self_attn.q_proj.out_features
+    assert torch.equal(layer.self_attn.q_proj.weight, dense[:q_rows])
+    assert layer.self_attn.q_proj.weight.untyped_storage().data_ptr() == dense.untyped_storage().data_ptr()
+    o_quantized, o_dense = runner.quantized.layer(layer.self_attn.o_proj.weight)  # the module holds the copy
+    assert o_dense.data_ptr() == layer.self_attn.o_proj.weight.data_ptr() and o_quantized.kind == "int4"
+    assert quantized.nbytes < dense.numel() * dense.element_size() / 6  # 4 bits and a scale per 32
+    head, table = runner.quantized.layer(hf.lm_head.weight)
+    assert head.kind == "int8" and table is hf.model.embed_tokens.weight  # tied: the table is not copied
+
+
+def test_prompt_and_output_tokens_take_their_own_routes(tiny_hf) -> None:
+    """A prefill's tokens go through the dense bf16 copy, decode tokens through the kernel: the
+    route is the token's kind, so a token fed alone or among others gets the same logits."""
+    runner = ModelRunner.for_sequences(copy.deepcopy(tiny_hf), 2, 64, quantization="int4")
+    block = runner.block_size
+    prompt = list(range(40, 52))
+    alone = runner.forward(StepBatch.build([([1], prompt, 0)], block, runner.device, prompt_counts=[12]))
+    # the same prompt (other blocks) prefilled next to a decode row of the first sequence
+    mixed = runner.forward(StepBatch.build([([1], [9], 12), ([2], prompt, 0)], block, runner.device,
+                                           prompt_counts=[0, 12]))
+    assert torch.equal(mixed[1], alone[0])
+
+
+def test_unknown_and_misplaced_quantizations_are_refused(tiny_hf) -> None:
+    with pytest.raises(ValueError, match="unknown quantization"):
+        ModelRunner.for_sequences(copy.deepcopy(tiny_hf), 1, 64, quantization="int3")
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_quantization("int4", cpu, True) == "int4"
+    assert resolve_quantization("none", cpu, False) == resolve_quantization("none", cuda, True) == "none"
+    with pytest.raises(ModelLoadError, match="unknown"):
+        resolve_quantization("auto", cpu, True)
+    with pytest.raises(ModelLoadError, match="runs on the CPU"):
+        resolve_quantization("int8", cuda, True)
+    with pytest.raises(ModelLoadError, match="hand-written"):
+        resolve_quantization("int4", cpu, False)
