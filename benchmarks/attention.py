@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.smoke import parse_with_smoke  # noqa: E402
 from kernels import (  # noqa: E402
     PagedAttentionMetadata,
     paged_attention,
@@ -121,11 +122,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    parser.add_argument("--smoke", action="store_true", help="48-token contexts, one timed call: checks it runs")
-    args = parser.parse_args(argv)
-    if args.smoke:  # the smoke sizes are defaults: flags given still win
-        parser.set_defaults(**SMOKE)
-        args = parser.parse_args(argv)
+    args = parse_with_smoke(parser, argv, SMOKE, "48-token contexts, one timed call: checks it runs")
     return args
 
 

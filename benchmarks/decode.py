@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from benchmarks.smoke import parse_with_smoke  # noqa: E402
 from constraints import ConstraintCompiler, ConstraintSpec  # noqa: E402
 from sampler import SamplingParams  # noqa: E402
 from server.engine.engine import Engine  # noqa: E402
@@ -168,11 +169,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
-    parser.add_argument("--smoke", action="store_true", help="batch 2, 3 steps, free and json_schema: checks it runs")
-    args = parser.parse_args(argv)
-    if args.smoke:  # the smoke sizes are defaults: flags given still win
-        parser.set_defaults(**SMOKE)
-        args = parser.parse_args(argv)
+    args = parse_with_smoke(parser, argv, SMOKE, "batch 2, 3 steps, free and json_schema: checks it runs")
     return args
 
 

@@ -382,10 +382,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="seconds of the same load before memory is first read (0 = none)")
     parser.add_argument("--pid", type=int, default=None, help="server process id, to read its memory from /proc")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--smoke", action="store_true",
-                        help="4 clients for 3 s, 32 tokens, no warm-up, 10 s to settle: checks it runs")
+    parser.add_argument("--smoke", action="store_true", help="4 clients for 3 s, 32 tokens, no warm-up, 10 s to settle: checks it runs")
     args = parser.parse_args(argv)
-    if args.smoke:  # the smoke sizes are defaults: flags given still win
+    if args.smoke:  # the smoke sizes are defaults: flags given still win (see benchmarks/smoke.py)
         parser.set_defaults(**SMOKE)
         args = parser.parse_args(argv)
     host = urlsplit(args.base_url).hostname

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from benchmarks.smoke import parse_with_smoke  # noqa: E402
 from server.engine.lora import LoraBank, load_adapter  # noqa: E402
 from server.engine.model import ModelRunner, load_hf_model, resolve_dtype  # noqa: E402
 from server.engine.step_batch import StepBatch  # noqa: E402
@@ -60,11 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0)
-    parser.add_argument("--smoke", action="store_true", help="batch 2, rank 4, 2 adapters, 1 step: checks it runs")
-    args = parser.parse_args(argv)
-    if args.smoke:  # the smoke sizes are defaults: flags given still win
-        parser.set_defaults(**SMOKE)
-        args = parser.parse_args(argv)
+    args = parse_with_smoke(parser, argv, SMOKE, "batch 2, rank 4, 2 adapters, 1 step: checks it runs")
     return args
 
 

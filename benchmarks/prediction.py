@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from benchmarks.smoke import parse_with_smoke  # noqa: E402
 from sampler import SamplingParams  # noqa: E402
 from server.engine.engine import Engine  # noqa: E402
 from server.engine.model import ModelRunner, load_hf_model, resolve_dtype  # noqa: E402
@@ -67,11 +68,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=1, help="sequences generated together")
     parser.add_argument("--max-draft", type=int, default=32, help="draft tokens verified per step")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--smoke", action="store_true", help="16 output tokens per sequence: checks it runs")
-    args = parser.parse_args(argv)
-    if args.smoke:  # the smoke sizes are defaults: flags given still win
-        parser.set_defaults(**SMOKE)
-        args = parser.parse_args(argv)
+    args = parse_with_smoke(parser, argv, SMOKE, "16 output tokens per sequence: checks it runs")
     return args
 
 

@@ -29,9 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from benchmarks.smoke import parse_with_smoke  # noqa: E402
 from server.engine import hf_runner  # noqa: E402
-from server.engine.model import ModelRunner, load_hf_model, resolve_dtype  # noqa: E402
 from server.engine.hf_runner import TransformersRunner, load_model  # noqa: E402
+from server.engine.model import ModelRunner, load_hf_model, resolve_dtype  # noqa: E402
 from server.engine.step_batch import StepBatch  # noqa: E402
 from server.model_loader import default_model_dir  # noqa: E402
 
@@ -117,11 +118,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--smoke", action="store_true", help="batch 2, 16-token prompts, 2 steps: checks it runs")
-    args = parser.parse_args(argv)
-    if args.smoke:  # the smoke sizes are defaults: flags given still win
-        parser.set_defaults(**SMOKE)
-        args = parser.parse_args(argv)
+    args = parse_with_smoke(parser, argv, SMOKE, "batch 2, 16-token prompts, 2 steps: checks it runs")
     return args
 
 

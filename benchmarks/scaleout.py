@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx  # noqa: E402
 
+from benchmarks.smoke import parse_with_smoke  # noqa: E402
 from server.config import Settings  # noqa: E402
 
 
@@ -112,12 +113,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--max-batch-size", type=int, default=8)
     parser.add_argument("--port", type=int, default=8765)
-    parser.add_argument("--smoke", action="store_true",
-                        help="1 replica, 1 routing, 2 requests of 4 tokens: checks it runs")
-    args = parser.parse_args(argv)
-    if args.smoke:  # the smoke sizes are defaults: flags given still win
-        parser.set_defaults(**SMOKE)
-        args = parser.parse_args(argv)
+    args = parse_with_smoke(parser, argv, SMOKE, "1 replica, 1 routing, 2 requests of 4 tokens: checks it runs")
     return args
 
 

@@ -134,10 +134,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--speculation-ab", action="store_true",
                         help="run every level's free workload with the request field speculation off, then auto "
                              "(ratio of auto to off printed)")
-    parser.add_argument("--smoke", action="store_true",
-                        help="concurrency 1 and 2, 2 requests per level, 8 tokens: checks it runs")
+    parser.add_argument("--smoke", action="store_true", help="concurrency 1 and 2, 2 requests per level, 8 tokens: checks it runs")
     args = parser.parse_args(argv)
-    if args.smoke:  # the smoke sizes are defaults: flags given still win
+    if args.smoke:  # the smoke sizes are defaults: flags given still win (see benchmarks/smoke.py)
         parser.set_defaults(**SMOKE)
         args = parser.parse_args(argv)
     return args
