@@ -1,5 +1,5 @@
-"""Mask fill per decode step: row by row on one thread vs ``constraints.batch_fill`` (batched,
-parallel per backend), side by side on the same matcher states.
+"""Mask fill per decode step: row by row on one thread vs ``constraints.backends.batch_fill``
+(batched, parallel per backend), side by side on the same matcher states.
 
 Each row is a real JSON-schema matcher (xgrammar or llguidance, through Trellis's backends and
 the default model's tokenizer) walking a valid instance of its schema, rows spread over the
@@ -31,8 +31,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from constraints.backend import TokenizerContext, make_backend  # noqa: E402
-from constraints.batch_fill import fail_empty_rows, default_threads, fill_bitmasks, fill_threads  # noqa: E402
+from constraints.backends.batch_fill import (  # noqa: E402
+    default_threads,
+    fail_empty_rows,
+    fill_bitmasks,
+    fill_threads,
+)
+from constraints.backends.registry import make_backend  # noqa: E402
+from constraints.backends.vocabulary import TokenizerContext  # noqa: E402
 from constraints.spec import ConstraintSpec  # noqa: E402
 
 VOCAB = 49152

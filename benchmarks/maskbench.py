@@ -46,7 +46,7 @@ VERSIONS = {"xgrammar": "xgrammar", "llguidance": "llguidance", "outlines": "out
 MAX_MASK_SAMPLES = 400  # mask timings kept per schema (all are measured)
 
 # ------------------------------------------------------------------------------------------------
-# worker side (runs in `python -m constraints.workers`)
+# worker side (runs in `python -m constraints.compile.workers`)
 
 _engine: Any = None
 
@@ -161,8 +161,7 @@ class _Outlines(_Engine):
         super().__init__(tok)
         import outlines_core
 
-        from constraints.backend import TokenizerContext
-        from constraints.backend_outlines import vocabulary_bytes
+        from constraints.backends.vocabulary import TokenizerContext, vocabulary_bytes
 
         ctx = TokenizerContext(tok, self.vocab, len(tok), (self.eos,), "bench")
         self.oc = outlines_core
@@ -384,7 +383,7 @@ def _new_pool(engine: str, jobs: int, memory_mb: int):
     """``jobs`` killable worker processes for one engine (they load the tokenizer before any
     timeout); each is capped at ``memory_mb`` MiB beyond its start-up size, so a schema that
     blows up a backend's memory is counted as a crash instead of starving the machine."""
-    from constraints.workers import WorkerPool
+    from constraints.compile.workers import WorkerPool
 
     pool = WorkerPool(jobs, "maskbench:init_worker", (engine,), memory_mb=memory_mb, name=f"maskbench-{engine}")
     pool.wait_ready()

@@ -1,5 +1,5 @@
 """What accepting any property order costs: llguidance compile and mask time per schema, the
-declared-order schema and its any-order rewrite (constraints/property_order.py) side by side.
+declared-order schema and its any-order rewrite (constraints/schema/property_order.py) side by side.
 
 For each MaskBench schema of the slice whose rewrite changes it: build both grammars
 (``grammar_from_json_schema``, matcher, first mask) alternately, ``--repeat`` times each, and
@@ -72,13 +72,13 @@ def main(argv: list[str] | None = None) -> dict:
     import llguidance
     import llguidance.hf
     import torch
-
-    from constraints.backend_llguidance import json_options, parser_limits
-    from constraints.errors import ConstraintError
-    from constraints.property_order import any_order
-    from constraints.schema_analysis import normalise_schema, rewrite_schema
-    from constraints.spec import ConstraintSpec
     from maskbench import load_rows
+
+    from constraints.backends.llguidance import json_options, parser_limits
+    from constraints.errors import ConstraintError
+    from constraints.schema.analysis import normalise_schema, rewrite_schema
+    from constraints.schema.property_order import any_order
+    from constraints.spec import ConstraintSpec
     from server.model_loader import default_model_dir, load_tokenizer
 
     tok = load_tokenizer(args.tokenizer or default_model_dir())

@@ -20,8 +20,8 @@ Every failure is a :class:`ConstraintError` (HTTP 400) with ``param``, ``pointer
 cap (``compile_timeout_s``, ``compile_memory_mb``); the server process only loads their results.
 """
 
-from .backend import CompiledConstraint, Matcher
-from .compiler import ConstraintCompiler
+from .backends.base import CompiledConstraint, Matcher, TokenDFA
+from .compile.compiler import ConstraintCompiler
 from .errors import (
     ConstraintCrashError,
     ConstraintError,
@@ -33,7 +33,6 @@ from .errors import (
     UnsupportedConstraintError,
 )
 from .spec import KINDS, ConstraintSpec, spec_from_request
-from .tokendfa import TokenDFA
 
 __all__ = [
     "KINDS",

@@ -186,7 +186,7 @@ class PromptRenderer:
 
     def _worker_pool(self):
         """One render worker, started on the first client template (it loads transformers)."""
-        from constraints.workers import WorkerPool
+        from constraints.compile.workers import WorkerPool
 
         with self._lock:
             if self._pool is None:

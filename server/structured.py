@@ -70,7 +70,7 @@ async def apply_close_on_length(state: ServerState, wire: dict[str, Any], compil
         return
     if compiled is None:
         raise bad_request("close_on_length needs a structured-output constraint", param=param)
-    from constraints.closing import MAX_COMPLETION_TOKENS
+    from constraints.backends.closing import MAX_COMPLETION_TOKENS
 
     budget = max(MAX_COMPLETION_TOKENS, *(spec.max_tokens for spec in specs))
     plan = await asyncio.to_thread(compiled.new_matcher().shortest_completion, budget)

@@ -17,7 +17,7 @@ from typing import Any
 
 import regex
 
-from constraints.backend import rust_tokenizer
+from constraints.backends.vocabulary import rust_tokenizer
 
 _REPLACEMENT = "\ufffd"
 _REGEX_TIMEOUT_S = 0.05  # per search: a catastrophically backtracking stop_regex fails its sequence only

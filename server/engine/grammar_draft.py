@@ -10,7 +10,7 @@ knows more. Walking the row's matcher (state restored afterwards), a draft is bu
 2. one span copied by prompt lookup from the context plus the draft so far, as far as the
    grammar takes it (by tokens; where they do not line up with the prompt's, by text);
 3. when the grammar refuses the span's next token (a copied value ends where the document's
-   line does), the token that closes the value (:func:`constraints.closing.closing_token`) and
+   line does), the token that closes the value (:func:`constraints.backends.closing.closing_token`) and
    the text the grammar forces after it, tokenized canonically together (``", "city": "``).
 
 Verification keeps the draft's tokens only where sampling agrees, so a wrong guess costs its
@@ -20,7 +20,7 @@ matched against the draft's next tokens (:meth:`DraftVerifier.verify`).
 
 from __future__ import annotations
 
-from constraints.closing import closing_token
+from constraints.backends.closing import closing_token
 from server.engine.prompt_lookup import PromptLookup
 
 TAIL_TOKENS = 6  # output tokens whose text is matched against the prompt's

@@ -1,7 +1,7 @@
 """The step's constraint bitmasks, filled on the mask thread into a staging buffer.
 
 Rows whose constraint is followed on the host (a matcher, not a device-resident DFA) get their
-bitmask filled by the backends' batched, parallel fills (:func:`constraints.batch_fill.fill_bitmasks`)
+bitmask filled by the backends' batched, parallel fills (:func:`constraints.backends.batch_fill.fill_bitmasks`)
 on one mask thread, while the engine thread goes on; the row indices and the bitmasks travel to
 the device in one non-blocking copy from a pinned, reused buffer.
 """
@@ -15,7 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from constraints.batch_fill import fill_bitmasks
+from constraints.backends.batch_fill import fill_bitmasks
 from server.engine.host_buffers import HostStaging
 from server.engine.sequence import Sequence
 

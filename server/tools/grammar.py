@@ -149,7 +149,7 @@ def _enforceable_schema(tool: ToolSpec, param: str) -> dict[str, Any]:
     """The parameters schema rewritten into keywords xgrammar enforces, or a 400 naming the
     keyword and where it is: a call must never be only half-checked against its schema."""
     from constraints import ConstraintError
-    from constraints.schema_analysis import check_schema, normalise_schema, rewrite_schema, xgrammar_gaps
+    from constraints.schema.analysis import check_schema, normalise_schema, rewrite_schema, xgrammar_gaps
 
     schema = _object_schema(tool.parameters)
     try:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from constraints import EmptyLanguageError
-from constraints.grammar_analysis import (
+from constraints.compile.grammar_analysis import (
     check_ebnf_productive,
     check_lark_productive,
     check_schema_productive,
     lark_rules,
     productive,
 )
-from constraints.regex_analysis import check_regex_nonempty, has_anchors
+from constraints.regex.analysis import check_regex_nonempty, has_anchors
 
 
 @pytest.mark.parametrize("regex", ["a^b", r"[^\s\S]", "a$b", r"[^\x00-\U0010FFFF]", "(a$)+b", "a{2,5}^", r"([^\d\D])+"])

@@ -7,7 +7,7 @@ import jsonschema
 import pytest
 
 from constraints import ConstraintSpec, InvalidConstraintError
-from constraints.schema_analysis import normalise_schema
+from constraints.schema.analysis import normalise_schema
 
 from .conftest import walk_json
 

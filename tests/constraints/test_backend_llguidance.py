@@ -131,7 +131,7 @@ def test_a_parser_limit_hit_keeps_mask_and_accept_in_agreement(compiler, tok, mo
     """With a row limit the grammar exceeds, the limit is hit while probing the forced key bytes
     and while taking a token: at every step the mask and accept_token still agree, and once in
     the error state only the stop token is allowed and taken."""
-    from constraints import backend_llguidance
+    from constraints.backends import llguidance as backend_llguidance
 
     compiled = compiler.compile(ConstraintSpec("json_schema", BOXES))
     monkeypatch.setitem(backend_llguidance.LIMITS, "max_items_in_row", 400)
@@ -188,7 +188,7 @@ def test_a_step_over_the_lexer_fuel_is_replayed_with_more_fuel(compiler, tok):
 
 
 def test_without_the_rescue_the_same_step_is_a_parser_limit(compiler, tok, monkeypatch):
-    from constraints import backend_llguidance
+    from constraints.backends import llguidance as backend_llguidance
 
     monkeypatch.setattr(backend_llguidance, "RESCUE_FUEL", 1)
     matcher, mask = _step_after_quote_bracket(compiler, tok)

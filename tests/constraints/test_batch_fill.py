@@ -1,4 +1,5 @@
-"""constraints.batch_fill: batched, parallel mask fills give the row-by-row fill's masks and failures."""
+"""constraints.backends.batch_fill: batched, parallel mask fills give the row-by-row fill's masks
+and failures."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import llguidance
 import pytest
 import torch
 
-from constraints.backend import TokenizerContext, make_backend
-from constraints.backend_llguidance import LIMITS, LLGuidanceMatcher
-from constraints.backend_xgrammar import XGrammarMatcher
-from constraints.batch_fill import EMPTY_MASK, fill_bitmasks, fill_threads
+from constraints.backends.batch_fill import EMPTY_MASK, fill_bitmasks, fill_threads
+from constraints.backends.llguidance import LIMITS, LLGuidanceMatcher
+from constraints.backends.registry import make_backend
+from constraints.backends.vocabulary import TokenizerContext
+from constraints.backends.xgrammar import XGrammarMatcher
 from constraints.spec import ConstraintSpec
 
 from .conftest import VOCAB

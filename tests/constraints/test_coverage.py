@@ -1,4 +1,4 @@
-"""Keywords the backends skip, rewritten into enforced forms (constraints/schema_coverage.py):
+"""Keywords the backends skip, rewritten into enforced forms (constraints/schema/coverage.py):
 valid instances are accepted token by token, invalid ones rejected, checked against jsonschema."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Negations with an exact enforceable form (constraints/schema_analysis.py ``negate``) and
-finite regex languages (constraints/regex_analysis.py ``finite_strings``): valid instances are
+"""Negations with an exact enforceable form (constraints/schema/negation.py ``negate``) and
+finite regex languages (constraints/regex/analysis.py ``finite_strings``): valid instances are
 accepted token by token (mask and accept), invalid ones rejected, checked against jsonschema."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import jsonschema
 import pytest
 
 from constraints import ConstraintSpec, UnsupportedConstraintError
-from constraints.regex_analysis import finite_strings
-from constraints.regex_dialect import ecma_regex
+from constraints.regex.analysis import finite_strings
+from constraints.regex.dialect import ecma_regex
 
 from .conftest import walk_json
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from constraints import ConstraintCompiler, ConstraintError, ConstraintSpec
-from constraints.disk_cache import DiskCache
+from constraints.compile.disk_cache import DiskCache
 
 from .conftest import VOCAB, walk_json, walk_text
 
-NO_PLAN = "constraints.jobs:no_such_job"  # a plan job that fails: nothing can compile
+NO_PLAN = "constraints.compile.jobs:no_such_job"  # a plan job that fails: nothing can compile
 
 SCHEMA = ConstraintSpec(
     "json_schema",
@@ -100,7 +100,7 @@ def test_other_tokenizer_or_spec_misses(tok, writer, cache_dir):
 def test_entries_of_another_compiler_source_miss(tmp_path, monkeypatch):
     """A payload reflects Trellis's own rewrites of the spec: entries written before the
     constraints package changed are not served after it."""
-    from constraints import disk_cache
+    from constraints.compile import disk_cache
 
     before = DiskCache(tmp_path, 1 << 20)
     assert before.versions["trellis-constraints"] == disk_cache.compiler_digest()

@@ -134,7 +134,10 @@ SAMPLES = [
 def test_every_kind_compiles_in_a_worker(compiler, tok, monkeypatch):
     """With compiling and planning broken in this process, every kind still compiles: the
     work happens in the workers, and the matchers built here behave as before."""
-    from constraints import backend_llguidance, backend_outlines, backend_xgrammar, planner
+    from constraints.backends import llguidance as backend_llguidance
+    from constraints.backends import outlines as backend_outlines
+    from constraints.backends import xgrammar as backend_xgrammar
+    from constraints.compile import planner
 
     def broken(*args, **kwargs):
         raise AssertionError("compiled in the server process")
@@ -242,7 +245,7 @@ def test_recursive_ref_schema_mask_and_accept_agree(compiler, tok, backend):
 
 
 def test_stop_only_mask_on_error_is_int32_safe():
-    from constraints.backend_llguidance import _bit
+    from constraints.backends.llguidance import _bit
 
     row = torch.zeros((1, 2), dtype=torch.int32)
     row[0, 0] |= _bit(31)
@@ -251,7 +254,7 @@ def test_stop_only_mask_on_error_is_int32_safe():
 
 def test_wait_ready_can_be_asked_again_after_a_timeout_and_after_success():
     """wait_ready hands back every start-up signal it took, so later calls see the same starts."""
-    from constraints.workers import WorkerPool
+    from constraints.compile.workers import WorkerPool
 
     pool = WorkerPool(2, "tests.constraints.worker_hooks:slow_init", (1.0,), name="test-ready")
     try:

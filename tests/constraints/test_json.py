@@ -15,7 +15,7 @@ from constraints import (
     UnsupportedConstraintError,
     spec_from_request,
 )
-from constraints.schema_analysis import rewrite_schema
+from constraints.schema.analysis import rewrite_schema
 
 from .conftest import allowed, allowed_ids, new_mask, walk_json, walk_text
 
@@ -268,7 +268,7 @@ def test_uri_patterns_agree_with_a_validator(fmt):
     strings over URI delimiters, letters and characters that are never allowed."""
     import random
 
-    from constraints.schema_analysis import FORMAT_PATTERNS
+    from constraints.schema.keywords import FORMAT_PATTERNS
 
     if fmt == "uri-reference":
         from rfc3986_validator import validate_rfc3986

@@ -1,4 +1,4 @@
-"""oneOf over string patterns (constraints/pattern_disjoint.py): branches whose patterns no
+"""oneOf over string patterns (constraints/regex/disjoint.py): branches whose patterns no
 string can match together are enforced as anyOf under type string; overlapping ones are still
 refused by name (MaskBench Github_hard o2070)."""
 
@@ -8,8 +8,8 @@ import jsonschema
 import pytest
 
 from constraints import ConstraintSpec
-from constraints.pattern_disjoint import patterns_disjoint
-from constraints.regex_dialect import ecma_regex
+from constraints.regex.dialect import ecma_regex
+from constraints.regex.disjoint import patterns_disjoint
 
 from .conftest import walk_json
 
@@ -53,7 +53,7 @@ def test_one_of_disjoint_patterns_is_enforced(compiler, tok):
 
 def test_without_type_a_non_string_matches_every_branch():
     """oneOf of patterns alone: a number matches every branch, so only strings are valid."""
-    from constraints.schema_analysis import rewrite_schema
+    from constraints.schema.analysis import rewrite_schema
 
     schema = {"oneOf": SPECIMEN["oneOf"]}
     out = rewrite_schema(schema)
@@ -64,7 +64,7 @@ def test_without_type_a_non_string_matches_every_branch():
 
 def test_overlapping_patterns_are_not_taken_as_exclusive():
     """"0000" matches both: oneOf is not anyOf here (refused, or enforced by negation)."""
-    from constraints.schema_analysis import strings_only_disjoint
+    from constraints.schema.disjoint import strings_only_disjoint
 
     branches = [{"pattern": "^[0-9a-f]{4}$"}, {"pattern": "^[0-9A-F]{4}$"}]
     assert not strings_only_disjoint(branches, {})

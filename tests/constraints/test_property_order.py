@@ -1,4 +1,4 @@
-"""Small objects accept their properties in any order (constraints/property_order.py): every
+"""Small objects accept their properties in any order (constraints/schema/property_order.py): every
 order of a valid object is accepted token by token, invalid objects are still refused in every
 order (each property once, required ones present, each value's schema), checked against
 jsonschema; objects beyond the size or budget keep the declared order."""
@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from constraints import ConstraintSpec
-from constraints.property_order import MAX_BRANCHES, MAX_PROPERTIES, any_order
+from constraints.schema.property_order import MAX_BRANCHES, MAX_PROPERTIES, any_order
 
 from .conftest import walk_json, walk_text
 

@@ -1,4 +1,4 @@
-"""The complement of a pattern (constraints/regex_complement.py): on random strings, exactly one
+"""The complement of a pattern (constraints/regex/complement.py): on random strings, exactly one
 of the pattern and its complement matches (search semantics, as JSON Schema's ``pattern``)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from constraints.regex_complement import MAX_STATES, complement_pattern
-from constraints.regex_dialect import ecma_regex
+from constraints.regex.complement import MAX_STATES, complement_pattern
+from constraints.regex.dialect import ecma_regex
 
 PATTERNS = ["^[a-z]+$", "customer", "^[ab]", "b$", "^([a-z][0-9])+$", "(\\$)", r"^\d{3}-\d{4}$",
             r"^[.,*\\\s-]+$", "^(?:ab|ba)*$", "[^x]", "a.c", "^(cat|dog)s?$", r"\.json$", '^[^"]*$']

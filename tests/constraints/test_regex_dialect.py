@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from constraints.regex_dialect import DOT, ecma_lark, ecma_regex
+from constraints.regex.dialect import DOT, ecma_lark, ecma_regex
 
 ASCII_DIGIT_CLASS = "[0-9]"
 

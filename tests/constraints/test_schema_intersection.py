@@ -1,4 +1,4 @@
-"""Intersections written out before llguidance compiles (constraints/schema_intersection.py):
+"""Intersections written out before llguidance compiles (constraints/schema/intersection.py):
 recursive schemas whose listed properties a catch-all ``patternProperties`` pattern also
 matches (the shape of MaskBench's WashingtonPost ANS schemas) compile and classify exactly;
 the rewrite keeps every schema's meaning, checked with jsonschema on both forms."""
@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from constraints import ConstraintSpec
-from constraints.schema_intersection import precompute_intersections
+from constraints.schema.intersection import precompute_intersections
 
 from .conftest import assert_classified, walk_json
 

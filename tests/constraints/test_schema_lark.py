@@ -1,5 +1,5 @@
 """contains / minContains / maxContains on arrays of any length, compiled as llguidance Lark
-grammars (constraints/schema_lark.py): valid instances (judged by jsonschema) pass the mask and
+grammars (constraints/schema/lark.py): valid instances (judged by jsonschema) pass the mask and
 accept token by token in the request's layout, invalid ones fail; what has no exact form is
 refused by name."""
 
@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from constraints import ConstraintSpec, UnsupportedConstraintError
-from constraints.schema_lark import needs_lark
+from constraints.schema.lark import needs_lark
 
 from .conftest import walk_text
 

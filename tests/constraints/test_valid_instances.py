@@ -7,7 +7,7 @@ import jsonschema
 import pytest
 
 from constraints import ConstraintSpec
-from constraints.schema_analysis import normalise_schema, rewrite_schema
+from constraints.schema.analysis import normalise_schema, rewrite_schema
 
 from .conftest import assert_classified, walk_json
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from constraints import jobs
+from constraints.compile import jobs
 
 
 def plan(spec):

@@ -20,7 +20,7 @@ FORMAT = {"type": "json_schema", "json_schema": {"name": "probe", "strict": True
 def starved_llguidance(monkeypatch):
     """llguidance matchers report a parser limit (as after a failed rescue replay) from their first
     accepted token on; the real limit and its rescue are tested in tests/constraints."""
-    from constraints.backend_llguidance import LLGuidanceMatcher
+    from constraints.backends.llguidance import LLGuidanceMatcher
 
     def error(self):
         return "lexer error: too many expressions constructed" if self._history else None

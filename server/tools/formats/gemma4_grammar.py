@@ -9,7 +9,7 @@ whitespace, properties in the schema's order, undeclared properties not generate
 choices as the JSON formats' grammar), so that every text it accepts is read back by
 :func:`server.tools.formats.gemma4.to_json` as a value valid against the schema.
 
-Input: a schema already rewritten by ``constraints.schema_analysis`` into the keywords xgrammar
+Input: a schema already rewritten by ``constraints.schema.analysis`` into the keywords xgrammar
 enforces (type, properties, required, additionalProperties, items, prefixItems, min/maxItems,
 enum, const, anyOf, $ref/$defs, min/maxLength, pattern, numeric bounds). Numeric leaves reuse
 xgrammar's own JSON-Schema grammar (JSON and Gemma write numbers alike); a ``pattern`` becomes

@@ -2,7 +2,7 @@
 memory budgets, caches.
 
 No compile of unbounded cost runs in the server process: planning (schema analysis, emptiness
-checks) and backend compiles run in :mod:`constraints.workers`; the server process only loads
+checks) and backend compiles run in :mod:`constraints.compile.workers`; the server process only loads
 the payloads they return.
 """
 
@@ -17,9 +17,10 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Sequence
 
-from .backend import CompiledConstraint, TokenizerContext, make_backend
-from .disk_cache import DiskCache
-from .errors import (
+from ..backends.base import CompiledConstraint
+from ..backends.registry import make_backend
+from ..backends.vocabulary import TokenizerContext
+from ..errors import (
     ConstraintError,
     ConstraintTimeoutError,
     ConstraintTooLargeError,
@@ -27,7 +28,8 @@ from .errors import (
     InvalidConstraintError,
     UnsupportedConstraintError,
 )
-from .spec import ConstraintSpec
+from ..spec import ConstraintSpec
+from .disk_cache import DiskCache
 from .workers import WorkerPool
 
 FAILURE_TTL_S = 30.0  # failures are cached briefly: a retry storm must not recompile
@@ -101,13 +103,13 @@ class ConstraintCompiler:
     failures) are cached in an LRU bounded by ``max_cache_bytes``.
 
     With ``disk_cache_dir``, successful compiles are also kept on disk (at most
-    ``disk_cache_bytes``; see :mod:`constraints.disk_cache`), shared by every compiler over the
+    ``disk_cache_bytes``; see :mod:`constraints.compile.disk_cache`), shared by every compiler over the
     same directory, across processes and restarts: a spec is looked up in memory, then on disk,
     and only then compiled. The directory holds pickles and must be the operator's own.
     """
 
-    PLAN_JOB = "constraints.jobs:plan"  # worker functions (tests substitute their own)
-    ATTEMPT_JOB = "constraints.jobs:attempt"
+    PLAN_JOB = "constraints.compile.jobs:plan"  # worker functions (tests substitute their own)
+    ATTEMPT_JOB = "constraints.compile.jobs:attempt"
 
     def __init__(
         self,
@@ -142,7 +144,7 @@ class ConstraintCompiler:
         )
         self._pool = WorkerPool(
             max_workers,
-            "constraints.jobs:init",
+            "constraints.compile.jobs:init",
             (tokenizer, vocab_size, stops, self.fingerprint),
             memory_mb=compile_memory_mb,
         )

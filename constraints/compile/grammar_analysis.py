@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any, Iterator
 
-from .errors import EmptyLanguageError
+from ..errors import EmptyLanguageError
 
 # expressions: ("t",) terminal | ("ref", name) | ("seq", [e]) | ("alt", [e]) | ("opt", e) | ("plus", e)
 Expr = tuple

@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+from .analysis import has_anchors
+
 MAX_PATTERN_CHARS = 400  # longer patterns are not turned into DFAs here
 _ANY = r"[\s\S]*"
 # constructs whose meaning interegular may not share with ECMA-262: groups with flags or
@@ -35,7 +37,7 @@ def _interegular_syntax(pattern: str) -> str:
 
 def patterns_disjoint(a: str, b: str) -> bool:
     """True only when no string contains a match of both ``a`` and ``b`` (ECMA-normalised
-    patterns, as :func:`constraints.regex_dialect.ecma_regex` writes them)."""
+    patterns, as :func:`constraints.regex.dialect.ecma_regex` writes them)."""
     fa, fb = pattern_language(a), pattern_language(b)
     if fa is None or fb is None:
         return False
@@ -54,8 +56,6 @@ def pattern_language(pattern: str, limit: int = MAX_PATTERN_CHARS):
     body, anchored_start, anchored_end = _strip_outer_anchors(pattern)
     if body is None:
         return None
-    from .regex_analysis import has_anchors
-
     if has_anchors(body):
         return None
     body = _interegular_syntax(body)
@@ -75,12 +75,12 @@ def _strip_outer_anchors(pattern: str) -> tuple[str | None, bool, bool]:
     body = pattern[1:] if start else pattern
     end = body.endswith("$") and not re.search(r"(?<!\\)(\\\\)*\\\$$", body)
     body = body[:-1] if end else body
-    if (start or end) and _top_level_alternation(body):
+    if (start or end) and top_level_alternation(body):
         return None, start, end
     return body, start, end
 
 
-def _top_level_alternation(body: str) -> bool:
+def top_level_alternation(body: str) -> bool:
     depth, escaped, in_class = 0, False, False
     for ch in body:
         if escaped:

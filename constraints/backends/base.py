@@ -1,51 +1,18 @@
-"""The small interfaces every backend implements: Backend -> CompiledConstraint -> Matcher."""
+"""The small interfaces every backend implements: Backend -> CompiledConstraint -> Matcher, and
+the TokenDFA a compiled constraint may hand GPU kernels."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
 
-from .spec import ConstraintSpec
+from ..spec import ConstraintSpec
+from .closing import greedy_completion
+from .vocabulary import TokenizerContext
 
 if TYPE_CHECKING:
     import torch
-
-    from .tokendfa import TokenDFA
-
-
-@dataclass
-class TokenizerContext:
-    """What every backend needs to know about the tokenizer (shared, read-only)."""
-
-    tokenizer: Any
-    vocab_size: int  # logits width
-    tokenizer_vocab: int  # ids >= this are never allowed
-    stop_token_ids: tuple[int, ...]
-    fingerprint: str
-    cache: dict[str, Any] = field(default_factory=dict)  # per-backend tokenizer objects
-
-    def encode(self, text: str) -> list[int]:
-        """Canonical tokenization of ``text`` without special tokens."""
-        backend = rust_tokenizer(self.tokenizer)
-        if backend is not None:  # what transformers' encode calls, without its wrapper (a third of the time)
-            return backend.encode(text, add_special_tokens=False).ids
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def decode(self, ids: Sequence[int]) -> str:
-        backend = rust_tokenizer(self.tokenizer)
-        if backend is not None:
-            return backend.decode(list(ids), skip_special_tokens=False)
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
-
-
-def rust_tokenizer(tokenizer: Any) -> Any:
-    """A fast tokenizer's ``tokenizers.Tokenizer`` where transformers' encode/decode add nothing
-    to its own (no clean-up of spaces after decoding), else None."""
-    backend = getattr(tokenizer, "_tokenizer", None)
-    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
-        return None
-    return backend if hasattr(backend, "encode") and hasattr(backend, "decode") else None
 
 
 class Matcher(ABC):
@@ -53,7 +20,8 @@ class Matcher(ABC):
 
     A subclass whose library fills many rows at once may add a classmethod
     ``fill_bitmask_batch(matchers, bitmask, rows, threads)`` that writes ``bitmask[rows[i]]`` for
-    ``matchers[i]`` exactly as ``fill_bitmask`` would; ``constraints.batch_fill`` then uses it.
+    ``matchers[i]`` exactly as ``fill_bitmask`` would; ``constraints.backends.batch_fill`` then
+    uses it.
     """
 
     ctx: TokenizerContext
@@ -88,10 +56,8 @@ class Matcher(ABC):
         included), at most ``limit`` of them, or None when none is found within ``limit``.
 
         The state is left unchanged. The default walks the automaton greedily towards closing
-        (see ``constraints.closing``): a valid completion, not always the shortest one.
+        (see ``constraints.backends.closing``): a valid completion, not always the shortest one.
         """
-        from .closing import greedy_completion
-
         return greedy_completion(self, limit)
 
     def forced_tokens(self) -> list[int]:
@@ -163,6 +129,28 @@ def _bits_to_ids(row: "torch.Tensor") -> list[int]:
     return torch.nonzero(bits.reshape(-1)).flatten().tolist()
 
 
+@dataclass
+class TokenDFA:
+    """Token-level DFA. States are 0..S-1.
+
+    ``allowed[s]`` is the int32 bitmask of state s (stop tokens set in final states);
+    transitions are CSR: tokens ``trans_tokens[trans_offsets[s]:trans_offsets[s+1]]`` (sorted)
+    lead to ``trans_next`` at the same positions. Stop tokens have no transition.
+    """
+
+    initial_state: int
+    allowed: "torch.Tensor"  # int32 [S, W]
+    trans_offsets: "torch.Tensor"  # int32 [S+1]
+    trans_tokens: "torch.Tensor"  # int32 [E]
+    trans_next: "torch.Tensor"  # int32 [E]
+    final: "torch.Tensor"  # bool [S]
+    stop_token_ids: tuple[int, ...]
+
+    @property
+    def num_states(self) -> int:
+        return int(self.final.shape[0])
+
+
 class CompiledConstraint(ABC):
     """A compiled, immutable automaton; ``new_matcher()`` gives per-sequence state."""
 
@@ -173,7 +161,7 @@ class CompiledConstraint(ABC):
     def new_matcher(self) -> Matcher:
         """A fresh matcher in the initial state."""
 
-    def token_dfa(self) -> "TokenDFA | None":
+    def token_dfa(self) -> TokenDFA | None:
         """A token-level DFA for GPU kernels, when this backend has one within budget."""
         return None
 
@@ -206,25 +194,3 @@ class Backend(ABC):
     @abstractmethod
     def load(self, spec: ConstraintSpec, payload: Any) -> CompiledConstraint:
         """The compiled constraint for a payload ``compile`` returned."""
-
-
-def make_backend(name: str, ctx: TokenizerContext) -> Backend:
-    """The backend called ``name`` for ``ctx``'s tokenizer."""
-    if name == "xgrammar":
-        from .backend_xgrammar import XGrammarBackend
-
-        return XGrammarBackend(ctx)
-    if name == "llguidance":
-        from .backend_llguidance import LLGuidanceBackend
-
-        return LLGuidanceBackend(ctx)
-    if name == "outlines":
-        from .backend_outlines import OutlinesBackend
-
-        return OutlinesBackend(ctx)
-    from .errors import UnsupportedConstraintError
-
-    raise UnsupportedConstraintError(f"unknown backend {name!r}")
-
-
-BackendFactory = Callable[[TokenizerContext], Backend]

@@ -20,6 +20,9 @@ import itertools
 import math
 from typing import Any, Callable
 
+from ..regex.analysis import finite_strings
+from .tree import conjoin, names_draft, resolve, subschemas
+
 MAX_ENUMERATED = 128  # arrays a uniqueItems rewrite may list
 MAX_CONTAINS_ITEMS = 5  # longest array a contains rewrite spells out position by position
 _NAME_KEYS = frozenset({"type", "title", "description", "$comment", "examples"})
@@ -52,8 +55,6 @@ def _finite_domain(node: dict, root: dict) -> Any:
     values = _listed_values(node, root)
     if values is None or len(values) > MAX_ENUMERATED or not set(node) - _PLAIN_ENUM_KEYS:
         return node
-    from .schema_analysis import subschemas
-
     if any(isinstance(sub, dict) and "format" in sub for _, sub in subschemas(node)):
         return node
     return _enum_of_valid(node, root, values)
@@ -64,13 +65,13 @@ def _enum_of_valid(node: dict, root: dict, candidates: Any) -> Any:
     duplicates dropped), ``False`` when none does, or the node unchanged when it cannot be
     checked or more than :data:`MAX_ENUMERATED` candidates pass."""
     draft = root.get("$schema") if isinstance(root.get("$schema"), str) else None
-    valid = _validator({**node, "$schema": draft} if draft and "$schema" not in node else node, root)
+    valid = instance_validator({**node, "$schema": draft} if draft and "$schema" not in node else node, root)
     if valid is None:
         return node
     kept: list[Any] = []
     try:
         for value in candidates:
-            if valid(value) and not any(_same(value, seen) for seen in kept):
+            if valid(value) and not any(same_json(value, seen) for seen in kept):
                 kept.append(value)
                 if len(kept) > MAX_ENUMERATED:
                     return node
@@ -123,8 +124,6 @@ def _bound(parts: list[dict], keys: tuple[str, str], pick: Callable[..., float])
 def _listed_values(node: dict, root: dict) -> list[Any] | None:
     """The values ``node`` can take when they are listed: its ``enum`` / ``const``, an
     ``allOf`` member's, or the union over ``anyOf`` / ``oneOf`` branches that each list theirs."""
-    from .schema_analysis import _resolve
-
     for part in (node, *(b for b in node.get("allOf", []) if isinstance(b, dict))):
         if "const" in part:
             return [part["const"]]
@@ -136,7 +135,7 @@ def _listed_values(node: dict, root: dict) -> list[Any] | None:
             continue
         union: list[Any] = []
         for branch in branches:
-            branch = _resolve(branch, root)
+            branch = resolve(branch, root)
             if branch is False:
                 continue
             listed = _listed_values(branch, root) if isinstance(branch, dict) else None
@@ -151,19 +150,17 @@ def _listed_values(node: dict, root: dict) -> list[Any] | None:
 _DEFINITIONS = ("definitions", "$defs")
 
 
-def _validator(schema: Any, root: dict | None = None) -> Callable[[Any], bool] | None:
+def instance_validator(schema: Any, root: dict | None = None) -> Callable[[Any], bool] | None:
     """is-valid for a self-contained schema (no ``$ref`` in it or its subschemas; a literal
     ``{"$ref": …}`` inside an ``enum`` or ``const`` is a value, not a reference), else None.
     With ``root``, references into the root's ``definitions`` / ``$defs`` are allowed: the
     schema is checked with those containers copied beside it."""
     import jsonschema
 
-    from .schema_analysis import subschemas
-
     refs = [sub for _, sub in subschemas(schema) if isinstance(sub, dict)
             and ("$ref" in sub or "$dynamicRef" in sub or "$recursiveRef" in sub)]
     if refs:
-        schema = _with_root_definitions(schema, root)
+        schema = with_root_definitions(schema, root)
         if schema is None:
             return None
     try:
@@ -173,11 +170,9 @@ def _validator(schema: Any, root: dict | None = None) -> Callable[[Any], bool] |
     return validator.is_valid
 
 
-def _with_root_definitions(schema: dict, root: dict | None) -> dict | None:
+def with_root_definitions(schema: dict, root: dict | None) -> dict | None:
     """``schema`` with the root's definition containers beside it, when every reference in it
     and in them is ``#/definitions/…`` or ``#/$defs/…`` and no nested ``$id`` moves the base."""
-    from .schema_analysis import subschemas
-
     if root is None or not isinstance(schema, dict):
         return None
     out = dict(schema)
@@ -211,17 +206,17 @@ def _domain(items: Any) -> list[Any] | None:
         values = [None]
     else:
         return None
-    valid = _validator(items)
+    valid = instance_validator(items)
     if valid is None:
         return None
     out: list[Any] = []
     for v in values:
-        if valid(v) and not any(_same(v, w) for w in out):
+        if valid(v) and not any(same_json(v, w) for w in out):
             out.append(v)
     return out
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_json(a: Any, b: Any) -> bool:
     """JSON equality (1 == 1.0, but True != 1)."""
     import json
 
@@ -273,8 +268,6 @@ def _contains(node: dict, root: dict, negate: Callable[[Any, dict], Any]) -> Any
 def _positional(root: dict) -> str:
     """The keyword for per-position item schemas in ``root``'s draft: drafts before 2020-12 know
     no ``prefixItems`` (llguidance then ignores it) and write them as an ``items`` array."""
-    from .schema_analysis import names_draft
-
     legacy = names_draft(root, ("draft-03", "draft-04", "draft-06", "draft-07", "2019-09"))
     return "items" if legacy else "prefixItems"
 
@@ -287,7 +280,7 @@ def _property_names(node: dict) -> Any:
     props = node.get("properties", {})
     if not isinstance(props, dict) or extra not in (True, {}) and not isinstance(extra, dict):
         return node
-    valid = _validator(names)
+    valid = instance_validator(names)
     if valid is None:
         return node
     keys = _name_values(names)
@@ -336,8 +329,6 @@ def _named_pattern_properties(node: dict) -> dict:
     known names (``^[a-d]$``): each name gets its listed schema and every matching pattern's.
     Listed names are what llguidance counts without repeats (it takes a pattern-matched key
     twice, and a count met only by a repeat parses to an object that fails it)."""
-    from .regex_analysis import finite_strings
-
     patterns, props = node.get("patternProperties"), node.get("properties", {})
     if not isinstance(patterns, dict) or not isinstance(props, dict) or node.get("additionalProperties") is not False:
         return node
@@ -372,7 +363,5 @@ def _name_values(names: dict) -> list[str] | None:
 
 def _and(node: dict, extra: Any, replacing: tuple[str, ...]) -> Any:
     """``node`` and ``extra``, in the place of the keywords ``extra`` replaces (see
-    :func:`constraints.schema_analysis.conjoin`)."""
-    from .schema_analysis import conjoin
-
+    :func:`constraints.schema.tree.conjoin`)."""
     return conjoin(node, extra, replacing)

@@ -1,4 +1,4 @@
-"""What runs inside a compile worker process (see :mod:`constraints.workers`).
+"""What runs inside a compile worker process (see :mod:`constraints.compile.workers`).
 
 ``init`` builds the tokenizer tables of every backend once per worker; ``plan`` analyses a spec
 (schema checks and rewrites, emptiness checks) into backend attempts; ``attempt`` compiles one
@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .backend import Backend, TokenizerContext, make_backend
+from ..backends.base import Backend
+from ..backends.registry import make_backend
+from ..backends.vocabulary import TokenizerContext
+from ..spec import ConstraintSpec
+from . import planner
 from .planner import Attempt, Plan
-from .spec import ConstraintSpec
 
 BACKENDS = ("xgrammar", "llguidance", "outlines")
 
@@ -35,9 +38,7 @@ def init(tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int], fingerp
 
 def plan(spec: ConstraintSpec) -> Plan:
     """The ordered backend attempts for ``spec`` (raises ConstraintError for bad specs)."""
-    from .planner import plan as make_plan
-
-    return make_plan(spec)
+    return planner.plan(spec)
 
 
 def attempt(spec: ConstraintSpec, step: Attempt) -> Any:

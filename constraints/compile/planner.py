@@ -1,6 +1,6 @@
 """Which backends to try, in which order, with which (rewritten) source, for one spec.
 
-Planning runs in a compile worker (see :mod:`constraints.jobs`): the analyses here (schema
+Planning runs in a compile worker (see :mod:`constraints.compile.jobs`): the analyses here (schema
 rewriting, emptiness of regexes and grammars) may be costly for hostile inputs.
 """
 
@@ -11,9 +11,17 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConstraintError, InvalidConstraintError, UnsupportedConstraintError
-from .regex_dialect import ecma_lark, ecma_regex
-from .spec import ConstraintSpec
+from ..backends.outlines import choice_regex
+from ..errors import ConstraintError, InvalidConstraintError, UnsupportedConstraintError
+from ..regex.analysis import check_regex_nonempty, has_anchors
+from ..regex.dialect import ecma_lark, ecma_regex
+from ..schema.analysis import (before_draft_06, check_refs, check_schema, find_keyword, normalise_schema,
+                               open_property_count, rewrite_schema, xgrammar_gaps)
+from ..schema.intersection import precompute_intersections
+from ..schema.lark import LarkSchema, needs_lark
+from ..schema.property_order import any_order
+from ..spec import ConstraintSpec
+from .grammar_analysis import check_ebnf_productive, check_lark_productive, check_schema_productive
 
 
 # why a keyword left after the schema rewrites cannot be enforced exactly
@@ -55,8 +63,6 @@ class Plan(list):
             return UnsupportedConstraintError("no backend can enforce this constraint")
         first = errors[0]
         if first.keyword and self.schema is not None and first.pointer is None:
-            from .schema_analysis import find_keyword
-
             pointer = find_keyword(self.schema, first.keyword) or "/"
             return type(first)(
                 f"keyword {first.keyword!r} at {pointer} is not supported for enforcement"
@@ -80,8 +86,6 @@ _XGRAMMAR_UNSAFE_REGEX = re.compile(r"\[:|\\[AzZ]")
 
 
 def _xgrammar_regex_safe(regex: str) -> bool:
-    from .regex_analysis import has_anchors
-
     return not _XGRAMMAR_UNSAFE_REGEX.search(regex) and not has_anchors(regex)
 
 
@@ -105,20 +109,14 @@ def plan(spec: ConstraintSpec) -> Plan:
     if kind == "regex":
         return Plan(_only(forced, _regex_attempts(ecma_regex(spec.source), forced)))
     if kind == "choice":
-        from .backend_outlines import choice_regex
-
         return Plan(_only(forced, [
             Attempt("outlines", list(spec.source), final_on_invalid=False),
             Attempt("llguidance", choice_regex(spec.source)),
         ]))
     if kind == "grammar_ebnf":
-        from .grammar_analysis import check_ebnf_productive
-
         check_ebnf_productive(spec.source)
         return Plan(_only(forced, [Attempt("xgrammar", spec.source)]))
     if kind == "grammar_lark":
-        from .grammar_analysis import check_lark_productive
-
         check_lark_productive(spec.source)
         return Plan(_only(forced, [Attempt("llguidance", ecma_lark(spec.source))]))
     if kind == "structural_tag":
@@ -128,8 +126,6 @@ def plan(spec: ConstraintSpec) -> Plan:
 
 
 def _regex_attempts(source: str, forced: str | None) -> list[Attempt]:
-    from .regex_analysis import check_regex_nonempty
-
     regex = _strip_anchors(source)
     if not regex:
         raise InvalidConstraintError("the regex is empty")
@@ -147,8 +143,6 @@ def _regex_attempts(source: str, forced: str | None) -> list[Attempt]:
 def _check_tag_schemas(tag: Any) -> None:
     """$ref checks for the JSON schemas inside a structural tag (xgrammar would take a remote
     $ref as "any value")."""
-    from .schema_analysis import check_refs
-
     stack = [tag]
     while stack:
         node = stack.pop()
@@ -163,8 +157,6 @@ def _check_tag_schemas(tag: Any) -> None:
 
 def ecma_structural_tag(tag: Any) -> Any:
     """A copy of a structural tag whose JSON schemas and regex contents use ECMA-262 classes."""
-    from .schema_analysis import normalise_schema
-
     out = json.loads(json.dumps(tag))
     stack = [out]
     while stack:  # iterative: a tag may nest hundreds of levels
@@ -190,13 +182,6 @@ def _only(forced: str | None, attempts: list[Attempt]) -> list[Attempt]:
 
 
 def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
-    from .grammar_analysis import check_schema_productive
-    from .property_order import any_order
-    from .schema_analysis import (before_draft_06, check_schema, normalise_schema, open_property_count,
-                                  rewrite_schema, xgrammar_gaps)
-    from .schema_intersection import precompute_intersections
-    from .schema_lark import LarkSchema, needs_lark
-
     schema = normalise_schema(spec.source)
     check_schema(schema)
     check_schema_productive(schema)

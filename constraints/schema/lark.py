@@ -1,7 +1,7 @@
 """Strict JSON schemas as llguidance Lark grammars, for what no JSON-Schema form expresses.
 
 llguidance's JSON compiler refuses ``contains`` (and ``minContains`` / ``maxContains``); the
-exact rewrites of :mod:`constraints.schema_coverage` spell it out only for arrays of at most a
+exact rewrites of :mod:`constraints.schema.coverage` spell it out only for arrays of at most a
 few items. A Lark grammar expresses it on arrays of any length: the array is written as
 ``"[" element (", " element)* "]"`` by a right-linear grammar whose states count the elements
 and, per ``contains`` clause, the elements matching it, so the language is exactly
@@ -9,7 +9,7 @@ and, per ``contains`` clause, the elements matching it, so the language is exact
 * every element matches ``items`` (all of them, when several parts of the schema give one);
 * at least ``minContains`` (default 1) elements match ``contains``, and at most ``maxContains``:
   with a ``maxContains`` each element is either a match or a non-match (``items`` and the
-  negated ``contains``, which must have an exact form: :func:`schema_analysis.negate`);
+  negated ``contains``, which must have an exact form: :func:`constraints.schema.negation.negate`);
 * ``minItems`` / ``maxItems``.
 
 Each element class is a rule of its own: an ``%json { … }`` embed of the JSON schema when it
@@ -32,7 +32,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .errors import UnsupportedConstraintError
+from ..errors import EmptyLanguageError, UnsupportedConstraintError
+from .coverage import instance_validator, same_json, with_root_definitions
+from .negation import negate
+from .tree import resolve, subschemas
 
 MAX_STATES = 512  # counting states of one array rule (elements x matches per clause)
 MAX_CLAUSES = 4  # contains clauses on one array (element classes: 2 ** clauses)
@@ -59,8 +62,6 @@ class LarkSchema:
 def needs_lark(schema: Any) -> bool:
     """Whether some subschema of ``schema`` holds a ``contains`` (which llguidance's JSON
     compiler refuses)."""
-    from .schema_analysis import subschemas
-
     return any(isinstance(sub, dict) and "contains" in sub for _, sub in subschemas(schema))
 
 
@@ -71,8 +72,6 @@ def lark_grammar(schema: Any, json_options: dict[str, Any], satisfiable: Callabl
 
     Raises UnsupportedConstraintError naming the keyword that has no exact form here, or
     EmptyLanguageError when no instance is valid."""
-    from .errors import EmptyLanguageError
-
     emitter = _Emitter(schema if isinstance(schema, dict) else {}, json_options, satisfiable)
     start = emitter.rule(schema)
     if start is None:
@@ -147,9 +146,7 @@ class _Emitter:
             return None
         out = dict(schema) if isinstance(schema, dict) else {}
         if _has_ref(out):
-            from .schema_coverage import _with_root_definitions
-
-            with_defs = _with_root_definitions(out, self.root)
+            with_defs = with_root_definitions(out, self.root)
             if with_defs is None:
                 raise _refuse("$ref", "a reference beside a contains must point into definitions / $defs")
             out = with_defs
@@ -162,8 +159,6 @@ class _Emitter:
 
     def _special(self, schema: Any) -> bool:
         """Whether ``schema`` reaches a ``contains`` (through its subschemas and local $refs)."""
-        from .schema_analysis import _resolve, subschemas
-
         seen: set[str] = set()
         stack = [schema]
         while stack:
@@ -175,7 +170,7 @@ class _Emitter:
                 ref = sub.get("$ref")
                 if isinstance(ref, str) and ref not in seen:
                     seen.add(ref)
-                    stack.append(_resolve({"$ref": ref}, self.root))
+                    stack.append(resolve({"$ref": ref}, self.root))
         return False
 
     def _body(self, schema: dict) -> str | None:
@@ -188,8 +183,6 @@ class _Emitter:
 
     def _parts(self, node: Any, depth: int) -> list[Any]:
         """``node`` as a list of schemas that all hold: allOf members and $ref targets inlined."""
-        from .schema_analysis import _resolve
-
         if depth > 32:
             raise _refuse("$ref", "the references beside a contains nest too deeply (or cycle)")
         if not isinstance(node, dict):
@@ -197,7 +190,7 @@ class _Emitter:
         own = {k: v for k, v in node.items() if k not in ("allOf", "$ref", "definitions", "$defs")}
         parts: list[Any] = [own] if own else []
         if isinstance(node.get("$ref"), str):
-            target = _resolve({"$ref": node["$ref"]}, self.root)
+            target = resolve({"$ref": node["$ref"]}, self.root)
             if isinstance(target, dict) and "$ref" in target and len(target) == 1:
                 raise _refuse("$ref", f"{node['$ref']} does not resolve to a local schema")
             parts += self._parts(target, depth + 1)
@@ -245,8 +238,6 @@ class _Emitter:
 
     def _listed(self, parts: list[dict]) -> str | None:
         """With an enum / const among the parts: the listed values that satisfy every part."""
-        from .schema_coverage import _same, _validator
-
         values = next(([p["const"]] if "const" in p else p["enum"] for p in parts
                        if "const" in p or isinstance(p.get("enum"), list)), None)
         if values is None:
@@ -254,12 +245,12 @@ class _Emitter:
         schema = {"allOf": parts}
         if "$schema" in self.root:
             schema["$schema"] = self.root["$schema"]
-        valid = _validator(schema, self.root)
+        valid = instance_validator(schema, self.root)
         if valid is None:
             raise _refuse("enum", "its values could not be checked against the contains beside it")
         kept: list[Any] = []
         for v in values:
-            if valid(v) and not any(_same(v, w) for w in kept):
+            if valid(v) and not any(same_json(v, w) for w in kept):
                 kept.append(v)
         return self._name_of_body(self._embed({"enum": kept})) if kept else None
 
@@ -300,8 +291,6 @@ class _Emitter:
 
     def _clause(self, part: dict) -> Any:
         """The part's contains clause (None: it holds for every array, False: for none)."""
-        from .schema_analysis import negate
-
         low, high = (1, None) if self.legacy else (part.get("minContains", 1), part.get("maxContains"))
         if not isinstance(low, int) or high is not None and not isinstance(high, int):
             raise _refuse("minContains", "its value is not an integer")
@@ -398,8 +387,6 @@ def _allows_arrays(parts: list[dict]) -> bool:
 
 
 def _has_ref(schema: Any) -> bool:
-    from .schema_analysis import subschemas
-
     return any(isinstance(s, dict) and ("$ref" in s or "$dynamicRef" in s or "$recursiveRef" in s)
                for _, s in subschemas(schema))
 

@@ -33,11 +33,14 @@ _LIBRARIES = ("xgrammar", "llguidance", "outlines_core")
 
 @functools.cache
 def compiler_digest() -> str:
-    """A digest of this package's source: a payload depends on how Trellis rewrote the spec
-    before a backend saw it (a fixed rewrite must not be served from an entry made before)."""
+    """A digest of the ``constraints`` package's source, every subpackage included: a payload
+    depends on how Trellis rewrote the spec before a backend saw it (a fixed rewrite must not be
+    served from an entry made before)."""
+    package = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
-    for path in sorted(Path(__file__).resolve().parent.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in sorted(package.rglob("*.py")):
+        name = path.relative_to(package).as_posix()
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
 

@@ -15,7 +15,7 @@ import re
 import warnings
 from typing import Any, Iterable
 
-from .errors import EmptyLanguageError
+from ..errors import EmptyLanguageError
 
 try:  # Python 3.11+
     from re import _constants as _c, _parser as _p

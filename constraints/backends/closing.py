@@ -3,7 +3,8 @@
 Two ways of finding a completion from a matcher's current state:
 
 * a token DFA (regex / choice) knows each state's exact distance to a final state: a
-  backwards breadth-first search over its transitions, done once per compiled constraint;
+  backwards breadth-first search over its transitions, done once per compiled constraint
+  (:func:`constraints.backends.tokendfa.dfa_distances`);
 * any other matcher (llguidance, xgrammar) is walked greedily: text the grammar forces is
   taken as its canonical tokens, and elsewhere the allowed token
   that ranks first in a fixed per-tokenizer order (stop tokens, then tokens made only of closing
@@ -17,19 +18,37 @@ the output is complete (finish_reason "length").
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
+
+from .vocabulary import TokenizerContext, special_ids, token_bytes
 
 if TYPE_CHECKING:
     import numpy as np
-
-    from .backend import Matcher, TokenizerContext
-    from .tokendfa import DFATables
+    import torch
 
 MAX_COMPLETION_TOKENS = 1024  # the greedy walk gives up after this many tokens
 _CLOSERS = frozenset(b'"}])')
 _CLOSER_ORDER = b'}])"'  # a quote last: at a key position it would open one
 _OPENERS = frozenset(b"{[(")
 _SIGNS = frozenset(b"-+")
+
+
+class Walkable(Protocol):
+    """What a walk uses of a matcher. Every :class:`constraints.backends.base.Matcher` is one:
+    the interface walks here for its default ``shortest_completion``, so this module names only
+    the methods it calls instead of importing the interface."""
+
+    ctx: TokenizerContext
+
+    def accept_token(self, token_id: int) -> bool: ...
+
+    def fill_bitmask(self, bitmask: "torch.Tensor", row: int) -> None: ...
+
+    def rollback(self, n: int) -> None: ...
+
+    def is_terminated(self) -> bool: ...
+
+    def forced_text(self) -> str: ...
 
 
 def _rank(raw: bytes) -> tuple[int, int]:
@@ -48,14 +67,12 @@ def _rank(raw: bytes) -> tuple[int, int]:
     return 4, len(raw)
 
 
-def closing_order(ctx: "TokenizerContext") -> "np.ndarray":
+def closing_order(ctx: TokenizerContext) -> "np.ndarray":
     """Token ids in the greedy walk's order of preference (built once per tokenizer)."""
     import numpy as np
 
     order = ctx.cache.get("closing_order")
     if order is None:
-        from .backend_outlines import special_ids, token_bytes
-
         raw = token_bytes(ctx)
         stops = set(ctx.stop_token_ids)
         specials = special_ids(ctx.tokenizer) - stops
@@ -72,7 +89,7 @@ def closing_order(ctx: "TokenizerContext") -> "np.ndarray":
     return order
 
 
-def greedy_completion(matcher: "Matcher", limit: int) -> list[int] | None:
+def greedy_completion(matcher: Walkable, limit: int) -> list[int] | None:
     """The greedy walk's completion from ``matcher``'s state (state left unchanged), or None
     when it needs more than ``limit`` tokens."""
     import torch
@@ -99,7 +116,7 @@ def greedy_completion(matcher: "Matcher", limit: int) -> list[int] | None:
         matcher.rollback(len(walk.taken))
 
 
-def _take_forced(matcher: "Matcher", taken: list[int], limit: int) -> bool:
+def _take_forced(matcher: Walkable, taken: list[int], limit: int) -> bool:
     """Accept the text the grammar forces here, tokenized canonically (no mask needed: a
     closing's keys and punctuation are mostly forced); True when at least one token was taken."""
     text = matcher.forced_text()
@@ -117,7 +134,7 @@ def _take_forced(matcher: "Matcher", taken: list[int], limit: int) -> bool:
     return len(taken) > before
 
 
-def closing_token(matcher: "Matcher") -> int | None:
+def closing_token(matcher: Walkable) -> int | None:
     """The first token of the greedy walk towards closing from ``matcher``'s state (the token
     that ends the value being written: a string's quote, an object's brace), state unchanged;
     None when only a stop token or nothing is allowed."""
@@ -138,7 +155,7 @@ class _Walk:
 
     TRIALS = 6  # candidates tried for whether they change the mask
 
-    def __init__(self, matcher: "Matcher", order: "np.ndarray", stops: frozenset[int]) -> None:
+    def __init__(self, matcher: Walkable, order: "np.ndarray", stops: frozenset[int]) -> None:
         self.matcher = matcher
         self.order = order
         self.stops = stops
@@ -182,30 +199,3 @@ class _Walk:
         finally:
             self.matcher.rollback(1)
         return not torch.equal(after, mask)
-
-
-def dfa_distances(tables: "DFATables") -> tuple["np.ndarray", "np.ndarray"]:
-    """(tokens to a final state, the token of a shortest path) per DFA state; -1 where none."""
-    import numpy as np
-
-    n = tables.num_states
-    offsets = tables.offsets.astype(np.int64)
-    src = np.repeat(np.arange(n), np.diff(offsets))
-    nxt = tables.next.astype(np.int64)
-    unreachable = np.iinfo(np.int64).max // 2
-    dist = np.where(tables.final, 0, unreachable).astype(np.int64)
-    for _ in range(n):  # Bellman-Ford with unit weights: at most n rounds, usually a few
-        cand = np.full(n, unreachable, dtype=np.int64)
-        if len(src):
-            np.minimum.at(cand, src, dist[nxt] + 1)
-        new = np.minimum(dist, cand)
-        if np.array_equal(new, dist):
-            break
-        dist = new
-    best = np.full(n, -1, dtype=np.int64)
-    if len(src):
-        on_path = (dist[nxt] + 1 == dist[src]) & (dist[src] > 0) & (dist[src] < unreachable)
-        edges = np.nonzero(on_path)[0][::-1]  # reversed: the first edge of each state wins
-        best[src[edges]] = tables.tokens[edges]
-    dist[dist >= unreachable] = -1
-    return dist, best

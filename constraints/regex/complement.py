@@ -3,7 +3,7 @@
 Neither backend can negate a regex in a JSON schema, so ``not`` over a ``pattern`` (and a
 ``oneOf`` over patterns, which needs each branch negated) was refused. Here the strings ``P``
 does not match (ECMA-262 search semantics) are built as a DFA (interegular: the language of
-``P`` as :mod:`constraints.pattern_disjoint` builds it, complemented), and the DFA is written back
+``P`` as :mod:`constraints.regex.disjoint` builds it, complemented), and the DFA is written back
 as a regex by state elimination. The result is checked: its own DFA must equal the complement,
 or no pattern is given (the caller then refuses as before). Large DFAs or results are not
 attempted: state elimination can grow a regex exponentially.
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .regex_dialect import class_items, ecma_regex
+from .dialect import class_items, ecma_regex
+from .disjoint import pattern_language, top_level_alternation
 
 MAX_STATES = 24  # complement DFAs larger than this are not written out
 MAX_PATTERN_CHARS = 4_000  # nor are results longer than this
@@ -32,8 +33,6 @@ def forget_complements() -> None:
 def complement_pattern(pattern: str) -> str | None:
     """A pattern (ECMA-normalised, anchored) matching exactly the strings ``pattern`` matches
     nowhere, or None when that cannot be written here."""
-    from .pattern_disjoint import pattern_language
-
     if pattern in _COMPLEMENTED:  # not (not P) = P, as written
         return _COMPLEMENTED[pattern]
     language = pattern_language(pattern, limit=MAX_PATTERN_CHARS)
@@ -150,6 +149,4 @@ def _union(a: str, b: str) -> str:
 
 
 def _concat(*parts: str) -> str:
-    from .pattern_disjoint import _top_level_alternation
-
-    return "".join(f"(?:{p})" if _top_level_alternation(p) else p for p in parts)
+    return "".join(f"(?:{p})" if top_level_alternation(p) else p for p in parts)

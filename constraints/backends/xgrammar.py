@@ -9,26 +9,16 @@ from typing import TYPE_CHECKING, Any
 
 import xgrammar as xgr
 
-from .backend import Backend, CompiledConstraint, Matcher, TokenizerContext
-from .errors import ConstraintTooLargeError, InvalidConstraintError, UnsupportedConstraintError
-from .spec import ConstraintSpec
+from ..errors import ConstraintTooLargeError, InvalidConstraintError, UnsupportedConstraintError
+from ..spec import ConstraintSpec
+from .base import Backend, CompiledConstraint, Matcher
+from .vocabulary import TokenizerContext, tokenizer_info
 
 if TYPE_CHECKING:
     import torch
 
 MAX_WHITESPACE = 16  # per gap between JSON tokens: bounded so small models cannot pad forever
 MAX_FORCED_CHARS = 1 << 20  # text one step may force: jump-forward runs in the server process
-
-
-def tokenizer_info(ctx: TokenizerContext) -> "xgr.TokenizerInfo":
-    """xgrammar's view of the tokenizer (built once per context)."""
-    info = ctx.cache.get("xgrammar_info")
-    if info is None:
-        info = xgr.TokenizerInfo.from_huggingface(
-            ctx.tokenizer, vocab_size=ctx.vocab_size, stop_token_ids=list(ctx.stop_token_ids)
-        )
-        ctx.cache["xgrammar_info"] = info
-    return info
 
 
 def _compiler(ctx: TokenizerContext) -> "xgr.GrammarCompiler":
@@ -144,7 +134,7 @@ class XGrammarMatcher(Matcher):
         cls, matchers: "list[XGrammarMatcher]", bitmask: "torch.Tensor", rows: list[int], threads: int
     ) -> None:
         """Fill ``bitmask[rows[i]]`` for ``matchers[i]`` with xgrammar's batched fill on
-        ``threads`` threads (see ``constraints.batch_fill``); raises if any row fails."""
+        ``threads`` threads (see ``constraints.backends.batch_fill``); raises if any row fails."""
         batch, lock = _batch_matcher(threads)
         with lock:  # one fill at a time per thread pool
             batch.batch_fill_next_token_bitmask([m._m for m in matchers], bitmask, rows)

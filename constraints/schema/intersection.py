@@ -26,8 +26,13 @@ import re
 from typing import Any
 from urllib.parse import unquote
 
-from .schema_analysis import (ANNOTATIONS, SPEC_KEYWORDS, _possible_types, _resolve, _type_list, complement_regex,
-                              subschemas)
+from ..regex.dialect import ecma_regex
+from ..regex.disjoint import pattern_language
+from .disjoint import possible_types
+from .keywords import ANNOTATIONS, SPEC_KEYWORDS, type_list
+from .negation import complement_regex
+from .coverage import instance_validator
+from .tree import resolve, subschemas
 
 MAX_STEPS = 20_000  # intersection steps for one node; beyond, the node is left alone
 DEFS_PREFIX = "trellis-and-"
@@ -96,17 +101,15 @@ def _drop_implied_types(schema: dict) -> None:
     for _, node in subschemas(schema):
         if not isinstance(node, dict) or "type" not in node or not any(k in node for k in _APPLICATORS):
             continue
-        declared = _type_list(node["type"])
+        declared = type_list(node["type"])
         if declared is None or ("integer" in declared and "number" not in declared):
             continue  # "integer" admits 2.0, which the rest's "number" may mean: not compared
         rest = {k: v for k, v in node.items() if k != "type"}
-        if _possible_types(rest, schema) <= set(declared):
+        if possible_types(rest, schema) <= set(declared):
             del node["type"]
 
 
 def _matches_every_name(pattern: str) -> bool:
-    from .pattern_disjoint import pattern_language
-
     try:  # a cheap first look: most patterns miss one of these names (a DFA costs ~0.1 s)
         if not all(re.search(pattern, name) for name in ("", "a", "Z9_-", "\n", "\u00e9")):
             return False
@@ -140,8 +143,6 @@ def _narrow_universal_pattern(node: dict, intersector: "_Intersector") -> None:
         intersector.rollback()
         return  # no object qualifies: the backends say so (or drop this branch) as written
     intersector.commit()
-    from .regex_dialect import ecma_regex
-
     others = ecma_regex("^" + complement_regex(list(props)) + "$", json_string=True)
     node["properties"] = narrowed
     node["patternProperties"] = {(others if p == pattern else p): s for p, s in patterns.items()}
@@ -218,7 +219,7 @@ class _Intersector:
             if target is True:  # still being computed: the pair is intersected with itself
                 raise _GiveUp
             return target
-        target = _resolve(node, self.root)
+        target = resolve(node, self.root)
         if target is node or (isinstance(target, dict) and "$ref" in target and len(target) == 1):
             raise _GiveUp
         return target
@@ -294,12 +295,10 @@ class _Intersector:
 
     def _literals(self, a: dict, b: dict) -> Any:
         """``enum`` / ``const`` on either side: the listed values both sides accept."""
-        from .schema_coverage import _validator
-
         listing = a if "enum" in a or "const" in a else b
         values = [listing["const"]] if "const" in listing else listing["enum"]
         draft = self.root.get("$schema")
-        checks = [_validator({**side, "$schema": draft} if isinstance(draft, str) else side, self.root)
+        checks = [instance_validator({**side, "$schema": draft} if isinstance(draft, str) else side, self.root)
                   for side in (a, b)]
         if not isinstance(values, list) or any(check is None for check in checks):
             raise _GiveUp
@@ -326,8 +325,6 @@ def _member(props: dict, patterns: dict, rest: Any, name: str, intersector: "_In
 
 
 def _matches(pattern: str, name: str) -> bool:
-    from .pattern_disjoint import pattern_language
-
     language = pattern_language(pattern)
     if language is None:
         raise _GiveUp
@@ -364,7 +361,7 @@ def _is_number(value: Any) -> bool:
 
 
 def _types(value: Any) -> set[str]:
-    types = _type_list(value)
+    types = type_list(value)
     if types is None:
         raise _GiveUp
     return set(types)

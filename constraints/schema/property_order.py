@@ -23,6 +23,8 @@ import json
 from typing import Any
 from urllib.parse import unquote
 
+from .tree import SCHEMA_KEYS, SCHEMA_LIST_KEYS, SCHEMA_MAP_KEYS, at_pointer, escape_part, subschemas
+
 MAX_PROPERTIES = 4  # 4! = 24 orders
 MAX_BRANCHES = 96  # copies made in one schema
 DEFS_PREFIX = "trellis-order-"
@@ -48,8 +50,6 @@ def any_order(schema: Any) -> Any:
         str(k).startswith(DEFS_PREFIX) for k in schema.get("$defs") or ()
     ):
         return schema
-    from .schema_analysis import subschemas
-
     refs = {n["$ref"] for _, n in subschemas(schema) if isinstance(n, dict) and isinstance(n.get("$ref"), str)}
     targets = [unquote(r[1:]) for r in refs if r.startswith("#/")]  # URI fragments may be %-escaped
     root = json.loads(json.dumps(schema))
@@ -61,8 +61,6 @@ def any_order(schema: Any) -> Any:
 
 
 def _has_locations(schema: dict) -> bool:
-    from .schema_analysis import subschemas
-
     for pointer, node in subschemas(schema):
         if not isinstance(node, dict):
             continue
@@ -80,8 +78,6 @@ def _kept_branches(schema: dict) -> set[str]:
     their ``$ref`` chains lead to: llguidance proves ``oneOf`` branches exclusive from their own
     ``properties`` (an ``anyOf`` of copies would hide them) and intersects ``allOf`` members
     (copies would multiply), so they keep their form."""
-    from .schema_analysis import subschemas
-
     out: set[str] = set()
     for pointer, node in subschemas(schema):
         for key in ("oneOf", "allOf"):
@@ -93,8 +89,6 @@ def _kept_branches(schema: dict) -> set[str]:
 
 def _add_chain(schema: dict, pointer: str, branch: Any, out: set[str]) -> None:
     """``pointer`` and every target of the ``$ref`` chain that starts at ``branch``."""
-    from .schema_analysis import at_pointer
-
     out.add(pointer)
     for _ in range(16):
         ref = branch.get("$ref") if isinstance(branch, dict) else None
@@ -128,25 +122,21 @@ class _State:
         (a name matching both): llguidance builds that product, and copies on both sides would
         multiply it (MaskBench WashingtonPost wp_68: 24 x 24 branches ran into its limits), so
         those values keep their form."""
-        from .schema_analysis import _esc
-
         patterns = node.get("patternProperties")
         if not isinstance(patterns, dict) or not patterns:
             return
         for key in ("properties", "patternProperties"):
             for name in node.get(key) or {}:
-                self.kept_branches.add(f"{pointer}/{key}/{_esc(name)}")
+                self.kept_branches.add(f"{pointer}/{key}/{escape_part(name)}")
 
     def _children(self, node: dict, pointer: str) -> None:
-        from .schema_analysis import _SCHEMA_KEYS, _SCHEMA_LIST_KEYS, _SCHEMA_MAP_KEYS, _esc
-
-        for key in _SCHEMA_MAP_KEYS:
+        for key in SCHEMA_MAP_KEYS:
             if isinstance(node.get(key), dict):
-                node[key] = {k: self.visit(v, f"{pointer}/{key}/{_esc(k)}") for k, v in node[key].items()}
-        for key in _SCHEMA_LIST_KEYS:
+                node[key] = {k: self.visit(v, f"{pointer}/{key}/{escape_part(k)}") for k, v in node[key].items()}
+        for key in SCHEMA_LIST_KEYS:
             if isinstance(node.get(key), list):
                 node[key] = [self.visit(v, f"{pointer}/{key}/{i}") for i, v in enumerate(node[key])]
-        for key in (*_SCHEMA_KEYS, "items"):
+        for key in (*SCHEMA_KEYS, "items"):
             if isinstance(node.get(key), dict):
                 node[key] = self.visit(node[key], f"{pointer}/{key}")
         if isinstance(node.get("items"), list):
@@ -169,11 +159,9 @@ class _State:
 
     def _rewrite(self, node: dict, pointer: str) -> dict:
         """``anyOf`` over the node's copies, one per order of its properties (values in $defs)."""
-        from .schema_analysis import _esc
-
         props: dict[str, Any] = node["properties"]
         self.branches += _factorial(len(props))
-        refs = {name: self._hoist(value, f"{pointer}/properties/{_esc(name)}") for name, value in props.items()}
+        refs = {name: self._hoist(value, f"{pointer}/properties/{escape_part(name)}") for name, value in props.items()}
         kept = {k: v for k, v in node.items() if k in ("$defs", "definitions", "$schema")}
         self._children(kept, pointer)
         rest = {k: v for k, v in node.items() if k not in kept and k != "properties"}
@@ -182,7 +170,7 @@ class _State:
             rest["additionalProperties"] = self._hoist(rest["additionalProperties"], f"{pointer}/additionalProperties")
         if rest.get("patternProperties"):
             rest["patternProperties"] = {
-                regex: self._hoist(value, f"{pointer}/patternProperties/{_esc(regex)}")
+                regex: self._hoist(value, f"{pointer}/patternProperties/{escape_part(regex)}")
                 for regex, value in rest["patternProperties"].items()
             }
         copies = [{**rest, "properties": {name: refs[name] for name in order}}

@@ -9,11 +9,11 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from .backend import Backend, CompiledConstraint, Matcher, TokenizerContext
-from .closing import dfa_distances
-from .errors import ConstraintTooLargeError, EmptyLanguageError, InvalidConstraintError
-from .spec import ConstraintSpec
-from .tokendfa import DFAMatcher, DFATables, TokenDFA, build_allowed, to_token_dfa
+from ..errors import ConstraintTooLargeError, EmptyLanguageError, InvalidConstraintError
+from ..spec import ConstraintSpec
+from .base import Backend, CompiledConstraint, Matcher, TokenDFA
+from .tokendfa import DFAMatcher, DFATables, build_allowed, dfa_distances, to_token_dfa
+from .vocabulary import TokenizerContext, token_bytes, vocabulary_bytes
 
 MAX_DFA_BYTES = 64 << 20  # TokenDFA tables (allowed bitmask dominates) above this -> other backend
 _REGEX_META = set("\\.+*?()|[]{}^$#&-~")
@@ -27,37 +27,6 @@ def escape_regex(text: str) -> str:
 def choice_regex(choices: list[str] | tuple[str, ...]) -> str:
     """Regex matching exactly one of ``choices``."""
     return "(" + "|".join(escape_regex(c) for c in dict.fromkeys(choices)) + ")"
-
-
-def vocabulary_bytes(ctx: TokenizerContext) -> dict[bytes, list[int]]:
-    """Token bytes -> ids for ordinary tokens (no special/added tokens, no stop tokens)."""
-    from .backend_xgrammar import tokenizer_info
-
-    decoded = tokenizer_info(ctx).decoded_vocab
-    skip = set(ctx.stop_token_ids) | special_ids(ctx.tokenizer)
-    out: dict[bytes, list[int]] = {}
-    for i, raw in enumerate(decoded[: ctx.tokenizer_vocab]):
-        if raw and i not in skip:
-            out.setdefault(bytes(raw), []).append(i)
-    return out
-
-
-def token_bytes(ctx: TokenizerContext) -> list[bytes]:
-    """Raw bytes of every token id (shared per tokenizer)."""
-    raw = ctx.cache.get("token_bytes")
-    if raw is None:
-        from .backend_xgrammar import tokenizer_info
-
-        raw = [bytes(b) for b in tokenizer_info(ctx).decoded_vocab]
-        ctx.cache["token_bytes"] = raw
-    return raw
-
-
-def special_ids(tokenizer: Any) -> set[int]:
-    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
-    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    ids.update(i for i, t in decoder.items() if getattr(t, "special", True))
-    return ids
 
 
 # outlines-core's DFA has leftmost-first match semantics: once a branch matches, the branches

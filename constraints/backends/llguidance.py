@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING, Any
 import llguidance
 import llguidance.hf
 
-from .backend import Backend, CompiledConstraint, Matcher, TokenizerContext
-from .errors import ConstraintTooLargeError, InvalidConstraintError, UnsupportedConstraintError
-from .schema_lark import LarkSchema, lark_grammar
-from .spec import ConstraintSpec
+from ..errors import ConstraintTooLargeError, InvalidConstraintError, UnsupportedConstraintError
+from ..schema.analysis import find_keyword
+from ..schema.lark import LarkSchema, lark_grammar
+from ..spec import ConstraintSpec
+from .base import Backend, CompiledConstraint, Matcher
+from .vocabulary import TokenizerContext
 
 if TYPE_CHECKING:
     import torch
@@ -157,7 +159,7 @@ class LLGuidanceMatcher(Matcher):
         cls, matchers: "list[LLGuidanceMatcher]", bitmask: "torch.Tensor", rows: list[int], threads: int
     ) -> None:
         """Fill ``bitmask[rows[i]]`` for ``matchers[i]`` with llguidance's parallel fill on
-        ``threads`` threads (see ``constraints.batch_fill``); raises if any row fails."""
+        ``threads`` threads (see ``constraints.backends.batch_fill``); raises if any row fails."""
         import torch
 
         # what llguidance.torch.fill_next_token_bitmask_par does, without importing that module
@@ -435,8 +437,6 @@ class LLGuidanceBackend(Backend):
                     f"keyword {keyword!r} is not supported for enforcement", keyword=keyword
                 )
         if m := _FORMAT.search(err):
-            from .schema_analysis import find_keyword
-
             # the first use of any format could be another one, which compiled
             pointer = find_keyword(spec.source, "format", m.group(1)) if isinstance(spec.source, dict) else None
             where = f" at {pointer}" if pointer else ""

@@ -1,4 +1,6 @@
-"""TokenDFA: a token-level DFA in flat tensors (for GPU kernels) and a CPU matcher over it."""
+"""A token-level DFA: its tables as numpy arrays (the outlines backend's payload), their
+TokenDFA export in flat tensors (for GPU kernels), each state's distance to a final state, and a
+CPU matcher over them."""
 
 from __future__ import annotations
 
@@ -6,33 +8,12 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from .backend import Matcher, TokenizerContext
+from .base import Matcher, TokenDFA
+from .vocabulary import TokenizerContext
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
-
-
-@dataclass
-class TokenDFA:
-    """Token-level DFA. States are 0..S-1.
-
-    ``allowed[s]`` is the int32 bitmask of state s (stop tokens set in final states);
-    transitions are CSR: tokens ``trans_tokens[trans_offsets[s]:trans_offsets[s+1]]`` (sorted)
-    lead to ``trans_next`` at the same positions. Stop tokens have no transition.
-    """
-
-    initial_state: int
-    allowed: "torch.Tensor"  # int32 [S, W]
-    trans_offsets: "torch.Tensor"  # int32 [S+1]
-    trans_tokens: "torch.Tensor"  # int32 [E]
-    trans_next: "torch.Tensor"  # int32 [E]
-    final: "torch.Tensor"  # bool [S]
-    stop_token_ids: tuple[int, ...]
-
-    @property
-    def num_states(self) -> int:
-        return int(self.final.shape[0])
 
 
 @dataclass
@@ -81,6 +62,33 @@ def to_token_dfa(tables: DFATables, allowed: "torch.Tensor", stop_ids: Sequence[
         final=torch.from_numpy(tables.final.astype("bool")),
         stop_token_ids=tuple(stop_ids),
     )
+
+
+def dfa_distances(tables: DFATables) -> tuple["np.ndarray", "np.ndarray"]:
+    """(tokens to a final state, the token of a shortest path) per DFA state; -1 where none."""
+    import numpy as np
+
+    n = tables.num_states
+    offsets = tables.offsets.astype(np.int64)
+    src = np.repeat(np.arange(n), np.diff(offsets))
+    nxt = tables.next.astype(np.int64)
+    unreachable = np.iinfo(np.int64).max // 2
+    dist = np.where(tables.final, 0, unreachable).astype(np.int64)
+    for _ in range(n):  # Bellman-Ford with unit weights: at most n rounds, usually a few
+        cand = np.full(n, unreachable, dtype=np.int64)
+        if len(src):
+            np.minimum.at(cand, src, dist[nxt] + 1)
+        new = np.minimum(dist, cand)
+        if np.array_equal(new, dist):
+            break
+        dist = new
+    best = np.full(n, -1, dtype=np.int64)
+    if len(src):
+        on_path = (dist[nxt] + 1 == dist[src]) & (dist[src] > 0) & (dist[src] < unreachable)
+        edges = np.nonzero(on_path)[0][::-1]  # reversed: the first edge of each state wins
+        best[src[edges]] = tables.tokens[edges]
+    dist[dist >= unreachable] = -1
+    return dist, best
 
 
 class DFAMatcher(Matcher):

@@ -1,6 +1,6 @@
 """A pool of killable worker processes: every compile of unbounded cost runs in one of them.
 
-A worker is a plain ``python -m constraints.workers`` subprocess speaking length-prefixed
+A worker is a plain ``python -m constraints.compile.workers`` subprocess speaking length-prefixed
 pickles over its pipes: unlike multiprocessing's spawn it never re-imports the parent's
 ``__main__``, and unlike a thread it can be killed. Each worker runs an init function once
 (tokenizer tables), then caps its own address space (``RLIMIT_AS``) and serves calls one at a
@@ -28,7 +28,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .errors import ConstraintCrashError, ConstraintError, ConstraintMemoryError, ConstraintTimeoutError
+from ..errors import ConstraintCrashError, ConstraintError, ConstraintMemoryError, ConstraintTimeoutError
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +78,11 @@ class _Worker:
 
     def __init__(self, init: str, initargs: tuple[Any, ...], memory_mb: int, start_timeout: float) -> None:
         self.memory_mb = memory_mb
-        root = str(Path(__file__).resolve().parent.parent)
+        root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "constraints.workers"],
+            [sys.executable, "-m", "constraints.compile.workers"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
