@@ -278,7 +278,8 @@ def run_baseline(args: argparse.Namespace, revision: str) -> list[Measured]:
                        "--batch", *map(str, args.batch), "--device-ms", str(args.device_ms),
                        "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads),
                        "--mask-fill-threads", str(args.mask_fill_threads)]
-            out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+            # from the worktree's root: its compile workers start as ``python -m constraints...``
+            out = subprocess.run(command, check=True, capture_output=True, text=True, cwd=tree).stdout
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True)
     return [Measured(**row) for row in json.loads(out.strip().splitlines()[-1])]
