@@ -40,6 +40,7 @@ from constraints.backends.batch_fill import (  # noqa: E402
 from constraints.backends.registry import make_backend  # noqa: E402
 from constraints.backends.vocabulary import TokenizerContext  # noqa: E402
 from constraints.spec import ConstraintSpec  # noqa: E402
+from benchmarks.smoke import parse_with_smoke  # noqa: E402
 
 VOCAB = 49152
 BUILT_IN: list[tuple[dict, Any]] = [
@@ -262,11 +263,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--backends", default="xgrammar,llguidance")
     ap.add_argument("--tokenizer", type=Path, default=None,
                     help="folder with the tokenizer files (default: the default model's)")
-    ap.add_argument("--smoke", action="store_true", help="2 built-in schemas, 1 and 4 rows, 3 steps: checks it runs")
-    args = ap.parse_args(argv)
-    if args.smoke:  # the smoke sizes are defaults: flags given still win
-        ap.set_defaults(**SMOKE)
-        args = ap.parse_args(argv)
+    args = parse_with_smoke(ap, argv, SMOKE, "2 built-in schemas, 1 and 4 rows, 3 steps: checks it runs")
     return args
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.smoke import parse_with_smoke  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
@@ -43,11 +44,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--tokenizer", type=Path, default=None,
                     help="folder with the tokenizer files (default: the default model's)")
-    ap.add_argument("--smoke", action="store_true", help="30 Glaiveai2K schemas, built once: checks it runs")
-    args = ap.parse_args(argv)
-    if args.smoke:  # the smoke sizes are defaults: flags given still win
-        ap.set_defaults(**SMOKE)
-        args = ap.parse_args(argv)
+    args = parse_with_smoke(ap, argv, SMOKE, "30 Glaiveai2K schemas, built once: checks it runs")
     return args
 
 

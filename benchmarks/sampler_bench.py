@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels import apply_token_bitmask_inplace, select_backend  # noqa: E402
 from sampler import Sampler, SamplingParams  # noqa: E402
+from benchmarks.smoke import parse_with_smoke  # noqa: E402
 
 
 def _timer(device: torch.device, fn: Callable[[], None], setup: Callable[[], None], iters: int) -> float:
@@ -113,11 +114,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default); 1 is steadier on a shared machine")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
-    ap.add_argument("--smoke", action="store_true", help="B in (1, 4), V=4096, 2 timed calls: checks it runs")
-    args = ap.parse_args(argv)
-    if args.smoke:  # the smoke sizes are defaults: flags given still win
-        ap.set_defaults(**SMOKE)
-        args = ap.parse_args(argv)
+    args = parse_with_smoke(ap, argv, SMOKE, "B in (1, 4), V=4096, 2 timed calls: checks it runs")
     return args
 
 

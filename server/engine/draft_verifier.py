@@ -56,7 +56,9 @@ class DraftVerifier:
                 seq.draft.priced_out()
                 continue
             started = time.perf_counter()
-            seq.verify = self._grammar_cut(seq, self._proposal(seq, self._room(seq, budget)))
+            draft = self._proposal(seq, self._room(seq, budget))
+            # a lookup draft was composed token by token with the matcher: cutting it again is waste
+            seq.verify = draft if seq.draft.source == "prompt" else self._grammar_cut(seq, draft)
             self._proposing_s += time.perf_counter() - started
             if seq.verify and not self.scheduler.grow(seq, seq.cached_len + take + len(seq.verify)):
                 seq.verify = []  # no free block for the draft: plain decoding this step
