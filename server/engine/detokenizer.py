@@ -3,6 +3,9 @@
 Decoding token by token breaks multi-byte characters and loses the spaces that SentencePiece-style
 tokenizers attach to the next token, so the text of new tokens is always decoded together with
 the previously read tokens as left context and only emitted once it no longer ends in a replacement character.
+An output that ends inside a character (cut by ``max_tokens`` or a stop) drops that character's
+first bytes rather than showing a replacement character the model never wrote; one it wrote
+whole (the bytes of U+FFFD) is kept.
 
 Stops are strings (held back while the text may still be starting one) and regular expressions
 (``stop_regex``, Python ``regex`` syntax): text is held back from the start of the earliest partial
@@ -12,6 +15,7 @@ stop text never reaches the client.
 
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +26,7 @@ from constraints.backends.vocabulary import rust_tokenizer
 _REPLACEMENT = "\ufffd"
 _REGEX_TIMEOUT_S = 0.05  # per search: a catastrophically backtracking stop_regex fails its sequence only
 _ADDED_IDS: dict[int, frozenset[int]] = {}
+_TOKEN_BYTES: dict[int, list[bytes]] = {}
 
 
 def fast_decode(tokenizer):
@@ -40,6 +45,31 @@ def added_token_ids(tokenizer) -> frozenset[int]:
         vocab = getattr(tokenizer, "get_added_vocab", dict)()
         ids = _ADDED_IDS[key] = frozenset(vocab.values()) | frozenset(getattr(tokenizer, "all_special_ids", ()))
     return ids
+
+
+def ends_inside_character(tokenizer, ids: list[int]) -> bool:
+    """The tokens' bytes end with an incomplete UTF-8 sequence (True too when the tokenizer's
+    token bytes are unknown: a trailing replacement character at a cut is almost always one)."""
+    table = _token_bytes(tokenizer)
+    if table is None:
+        return True
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    decoder.decode(b"".join(table[i] for i in ids if 0 <= i < len(table)))
+    return bool(decoder.getstate()[0])
+
+
+def _token_bytes(tokenizer) -> list[bytes] | None:
+    """Every token's raw bytes (xgrammar's reading of the tokenizer), built on first use."""
+    key = id(tokenizer)
+    if key not in _TOKEN_BYTES:
+        try:
+            import xgrammar as xgr
+
+            info = xgr.TokenizerInfo.from_huggingface(tokenizer)
+            _TOKEN_BYTES[key] = [bytes(b) for b in info.decoded_vocab]
+        except Exception:
+            _TOKEN_BYTES[key] = None
+    return _TOKEN_BYTES[key]
 
 
 @dataclass
@@ -69,11 +99,15 @@ class IncrementalDetokenizer:
         return delta
 
     def flush(self) -> str:
-        """Text still held back at the end of generation (e.g. a dangling partial character)."""
+        """Text still held back at the end of generation, less a character the output ends
+        inside of (its first bytes alone decode to a replacement character)."""
         prefix = self._decode(self.tokens[self._prefix_offset : self._read_offset])
         full = self._decode(self.tokens[self._prefix_offset :])
         self._read_offset = len(self.tokens)
-        return full[len(prefix) :] if len(full) > len(prefix) else ""
+        text = full[len(prefix) :] if len(full) > len(prefix) else ""
+        if text.endswith(_REPLACEMENT) and ends_inside_character(self.tokenizer, self.tokens[self._prefix_offset :]):
+            text = text[:-1]
+        return text
 
     def _decode(self, ids: list[int]) -> str:
         if not ids:

@@ -100,3 +100,34 @@ def test_spaces_between_special_tokens(default_tokenizer):
     assert "".join([joined.push([t]) for t in ids] + [joined.flush()]) == "a<|im_start|>b<|im_end|>"
     skipped = IncrementalDetokenizer(default_tokenizer, spaces_between_special_tokens=True)
     assert "".join([skipped.push([t]) for t in ids] + [skipped.flush()]) == "a b"
+
+
+# --------------------------------------------------------------------------- an output cut inside a character
+
+import pytest  # noqa: E402
+
+from server.engine.detokenizer import _token_bytes, ends_inside_character  # noqa: E402
+
+
+def _byte_tokens(tokenizer) -> dict[int, int]:
+    """Byte → the id of the token that is that byte alone (byte-level BPE has one per byte)."""
+    return {raw[0]: i for i, raw in enumerate(_token_bytes(tokenizer)) if len(raw) == 1}
+
+
+@pytest.mark.parametrize("char", ["д", "€", "日", "😀"])
+def test_an_output_cut_inside_a_character_never_shows_a_replacement_character(default_tokenizer, char):
+    byte_token = _byte_tokens(default_tokenizer)
+    data = ("ok " + char).encode()
+    for cut in range(3, len(data) + 1):  # "ok " then each of the character's bytes
+        ids = [byte_token[b] for b in data[:cut]]
+        detok = IncrementalDetokenizer(default_tokenizer)
+        streamed = [detok.push([t]) for t in ids] + [detok.flush()]
+        assert "".join(streamed) == ("ok " + char if cut == len(data) else "ok "), (char, cut)
+        assert ends_inside_character(default_tokenizer, ids) is (3 < cut < len(data))
+
+
+def test_a_replacement_character_written_whole_is_kept(default_tokenizer):
+    byte_token = _byte_tokens(default_tokenizer)
+    ids = [byte_token[b] for b in "a\ufffd".encode()]
+    detok = IncrementalDetokenizer(default_tokenizer)
+    assert "".join([detok.push(ids), detok.flush()]) == "a\ufffd"

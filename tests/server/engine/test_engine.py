@@ -192,3 +192,20 @@ def test_device_dfa_rows_match_host_matcher_rows(real_parts):
         outputs[use_dfa] = [r["text"] for r in run(make_engine(hf, tokenizer), requests)]
     assert outputs[True] == outputs[False]
     assert outputs[True][1] in ("yes", "no", "maybe")
+
+
+def test_a_constrained_answer_cut_inside_a_character_ends_before_it(real_parts):
+    """``[\\u0400-\\u04FF]+`` with max_tokens 1..3: where the answer is cut after the first byte of
+    a Cyrillic letter, its text is the letters before it, not a replacement character."""
+    from server.engine.detokenizer import ends_inside_character
+
+    hf, tokenizer, compiler = real_parts
+    compiled = compiler.compile(ConstraintSpec("regex", "[\u0400-\u04FF]+"))
+    engine = make_engine(hf, tokenizer)
+    prompt = prompt_ids(tokenizer, "Write a word in Russian.")
+    results = run(engine, [greedy(prompt, max_tokens=n, matcher=compiled.new_matcher()) for n in (1, 2, 3)])
+    cut = [r for r in results if ends_inside_character(tokenizer, r["tokens"])]
+    assert cut, "no answer ended inside a character: the case is not exercised"
+    for result in results:
+        assert "\ufffd" not in result["text"]
+        assert tokenizer.decode(result["tokens"]).startswith(result["text"])
