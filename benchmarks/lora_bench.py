@@ -23,12 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from benchmarks.lora_adapters import make_adapter  # noqa: E402
 from benchmarks.smoke import parse_with_smoke  # noqa: E402
 from server.engine.lora import LoraBank, load_adapter  # noqa: E402
 from server.engine.model import ModelRunner, load_hf_model, resolve_dtype  # noqa: E402
 from server.engine.step_batch import StepBatch  # noqa: E402
 from server.model_loader import default_model_dir  # noqa: E402
-from tests.server.lora_util import make_adapter  # noqa: E402
 
 
 def step_ms(runner: ModelRunner, batch: int, adapters: list[int], steps: int) -> float:

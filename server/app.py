@@ -149,7 +149,7 @@ def _note_admitted(server: ServerState, job) -> None:
 def _open_stream(server: ServerState, job, stream: Callable[..., AsyncIterator[bytes]], deadline: float | None) -> Stream:
     """Queue the sequences before the 200 goes out (so a full queue is still a 429), and abort them
     if the response never iterates its events (the client left before the first chunk)."""
-    generation = server.start_generation(job.request_id, job.specs, job.req)
+    generation = server.start_generation(job.request_id, job.specs)
     events = _bounded_events(server, stream(server, job, generation), deadline)
     weakref.finalize(events, generation.close)
     return Stream(events, media_type="text/event-stream", headers=_SSE_HEADERS)

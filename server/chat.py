@@ -1,134 +1,139 @@
-"""``POST /v1/chat/completions``: request → prompt + constraint → engine → response or SSE."""
+"""``POST /v1/chat/completions``: messages (with tools and reasoning) → rendered prompt → the request
+pipeline (:mod:`server.pipeline`) → a chat completion or its SSE chunks."""
 
 from __future__ import annotations
 
 import dataclasses
-import time
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
 from server import reasoning as reasoning_mod
 from server import tools as tool_calls
+from server.engine.sequence import ReasoningPhase, SequenceDelta
 from server.errors import APIError, bad_request
-from server.generation import (ChoiceResult, GenerationStream, SequenceSpec, collect, generation_error,
-                               new_request_id, with_seed)
-from server.render import RenderJob, template_source, with_documents_and_verbosity
-from server.engine_options import adapter_in_model, apply_engine_options, response_model, response_tier
+from server.generation import ChoiceResult, new_request_id
+from server.pipeline import ChunkWriter, Job, admit, choice_logprobs, collect_choices, constraint, decode, max_tokens_for, response_fields, scored_choices, sequences, settle_sampling, truncate_prompts
 from server.protocol import (
     AssistantMessage,
     ChatChoice,
     ChatCompletion,
     ChatCompletionRequest,
     ChatMessage,
-    ChoiceLogprob,
     ChoiceLogprobs,
     CompletionTokensDetails,
     Usage,
 )
-from server.requests import (
-    build_usage,
-    check_limits,
-    clamps_max_tokens,
-    note_truncated,
-    stop_regexes,
-    truncate_prompt,
-    check_scoring_without_processor,
-    choice_token_ids,
-    decode_request,
-    logprob_settings,
-    prediction_text,
-    reject_unimplemented,
-    resolve_max_tokens,
-    sampling_params,
-    stop_strings,
-)
+from server.render import RenderJob, template_source, with_documents_and_verbosity
+from server.requests import build_usage, check_limits, prediction_text
+from server.state import ServerState
+from server.tools.formats import ToolFormat
 from server.tools.output import ChoiceStreamer, ReasoningOutput, parse_choice, with_reasoning
+from server.tools.plan import ToolPlan
 from server.tools.select import markers_are_special, request_format
-from server.sse import done_event, sse_event, stream_api_error_event
-from server.state import ServerState, sequence_constraint
-from server.structured import apply_close_on_length, compile_constraint, constraint_spec_async
 
 
-@dataclass
-class ChatJob:
+@dataclass(kw_only=True)
+class ChatJob(Job):
     """A validated chat request, ready to run."""
 
-    req: ChatCompletionRequest
-    request_id: str
     prompt_ids: list[int]
-    specs: list[SequenceSpec]
-    tool_plan: object | None
+    tool_plan: object | None = None
     echo_prefix: str = ""
     reasoning: reasoning_mod.ReasoningSetup | None = None  # the model thinks before it answers
-    truncated: int = 0  # prompt tokens removed by truncate_prompt_tokens
     tool_format: object | None = None  # the model's tool-call format (server.tools.formats), when output is parsed
     prompt_tail: str = ""  # the end of the rendered prompt (an open reasoning segment, a sub-format)
     wire: dict = field(default_factory=dict)  # the request as sent (extra_body merged), for the store
-    scored_choices: list[str] | None = None  # choice texts whose probabilities are reported
-    created: int = field(default_factory=lambda: int(time.time()))
 
 
 async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
-    req, wire = decode_request(body, ChatCompletionRequest)
-    check_model(state, req.model)
+    """Validate a chat request, render its prompt and compile its constraint: the job to run."""
+    req, wire, reasoning_format, switches = await _checked_request(state, body)
+    plan, fmt, recognised = _tool_plan(state, req)
+    sampling = settle_sampling(state, req)
+    rendered = await render_prompt(state, req, plan, reasoning_format, switches)
+    [prompt_ids], truncated = truncate_prompts(state, req, [rendered])
+    req, reasoning = _with_reasoning(state, req, reasoning_format, switches, prompt_ids)
+    max_tokens = _max_tokens(state, req, prompt_ids)
+    spec, compiled = await constraint(state, wire, plan)
+    phase = _engine_phase(state, reasoning, compiled is not None, plan, fmt)
+    prediction = _prediction_ids(state, req)
+    # a reasoning model thinks first: its choice does not follow the prompt directly
+    scored = scored_choices(state, spec, sampling, [prompt_ids]) if phase is None else None
+    req, parsed = _parsed_format(state, req, wire, fmt, plan is not None or (recognised and fmt.has_reasoning))
+    request_id = new_request_id("chatcmpl")
+    specs = await sequences(state, request_id, req, wire, sampling, compiled, [(prompt_ids, max_tokens)],
+                            reasoning=phase, prediction_token_ids=prediction, score_choices=scored)
+    return ChatJob(req=req, request_id=request_id, prompt_ids=prompt_ids, specs=specs, tool_plan=plan,
+                   echo_prefix=_echo_prefix(req), reasoning=reasoning, truncated=truncated, tool_format=parsed,
+                   prompt_tail=state.tokenizer.decode(prompt_ids[-32:]) if parsed else "", wire=wire,
+                   scored_choices=list(spec.source) if scored else None)
+
+
+async def _checked_request(state: ServerState, body: bytes) -> tuple[
+        ChatCompletionRequest, dict[str, Any], reasoning_mod.ReasoningFormat | None, reasoning_mod.ReasoningSwitches]:
+    """The decoded request (stored conversation first), the wire form, the model's reasoning format
+    and the request's reasoning switches."""
+    req, wire = decode(state, body, ChatCompletionRequest)
     if req.conversation is not None:
         req = await _with_conversation(state, req)
     reasoning_format = reasoning_mod.detect_reasoning(state.tokenizer, req.chat_template)
-    req = reject_unimplemented(req, custom_logit_processor_enabled=state.settings.enable_custom_logit_processor,
-                               reasoning_model=reasoning_format is not None)
-    req = apply_engine_options(state, req)
+    req = admit(state, req, reasoning_model=reasoning_format is not None)
     check_limits(req)
     req = reasoning_mod.apply_deep_research(req, reasoning_format)
-    switches = reasoning_mod.read_switches(req)
+    return req, wire, reasoning_format, reasoning_mod.read_switches(req)
+
+
+def _tool_plan(state: ServerState, req: ChatCompletionRequest) -> tuple[ToolPlan | None, ToolFormat, bool]:
+    """The request's tool plan (None without tools) in the model's tool-call format, that format, and
+    whether it came from a recognised template or the flag."""
     plan = tool_calls.plan_tools(req)
     fmt, recognised = request_format(state, req.chat_template)
     if plan is not None:
         plan = dataclasses.replace(plan, format_name=fmt.name)
-    want_logprobs, top = logprob_settings(req.logprobs, req.top_logprobs, chat=True)
-    params = sampling_params(
-        req, vocab_size=state.vocab_size, eos_token_ids=state.eos_token_ids, logprobs=want_logprobs,
-        top_logprobs=top, tokenizer=state.tokenizer,
-    )
-    stop_strings(req.stop)
-    stop_regexes(req.stop_regex)
-    settings = state.settings
-    prompt_ids, truncated = truncate_prompt(await render_prompt(state, req, plan, reasoning_format, switches),
-                                            req.truncate_prompt_tokens, settings.max_model_len)
-    note_truncated(truncated)
+    return plan, fmt, recognised
+
+
+def _with_reasoning(state: ServerState, req: ChatCompletionRequest, reasoning_format: reasoning_mod.ReasoningFormat | None,
+                    switches: reasoning_mod.ReasoningSwitches, prompt_ids: list[int],
+                    ) -> tuple[ChatCompletionRequest, reasoning_mod.ReasoningSetup | None]:
+    """The reasoning the rendered prompt sets up, with the request decoding special tokens where its
+    markers are special."""
     reasoning = reasoning_mod.setup_reasoning(reasoning_format, switches, state.tokenizer, prompt_ids)
     if reasoning is not None and reasoning_mod.keeps_special_tokens(reasoning.format, state.tokenizer):
-        req = msgspec.structs.replace(req, skip_special_tokens=False)  # the markers are split off below
-    requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    max_tokens = resolve_max_tokens(requested, len(prompt_ids), settings.max_model_len, param,
-                                    clamp=clamps_max_tokens(settings.max_tokens_overflow))
-    spec = await constraint_spec_async(state, wire, plan)
-    compiled = await compile_constraint(state, spec)
-    tool_call = plan is not None and plan.mode != "none" and fmt.name == "gpt-oss"
-    phase = reasoning_mod.engine_phase(reasoning, state.tokenizer, constrained=compiled is not None,
-                                       harmony_tool_call=tool_call)
+        req = msgspec.structs.replace(req, skip_special_tokens=False)  # the markers are split off the output
+    return req, reasoning
+
+
+def _engine_phase(state: ServerState, reasoning: reasoning_mod.ReasoningSetup | None, constrained: bool,
+                  plan: ToolPlan | None, fmt: ToolFormat) -> ReasoningPhase | None:
+    """The reasoning segment the engine leaves unconstrained before the answer, or None."""
+    harmony_call = plan is not None and plan.mode != "none" and fmt.name == "gpt-oss"
+    return reasoning_mod.engine_phase(reasoning, state.tokenizer, constrained=constrained, harmony_tool_call=harmony_call)
+
+
+def _max_tokens(state: ServerState, req: ChatCompletionRequest, prompt_ids: list[int]) -> int:
+    if req.max_completion_tokens is not None:
+        return max_tokens_for(state, req.max_completion_tokens, prompt_ids, "max_completion_tokens")
+    return max_tokens_for(state, req.max_tokens, prompt_ids, "max_tokens")
+
+
+def _prediction_ids(state: ServerState, req: ChatCompletionRequest) -> list[int] | None:
     predicted = prediction_text(req.prediction)
-    prediction_ids = list(state.tokenizer.encode(predicted, add_special_tokens=False)) if predicted else None
-    scored = None  # a reasoning model thinks first: its choice does not follow the prompt directly
-    if phase is None:
-        scored = choice_token_ids(spec, want_logprobs, state.tokenizer, [len(prompt_ids)], settings.max_model_len)
-        check_scoring_without_processor(scored, params)
-    specs = [
-        SequenceSpec(prompt_ids, with_seed(params, i), max_tokens, *sequence_constraint(state, compiled), phase,
-                     prediction_token_ids=prediction_ids, score_choices=scored)
-        for i in range(req.n)
-    ]
-    await apply_close_on_length(state, wire, compiled, specs)
-    echo = _echo_prefix(req)
-    parse = plan is not None or (recognised and fmt.has_reasoning)
-    tail = state.tokenizer.decode(prompt_ids[-32:]) if parse else ""
-    if parse and "skip_special_tokens" not in wire and markers_are_special(state, fmt):
+    return list(state.tokenizer.encode(predicted, add_special_tokens=False)) if predicted else None
+
+
+def _parsed_format(state: ServerState, req: ChatCompletionRequest, wire: dict[str, Any], fmt: ToolFormat,
+                   parse: bool) -> tuple[ChatCompletionRequest, ToolFormat | None]:
+    """The tool-call format the output is parsed in (None: not parsed), with the request decoding
+    special tokens where the format's markers are special (unless the request says otherwise)."""
+    if not parse:
+        return req, None
+    if "skip_special_tokens" not in wire and markers_are_special(state, fmt):
         req = msgspec.structs.replace(req, skip_special_tokens=False)  # the parser needs the markers
-    return ChatJob(req, new_request_id("chatcmpl"), prompt_ids, specs, plan, echo, reasoning=reasoning,
-                   truncated=truncated, tool_format=fmt if parse else None, prompt_tail=tail, wire=wire,
-                   scored_choices=list(spec.source) if scored else None)
+    return req, fmt
 
 
 async def _with_conversation(state: ServerState, req: ChatCompletionRequest) -> ChatCompletionRequest:
@@ -176,12 +181,6 @@ async def persist_chat(state: ServerState, job: ChatJob, result: ChatCompletion)
     )
 
 
-def check_model(state: ServerState, model: str | None) -> None:
-    """404 unless ``model`` names the served model (``name`` or ``name@provider``) or one of its
-    LoRA adapters (``adapter`` or ``name:adapter``)."""
-    adapter_in_model(state, model)
-
-
 async def render_prompt(state: ServerState, req: ChatCompletionRequest, plan, reasoning_format=None,
                         switches=None) -> list[int]:
     """Apply the chat template (request overrides first) and tokenize, off the event loop."""
@@ -224,20 +223,12 @@ def _echo_prefix(req: ChatCompletionRequest) -> str:
 
 async def run_chat(state: ServerState, job: ChatJob) -> ChatCompletion:
     """Generate all choices and build the non-streamed response."""
-    stream = state.start_generation(job.request_id, job.specs, job.req)
-    return _completion(state, job, await collect(stream, len(job.specs)))
+    return _completion(state, job, await collect_choices(state, job))
 
 
 def _completion(state: ServerState, job: ChatJob, choices: list[ChoiceResult]) -> ChatCompletion:
-    return ChatCompletion(
-        id=job.request_id,
-        created=job.created,
-        model=response_model(state, job.req),
-        system_fingerprint=state.system_fingerprint,
-        choices=[_chat_choice(state, job, i, c) for i, c in enumerate(choices)],
-        usage=_usage(job, choices),
-        service_tier=response_tier(job.req),
-    )
+    answers = [_chat_choice(state, job, i, choice) for i, choice in enumerate(choices)]
+    return ChatCompletion(**response_fields(state, job), choices=answers, usage=_usage(job, choices))
 
 
 def _chat_choice(state: ServerState, job: ChatJob, index: int, choice: ChoiceResult) -> ChatChoice:
@@ -262,13 +253,6 @@ def _chat_choice(state: ServerState, job: ChatJob, index: int, choice: ChoiceRes
         choice_logprobs=choice_logprobs(job.scored_choices, choice.choice_logprobs),
         hidden_states=choice.hidden_states if job.req.return_hidden_states else msgspec.UNSET,
     )
-
-
-def choice_logprobs(texts: list[str] | None, values: list[float] | None) -> list[ChoiceLogprob] | None:
-    """Each scored choice with its normalised log-probability."""
-    if texts is None or values is None:
-        return None
-    return [ChoiceLogprob(choice=text, logprob=value) for text, value in zip(texts, values)]
 
 
 # The plain <think>/harmony split (server/reasoning.py), for reasoning models whose output is not
@@ -309,92 +293,68 @@ def _usage(job: ChatJob, choices: list[ChoiceResult]) -> Usage:
 # --------------------------------------------------------------------------- streaming
 
 
-async def stream_chat(state: ServerState, job: ChatJob, stream: GenerationStream) -> AsyncIterator[bytes]:
-    """SSE chunks in OpenAI's format, ending with ``data: [DONE]``."""
-    options = job.req.stream_options
-    include_usage = bool(options and options.include_usage)
-    continuous = bool(options and options.continuous_usage_stats)
-    streamers = [
-        ChoiceStreamer(job.tool_format, job.tool_plan, job.prompt_tail, ReasoningOutput.of(job.req))
-        if job.tool_format is not None else None
-        for _ in job.specs
-    ]
-    splitters = [_reasoning_streamer(job) for _ in job.specs]
-    results = [ChoiceResult() for _ in job.specs]  # the whole answer, for a stored completion
-    failed = False
-    try:
-        for index in range(len(job.specs)):
-            first = {"role": "assistant", "content": job.echo_prefix}
-            yield sse_event(_chunk(state, job, index, first, None, None))
-        async for index, delta in stream:
-            if delta.finish_reason == "error":
-                yield stream_api_error_event(generation_error(delta.error or "generation failed"))
-                failed = True
-                break
-            results[index].add(delta)
-            usage = _usage(job, results) if continuous else None
-            for chunk in _delta_chunks(state, job, index, delta, streamers[index], usage, splitters[index]):
-                yield sse_event(chunk)
-        if not failed:
-            await persist_chat(state, job, _completion(state, job, results))  # before the last chunks
-        if include_usage:
-            usage_chunk = _base_chunk(state, job)
-            usage_chunk["choices"] = []
-            usage_chunk["usage"] = msgspec.to_builtins(_usage(job, results))
-            yield sse_event(usage_chunk)
-        yield done_event()
-    finally:
-        stream.close()
+class _ChatChunks(ChunkWriter):
+    """A chat completion's chunks: deltas with content, reasoning and tool calls split apart."""
+
+    object_name = "chat.completion.chunk"
+    job: ChatJob
+
+    def __init__(self, state: ServerState, job: ChatJob) -> None:
+        super().__init__(state, job)
+        options = job.req.stream_options
+        self.continuous = bool(options and options.continuous_usage_stats)
+        self.streamers = [
+            ChoiceStreamer(job.tool_format, job.tool_plan, job.prompt_tail, ReasoningOutput.of(job.req))
+            if job.tool_format is not None else None
+            for _ in job.specs
+        ]
+        self.splitters = [_reasoning_streamer(job) for _ in job.specs]
+        self.results = [ChoiceResult() for _ in job.specs]  # the whole answer, for a stored completion
+
+    def opening(self) -> Iterator[dict]:
+        for index in range(len(self.job.specs)):
+            yield self.chunk(index, {"delta": {"role": "assistant", "content": self.job.echo_prefix}}, None, None)
+
+    def chunks(self, index: int, delta: SequenceDelta) -> Iterator[dict]:
+        self.results[index].add(delta)
+        usage = self.usage() if self.continuous else None
+        logprobs = None
+        if self.job.req.logprobs and delta.logprobs:
+            logprobs = {"content": msgspec.to_builtins(self.state.token_texts.chat_entries(delta.logprobs))}
+        pieces, finish = self._pieces(index, delta, bool(logprobs))
+        scored = choice_logprobs(self.job.scored_choices, delta.choice_logprobs) if finish else None
+        for i, piece in enumerate(pieces):
+            last = i == len(pieces) - 1
+            yield self.chunk(index, {"delta": piece}, logprobs if i == 0 else None, finish if last else None,
+                             stop_reason=delta.stop_reason if last and finish else None,
+                             matched_stop=delta.matched_stop if last and finish else None, usage=usage,
+                             scored=scored if last else None, hidden_states=delta.hidden_states if i == 0 else None)
+
+    def _pieces(self, index: int, delta: SequenceDelta, has_logprobs: bool) -> tuple[list[dict], str | None]:
+        """The delta's ``delta`` objects (reasoning split off, tool calls parsed; one empty one where
+        only logprobs, a finish or hidden states come) and its finish reason."""
+        finish = delta.finish_reason
+        text, thought = delta.text, ""
+        if self.splitters[index] is not None:
+            thought, text = self.splitters[index].feed(delta.text, final=bool(finish))
+        pieces = [{"content": text}] if text else []
+        streamer = self.streamers[index]
+        if streamer is not None:
+            pieces = streamer.feed(text) if text else []
+            if finish:
+                pieces += streamer.finish()
+                finish = tool_calls.finish_reason(self.job.tool_plan, streamer.has_calls, finish)
+        if thought:
+            pieces.insert(0, {"reasoning_content": thought})
+        if not pieces and (has_logprobs or finish or delta.hidden_states):
+            pieces = [{}]
+        return pieces, finish
+
+    def usage(self) -> Usage:
+        return _usage(self.job, self.results)
+
+    async def finished(self) -> None:
+        await persist_chat(self.state, self.job, _completion(self.state, self.job, self.results))  # before the last chunks
 
 
-def _delta_chunks(state, job, index, delta, streamer, usage, splitter=None):
-    logprobs = None
-    if job.req.logprobs and delta.logprobs:
-        logprobs = {"content": msgspec.to_builtins(state.token_texts.chat_entries(delta.logprobs))}
-    finish = delta.finish_reason
-    text, thought = delta.text, ""
-    if splitter is not None:
-        thought, text = splitter.feed(delta.text, final=bool(finish))
-    pieces = [{"content": text}] if text else []
-    if streamer is not None:
-        pieces = streamer.feed(text) if text else []
-        if finish:
-            pieces += streamer.finish()
-            finish = tool_calls.finish_reason(job.tool_plan, streamer.has_calls, finish)
-    if thought:
-        pieces.insert(0, {"reasoning_content": thought})
-    if not pieces and (logprobs or finish):
-        pieces = [{}]
-    if delta.hidden_states and not pieces:
-        pieces = [{}]
-    scored = choice_logprobs(job.scored_choices, delta.choice_logprobs) if finish else None
-    for i, piece in enumerate(pieces):
-        last = i == len(pieces) - 1
-        chunk = _chunk(state, job, index, piece, logprobs if i == 0 else None, finish if last else None,
-                       stop_reason=delta.stop_reason if last and finish else None,
-                       matched_stop=delta.matched_stop if last and finish else None, usage=usage)
-        if last and scored is not None:
-            chunk["choices"][0]["choice_logprobs"] = msgspec.to_builtins(scored)
-        if i == 0 and delta.hidden_states:
-            chunk["choices"][0]["hidden_states"] = delta.hidden_states
-        yield chunk
-
-
-def _base_chunk(state: ServerState, job: ChatJob) -> dict:
-    chunk = {"id": job.request_id, "object": "chat.completion.chunk", "created": job.created,
-             "model": response_model(state, job.req), "system_fingerprint": state.system_fingerprint}
-    if job.req.service_tier is not None:
-        chunk["service_tier"] = response_tier(job.req)
-    return chunk
-
-
-def _chunk(state, job, index, delta, logprobs, finish, *, stop_reason=None, matched_stop=None, usage=None) -> dict:
-    chunk = _base_chunk(state, job)
-    choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-    if finish is not None:
-        choice["stop_reason"] = stop_reason
-        choice["matched_stop"] = matched_stop
-    chunk["choices"] = [choice]
-    if usage is not None:
-        chunk["usage"] = msgspec.to_builtins(usage)
-    return chunk
+stream_chat = _ChatChunks.events  # SSE chunks in OpenAI's format, ending with ``data: [DONE]``

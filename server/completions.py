@@ -1,50 +1,48 @@
-"""``POST /v1/completions``: raw prompts (text or token ids), one choice per prompt × n."""
+"""``POST /v1/completions``: raw prompts (text or token ids), one choice per prompt × n, through the
+request pipeline (:mod:`server.pipeline`)."""
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import msgspec
 
-from server.chat import check_model, choice_logprobs
-from server.engine_options import apply_engine_options, response_model, response_tier
+from server.engine.sequence import SequenceDelta
 from server.errors import bad_request
-from server.generation import GenerationStream, SequenceSpec, collect, generation_error, new_request_id, with_seed
+from server.generation import ChoiceResult, new_request_id
+from server.pipeline import ChunkWriter, Job, admit, choice_logprobs, collect_choices, constraint, decode, max_tokens_for, response_fields, scored_choices, sequences, settle_sampling, truncate_prompts
 from server.protocol import Completion, CompletionChoice, CompletionRequest, Usage
-from server.requests import (
-    build_usage,
-    check_limits,
-    clamps_max_tokens,
-    note_truncated,
-    stop_regexes,
-    truncate_prompt,
-    check_scoring_without_processor,
-    choice_token_ids,
-    decode_request,
-    logprob_settings,
-    reject_unimplemented,
-    resolve_max_tokens,
-    sampling_params,
-    stop_strings,
-)
-from server.sse import done_event, sse_event, stream_api_error_event
-from server.state import ServerState, sequence_constraint
-from server.structured import apply_close_on_length, compile_constraint, constraint_spec_async
+from server.requests import build_usage, check_limits
+from server.state import ServerState
 
 
-@dataclass
-class CompletionJob:
-    req: CompletionRequest
-    request_id: str
+@dataclass(kw_only=True)
+class CompletionJob(Job):
+    """A validated completion request, ready to run; ``specs`` are prompt-major (choice index =
+    prompt * n + j)."""
+
     prompts: list[list[int]]
-    specs: list[SequenceSpec]  # prompt-major: choice index = prompt * n + j
     echo_texts: list[str]
-    truncated: int = 0  # prompt tokens removed by truncate_prompt_tokens, all prompts together
-    created: int = field(default_factory=lambda: int(time.time()))
-    scored_choices: list[str] | None = None  # choice texts whose probabilities are reported
+
+
+async def prepare_completion(state: ServerState, body: bytes) -> CompletionJob:
+    """Validate a completion request, tokenize its prompts and compile its constraint: the job to run."""
+    req, wire = decode(state, body, CompletionRequest)
+    req = admit(state, req)
+    sampling = settle_sampling(state, req)
+    check_limits(req, _prompt_count(req.prompt))
+    prompts, truncated = truncate_prompts(state, req, await asyncio.to_thread(_prompts, state, req))
+    spec, compiled = await constraint(state, wire)
+    scored = scored_choices(state, spec, sampling, prompts)
+    requested = req.max_tokens if req.max_tokens is not None else 16
+    budgets = [(prompt, max_tokens_for(state, requested, prompt, "max_tokens")) for prompt in prompts]
+    request_id = new_request_id("cmpl")
+    specs = await sequences(state, request_id, req, wire, sampling, compiled, budgets, score_choices=scored)
+    echo = [state.tokenizer.decode(p) if req.echo else "" for p in prompts]
+    return CompletionJob(req=req, request_id=request_id, prompts=prompts, specs=specs, echo_texts=echo,
+                         truncated=truncated, scored_choices=list(spec.source) if scored else None)
 
 
 def _prompts(state: ServerState, req: CompletionRequest) -> list[list[int]]:
@@ -76,44 +74,6 @@ def _prompt_ids(state: ServerState, req: CompletionRequest, i: int, item) -> lis
     return ids
 
 
-async def prepare_completion(state: ServerState, body: bytes) -> CompletionJob:
-    req, wire = decode_request(body, CompletionRequest)
-    check_model(state, req.model)
-    req = reject_unimplemented(req, custom_logit_processor_enabled=state.settings.enable_custom_logit_processor)
-    req = apply_engine_options(state, req)
-    want_logprobs, top = logprob_settings(req.logprobs, None, chat=False)
-    params = sampling_params(
-        req, vocab_size=state.vocab_size, eos_token_ids=state.eos_token_ids, logprobs=want_logprobs,
-        top_logprobs=top, tokenizer=state.tokenizer,
-    )
-    stop_strings(req.stop)
-    stop_regexes(req.stop_regex)
-    check_limits(req, _prompt_count(req.prompt))
-    settings = state.settings
-    prompts, truncated = [], 0
-    for prompt in await asyncio.to_thread(_prompts, state, req):
-        kept, removed = truncate_prompt(prompt, req.truncate_prompt_tokens, settings.max_model_len)
-        prompts.append(kept)
-        truncated += removed
-    note_truncated(truncated)
-    spec = await constraint_spec_async(state, wire, None)
-    compiled = await compile_constraint(state, spec)
-    scored = choice_token_ids(spec, want_logprobs, state.tokenizer, [len(p) for p in prompts], settings.max_model_len)
-    check_scoring_without_processor(scored, params)
-    clamp = clamps_max_tokens(settings.max_tokens_overflow)
-    specs = []
-    for prompt in prompts:
-        max_tokens = resolve_max_tokens(req.max_tokens if req.max_tokens is not None else 16, len(prompt),
-                                        settings.max_model_len, "max_tokens", clamp=clamp)
-        for j in range(req.n):
-            specs.append(SequenceSpec(prompt, with_seed(params, j), max_tokens, *sequence_constraint(state, compiled),
-                                      score_choices=scored))
-    await apply_close_on_length(state, wire, compiled, specs)
-    echo = [state.tokenizer.decode(p) if req.echo else "" for p in prompts]
-    return CompletionJob(req, new_request_id("cmpl"), prompts, specs, echo, truncated,
-                         scored_choices=list(spec.source) if scored else None)
-
-
 def _usage(job: CompletionJob, completion_tokens: int, cached: list[int] | None = None) -> Usage:
     """``cached``: each sequence's prompt tokens from the prefix cache (a prompt counts once:
     its first choice's)."""
@@ -123,71 +83,57 @@ def _usage(job: CompletionJob, completion_tokens: int, cached: list[int] | None 
 
 
 async def run_completion(state: ServerState, job: CompletionJob) -> Completion:
-    stream = state.start_generation(job.request_id, job.specs, job.req)
-    results = await collect(stream, len(job.specs))
-    choices = []
-    for i, result in enumerate(results):
-        echo = job.echo_texts[i // job.req.n]
-        lp = state.token_texts.completion_logprobs(result.logprobs, len(echo)) if job.req.logprobs is not None else None
-        hidden = result.hidden_states if job.req.return_hidden_states else msgspec.UNSET
-        choices.append(CompletionChoice(index=i, text=echo + "".join(result.text), logprobs=lp,
-                                        finish_reason=result.finish_reason, stop_reason=result.stop_reason,
-                                        matched_stop=result.matched_stop,
-                                        choice_logprobs=choice_logprobs(job.scored_choices, result.choice_logprobs),
-                                        hidden_states=hidden))
-    return Completion(id=job.request_id, created=job.created, model=response_model(state, job.req), choices=choices,
-                      system_fingerprint=state.system_fingerprint, service_tier=response_tier(job.req),
-                      usage=_usage(job, sum(r.completion_tokens for r in results), [r.cached_tokens for r in results]))
+    """Generate all choices and build the non-streamed response."""
+    results = await collect_choices(state, job)
+    choices = [_choice(state, job, i, result) for i, result in enumerate(results)]
+    usage = _usage(job, sum(r.completion_tokens for r in results), [r.cached_tokens for r in results])
+    return Completion(**response_fields(state, job), choices=choices, usage=usage)
 
 
-async def stream_completion(state: ServerState, job: CompletionJob, stream: GenerationStream) -> AsyncIterator[bytes]:
-    options = job.req.stream_options
-    include_usage = bool(options and options.include_usage)
-    tokens = [0] * len(job.specs)
-    cached = [0] * len(job.specs)
-    offsets = [len(job.echo_texts[i // job.req.n]) for i in range(len(job.specs))]
-    try:
-        for i in range(len(job.specs)):
-            echo = job.echo_texts[i // job.req.n]
-            if echo:
-                yield sse_event(_chunk(state, job, i, echo, None, None))
-        async for index, delta in stream:
-            if delta.finish_reason == "error":
-                yield stream_api_error_event(generation_error(delta.error or "generation failed"))
-                break
-            tokens[index] = delta.completion_tokens
-            cached[index] = delta.cached_tokens
-            lp = None
-            if job.req.logprobs is not None and delta.logprobs:
-                lp = msgspec.to_builtins(state.token_texts.completion_logprobs(delta.logprobs, offsets[index]))
-            offsets[index] += len(delta.text)
-            chunk = _chunk(state, job, index, delta.text, lp, delta.finish_reason, delta.stop_reason,
-                           delta.matched_stop)
-            scored = choice_logprobs(job.scored_choices, delta.choice_logprobs) if delta.finish_reason else None
-            if scored is not None:
-                chunk["choices"][0]["choice_logprobs"] = msgspec.to_builtins(scored)
-            if delta.hidden_states:
-                chunk["choices"][0]["hidden_states"] = delta.hidden_states
-            yield sse_event(chunk)
-        if include_usage:
-            chunk = {**_chunk_head(state, job), "choices": [], "usage": msgspec.to_builtins(_usage(job, sum(tokens), cached))}
-            yield sse_event(chunk)
-        yield done_event()
-    finally:
-        stream.close()
+def _choice(state: ServerState, job: CompletionJob, index: int, result: ChoiceResult) -> CompletionChoice:
+    echo = job.echo_texts[index // job.req.n]
+    lp = state.token_texts.completion_logprobs(result.logprobs, len(echo)) if job.req.logprobs is not None else None
+    hidden = result.hidden_states if job.req.return_hidden_states else msgspec.UNSET
+    return CompletionChoice(index=index, text=echo + "".join(result.text), logprobs=lp,
+                            finish_reason=result.finish_reason, stop_reason=result.stop_reason,
+                            matched_stop=result.matched_stop,
+                            choice_logprobs=choice_logprobs(job.scored_choices, result.choice_logprobs),
+                            hidden_states=hidden)
 
 
-def _chunk(state, job, index, text, logprobs, finish, stop_reason=None, matched_stop=None) -> dict:
-    choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
-    if finish is not None:
-        choice["stop_reason"] = stop_reason
-        choice["matched_stop"] = matched_stop
-    return {**_chunk_head(state, job), "choices": [choice]}
+class _CompletionChunks(ChunkWriter):
+    """A text completion's chunks: each delta's text (after the echoed prompt) with its logprobs."""
+
+    object_name = "text_completion"
+    job: CompletionJob
+
+    def __init__(self, state: ServerState, job: CompletionJob) -> None:
+        super().__init__(state, job)
+        self.tokens = [0] * len(job.specs)
+        self.cached = [0] * len(job.specs)
+        self.offsets = [len(self._echo(i)) for i in range(len(job.specs))]  # of each choice's text so far
+
+    def _echo(self, index: int) -> str:
+        return self.job.echo_texts[index // self.job.req.n]
+
+    def opening(self) -> Iterator[dict]:
+        for index in range(len(self.job.specs)):
+            if self._echo(index):
+                yield self.chunk(index, {"text": self._echo(index)}, None, None)
+
+    def chunks(self, index: int, delta: SequenceDelta) -> Iterator[dict]:
+        self.tokens[index] = delta.completion_tokens
+        self.cached[index] = delta.cached_tokens
+        lp = None
+        if self.job.req.logprobs is not None and delta.logprobs:
+            lp = msgspec.to_builtins(self.state.token_texts.completion_logprobs(delta.logprobs, self.offsets[index]))
+        self.offsets[index] += len(delta.text)
+        scored = choice_logprobs(self.job.scored_choices, delta.choice_logprobs) if delta.finish_reason else None
+        yield self.chunk(index, {"text": delta.text}, lp, delta.finish_reason, stop_reason=delta.stop_reason,
+                         matched_stop=delta.matched_stop, scored=scored, hidden_states=delta.hidden_states)
+
+    def usage(self) -> Usage:
+        return _usage(self.job, sum(self.tokens), self.cached)
 
 
-def _chunk_head(state: ServerState, job: CompletionJob) -> dict:
-    head = {"id": job.request_id, "object": "text_completion", "created": job.created,
-            "model": response_model(state, job.req), "system_fingerprint": state.system_fingerprint}
-    if job.req.service_tier is not None:
-        head["service_tier"] = response_tier(job.req)
-    return head
+stream_completion = _CompletionChunks.events  # SSE chunks in OpenAI's format, ending with ``data: [DONE]``

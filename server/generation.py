@@ -1,6 +1,6 @@
 """Bridge between the asyncio handlers and the engine thread.
 
-A :class:`GenerationStream` submits the ``n`` sequences of one API request and yields their deltas
+A :class:`GenerationStream` submits the sequences of one API request and yields their deltas
 as ``(choice_index, SequenceDelta)`` in arrival order; closing it aborts whatever still runs.
 """
 
@@ -17,7 +17,6 @@ from sampler.custom import ERROR_PREFIX
 from server.engine.engine import CONSTRAINT_LIMIT, Engine
 from server.engine.sequence import GenerationRequest, SequenceDelta
 from server.protocol import CompletionLogprobs, TokenLogprob, TopLogprob
-from server.requests import stop_regexes, stop_strings
 
 
 def new_request_id(prefix: str) -> str:
@@ -29,20 +28,6 @@ def choice_seed(seed: int | None, index: int) -> int | None:
     if seed is None:
         return None
     return (seed + index * 0x9E3779B1) % (1 << 63)
-
-
-@dataclass
-class SequenceSpec:
-    """What one choice needs beyond the request-wide settings."""
-
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    max_tokens: int
-    matcher: object | None = None
-    token_dfa: object | None = None
-    reasoning: object | None = None  # server.engine.sequence.ReasoningPhase
-    prediction_token_ids: list[int] | None = None
-    score_choices: list[list[int]] | None = None
 
 
 @dataclass
@@ -87,24 +72,11 @@ class GenerationStream:
         self._open = 0
         self._closed = False
 
-    def submit(self, specs: list[SequenceSpec], **request_fields) -> None:
-        """Queue every sequence of the request at once (EngineOverloaded: none was queued)."""
-        requests = [
-            GenerationRequest(
-                request_id=self.request_id,
-                prompt_token_ids=spec.prompt_token_ids,
-                params=spec.params,
-                max_tokens=spec.max_tokens,
-                sink=self._sink(index),
-                matcher=spec.matcher,
-                token_dfa=spec.token_dfa,
-                reasoning=spec.reasoning,
-                prediction_token_ids=spec.prediction_token_ids,
-                score_choices=spec.score_choices,
-                **request_fields,
-            )
-            for index, spec in enumerate(specs)
-        ]
+    def submit(self, requests: list[GenerationRequest]) -> None:
+        """Queue every sequence of the request at once, each reporting to this stream
+        (EngineOverloaded: none was queued)."""
+        for index, request in enumerate(requests):
+            request.sink = self._sink(index)
         self.engine.submit_all(requests)
         self._open += len(requests)
 
@@ -136,28 +108,17 @@ class GenerationStream:
             self._on_close(self.timing)
 
 
-def start_generation(
-    engine: Engine, request_id: str, specs: list[SequenceSpec], req, eos_token_ids, on_close=None, adapter: int = 0
-) -> GenerationStream:
-    """Submit one API request's sequences with the request-wide stop/EOS settings of ``req``
-    on LoRA ``adapter`` (0 = base model); ``on_close`` gets the request's :class:`GenerationTiming`
-    when the stream closes."""
+def unsubmitted(delta: SequenceDelta) -> None:
+    """The sink of a request before :meth:`GenerationStream.submit` gives it the stream's own."""
+    raise RuntimeError("a GenerationRequest reported before it was submitted")
+
+
+def start_generation(engine: Engine, request_id: str, requests: list[GenerationRequest],
+                     on_close: Callable[[GenerationTiming], None] | None = None) -> GenerationStream:
+    """Submit one API request's sequences, built whole by the request pipeline; ``on_close``
+    gets the request's :class:`GenerationTiming` when the stream closes."""
     stream = GenerationStream(engine, request_id, on_close)
-    stream.submit(
-        specs,
-        stop=stop_strings(req.stop),
-        stop_token_ids=frozenset(req.stop_token_ids or ()),
-        eos_token_ids=eos_token_ids,
-        ignore_eos=req.ignore_eos,
-        include_stop_str_in_output=req.include_stop_str_in_output or req.no_stop_trim,
-        skip_special_tokens=req.skip_special_tokens,
-        spaces_between_special_tokens=bool(req.spaces_between_special_tokens),
-        stop_regex=stop_regexes(req.stop_regex),
-        adapter=adapter,
-        return_hidden_states=bool(getattr(req, "return_hidden_states", False)),
-        speculation=getattr(req, "speculation", None) != "off",
-        service_tier=getattr(req, "service_tier", None) or "default",
-    )
+    stream.submit(requests)
     return stream
 
 

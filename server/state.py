@@ -13,6 +13,7 @@ from server.context import request_log
 from server.engine.engine import Engine
 from server.engine.kv_cache import KVShape, plan_num_blocks
 from server.engine.model import ModelRunner, load_hf_model, resolve_dtype, runs_hand_written
+from server.engine.sequence import GenerationRequest
 from server.generation import GenerationStream, GenerationTiming, TokenTexts, start_generation
 from server.metrics import Metrics
 from server.render import PromptRenderer
@@ -61,12 +62,9 @@ class ServerState:
     def __post_init__(self) -> None:
         self.metrics.watch_many(self._engine_gauges)
 
-    def start_generation(self, request_id: str, specs, req) -> GenerationStream:
+    def start_generation(self, request_id: str, requests: list[GenerationRequest]) -> GenerationStream:
         """Submit a request's sequences (EngineOverloaded when the waiting queue is full)."""
-        from server.engine_options import adapter_id
-
-        return start_generation(self.engine, request_id, specs, req, self.eos_token_ids, self._observe,
-                                adapter=adapter_id(self, req))
+        return start_generation(self.engine, request_id, requests, self._observe)
 
     def _observe(self, timing: GenerationTiming) -> None:
         self.metrics.generation_tokens.inc(timing.tokens)

@@ -1,12 +1,14 @@
 """The generation constraint for tool calls, as an xgrammar structural tag.
 
-Each callable tool becomes one tag: begin = the fixed call header naming the tool, content = its
-``parameters`` JSON Schema as a grammar for JSON in ``json.dumps`` layout, end = ``}</tool_call>``. Then:
+Each callable tool becomes one tag in the model family's format (``server.tools.formats``; in the
+default ``qwen3-hermes`` one: begin = the fixed call header naming the tool, content = its
+``parameters`` JSON Schema as a grammar for JSON in ``json.dumps`` layout, end = ``}</tool_call>``).
+Then:
 
-* "required" / "named": ``tags_with_separator`` (no separator, ``at_least_one``) -- nothing but
-  calls; with ``parallel=False`` also ``stop_after_first``, so exactly one call.
-* "auto": ``triggered_tags`` on ``<tool_call>`` -- free text until the trigger, then a well-formed
-  call; with ``parallel=False`` generation ends after the first call.
+* "required" / "named": ``tags_with_separator`` (the family's separator, ``at_least_one``) --
+  nothing but calls; with ``parallel=False`` also ``stop_after_first``, so exactly one call.
+* "auto": ``triggered_tags`` on the family's call opener (``<tool_call>``) -- free text until the
+  trigger, then a well-formed call; with ``parallel=False`` generation ends after the first call.
 * "none": no constraint.
 
 The arguments are written in one fixed layout, the one ``json.dumps`` uses (and the tool
@@ -27,77 +29,62 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from server.errors import bad_request
-from server.tools.format import ARGS_CLOSE, CALL_OPEN, CALL_SEPARATOR, call_prefix
 from server.tools.plan import ToolPlan, ToolSpec
 
 if TYPE_CHECKING:
     from constraints import ConstraintSpec
+    from server.tools.formats import ToolFormat
+
 
 def tool_structural_tag(plan: ToolPlan | None) -> dict[str, Any] | None:
     """The xgrammar structural tag (``{"type": "structural_tag", "format": ...}``) enforcing the
-    plan, or None when nothing is enforced."""
+    plan in the model family's own format (:meth:`ToolFormat.structural_tag`), or None when
+    nothing is enforced."""
     if plan is None or plan.mode == "none":
         return None
-    if plan.format_name != "qwen3-hermes":
-        return _family_structural_tag(plan)
-    tags = [_tag(tool, _param(plan, tool)) for tool in plan.callable_tools()]
-    if plan.mode == "auto":
-        fmt: dict[str, Any] = {
-            "type": "triggered_tags",
-            "triggers": [CALL_OPEN],
-            "tags": tags,
-            "at_least_one": False,
-            "stop_after_first": not plan.parallel,
-        }
-    else:
-        fmt = {
-            "type": "tags_with_separator",
-            "tags": tags,
-            "separator": CALL_SEPARATOR,
-            "at_least_one": True,
-            "stop_after_first": not plan.parallel,
-        }
-    return {"type": "structural_tag", "format": fmt}
-
-
-def _family_structural_tag(plan: ToolPlan) -> dict[str, Any] | None:
-    """The structural tag in the model family's own format: JSON arguments by the grammar below,
-    XML-style parameters by xgrammar's matching JSON-Schema style. A family with no constrainable
-    argument notation runs "auto" free and refuses forced calls (400 naming ``tool_choice``)."""
     from server.tools.formats import get_format
 
     fmt = get_format(plan.format_name)
-    if not fmt.argument_style:
-        if plan.mode == "auto":
-            return None
-        param = "function_call" if plan.legacy else "tool_choice"
+    if not fmt.argument_style:  # no constrainable argument notation: "auto" runs free
+        _refuse_forced_calls(plan, fmt)
+        return None
+    return fmt.structural_tag(plan, lambda tool: _arguments_content(plan, fmt, tool))
+
+
+def _refuse_forced_calls(plan: ToolPlan, fmt: ToolFormat) -> None:
+    """A 400 naming ``tool_choice`` for calls forced in a family whose arguments cannot be
+    constrained ("auto" passes)."""
+    if plan.mode == "auto":
+        return
+    param = "function_call" if plan.legacy else "tool_choice"
+    raise bad_request(
+        f"tool_choice '{plan.mode}' cannot be enforced in the model's '{fmt.name}' tool-call format; "
+        "use 'auto' (or --tool-call-format qwen3-hermes)",
+        param,
+        code="unsupported_value",
+    )
+
+
+def _arguments_content(plan: ToolPlan, fmt: ToolFormat, tool: ToolSpec) -> dict[str, Any]:
+    """The structural-tag content of ``tool``'s arguments: JSON by the grammar below, the family's
+    own notation by its grammar, XML-style parameters by xgrammar's matching JSON-Schema style."""
+    param = _param(plan, tool)
+    if fmt.argument_style == "json":
+        return {"type": "grammar", "grammar": _arguments_grammar(tool, param)}
+    schema = _enforceable_schema(tool, param)
+    try:
+        own = fmt.argument_grammar(schema)
+    except ValueError as exc:
         raise bad_request(
-            f"tool_choice '{plan.mode}' cannot be enforced in the model's '{fmt.name}' tool-call format; "
-            "use 'auto' (or --tool-call-format qwen3-hermes)",
+            f"Schema for function '{tool.name}' cannot be enforced in the '{fmt.name}' tool-call format: {exc}",
             param,
-            code="unsupported_value",
-        )
-
-    def content(tool: ToolSpec) -> dict[str, Any]:
-        param = _param(plan, tool)
-        if fmt.argument_style == "json":
-            return {"type": "grammar", "grammar": _arguments_grammar(tool, param)}
-        schema = _enforceable_schema(tool, param)
-        try:
-            own = fmt.argument_grammar(schema)
-        except ValueError as exc:
-            raise bad_request(
-                f"Schema for function '{tool.name}' cannot be enforced in the '{fmt.name}' tool-call format: {exc}",
-                param,
-                code="unsupported_constraint",
-            ) from None
-        if own is not None:
-            return {"type": "grammar", "grammar": own}
-        # bounded whitespace: the XML styles allow it between and around values, and a model
-        # must not be able to spend its tokens on it
-        return {"type": "json_schema", "json_schema": schema, "style": fmt.argument_style, "max_whitespace_cnt": 1}
-
-    return fmt.structural_tag(plan, content)
+            code="unsupported_constraint",
+        ) from None
+    if own is not None:
+        return {"type": "grammar", "grammar": own}
+    # bounded whitespace: the XML styles allow it between and around values, and a model
+    # must not be able to spend its tokens on it
+    return {"type": "json_schema", "json_schema": schema, "style": fmt.argument_style, "max_whitespace_cnt": 1}
 
 
 def tool_constraint_spec(plan: ToolPlan | None) -> ConstraintSpec | None:
@@ -109,15 +96,6 @@ def tool_constraint_spec(plan: ToolPlan | None) -> ConstraintSpec | None:
     from constraints import ConstraintSpec  # lazy: keeps this module importable on its own
 
     return ConstraintSpec(kind="structural_tag", source=tag)
-
-
-def _tag(tool: ToolSpec, param: str) -> dict[str, Any]:
-    return {
-        "type": "tag",
-        "begin": call_prefix(tool.name),
-        "content": {"type": "grammar", "grammar": _arguments_grammar(tool, param)},
-        "end": ARGS_CLOSE,
-    }
 
 
 def _param(plan: ToolPlan, tool: ToolSpec) -> str:
