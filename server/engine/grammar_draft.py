@@ -16,9 +16,16 @@ knows more. Walking the row's matcher (state restored afterwards), a draft is bu
 Verification keeps the draft's tokens only where sampling agrees, so a wrong guess costs its
 verification and nothing else; forced tokens that jump-forward appends after a kept token are
 matched against the draft's next tokens (:meth:`DraftVerifier.verify`).
+
+Each token carries its kind: ``forced`` (the grammar leaves no choice), ``guess`` (a copy's first
+token right after forced text: which field the model copies is its own choice), ``copy`` (a
+copied token after a model-chosen or copied one) and ``close`` (the token that ends a value);
+the sequence's copy length follows its ``copy`` tokens alone (:meth:`Speculator.settle`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 from constraints.backends.closing import closing_token
 from server.engine.prompt_lookup import PromptLookup
@@ -28,12 +35,21 @@ MAX_KEY_CHARS, MIN_KEY_CHARS = 24, 2  # the longest suffix of that text found in
 CHARS_PER_TOKEN = 8  # prompt text taken per wanted token (tokenized, then cut)
 
 
-def compose_draft(matcher, lookup: PromptLookup, limit: int, copy_limit: int) -> list[int]:
+@dataclass
+class ComposedDraft:
+    """A draft's tokens and, per token, its kind (see the module docstring)."""
+
+    tokens: list[int] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
+
+
+def compose_draft(matcher, lookup: PromptLookup, limit: int, copy_limit: int) -> ComposedDraft:
     """Up to ``limit`` draft tokens from the matcher's state, at most ``copy_limit`` of them
     copied from the context ``lookup`` indexes; the matcher's state is left unchanged."""
     composer = _Composer(matcher)
     try:
-        return composer.compose(lookup, limit, copy_limit)
+        composer.compose(lookup, limit, copy_limit)
+        return ComposedDraft(composer.draft, composer.kinds)
     finally:
         matcher.rollback(composer.taken)
 
@@ -45,22 +61,24 @@ class _Composer:
     def __init__(self, matcher) -> None:
         self.matcher = matcher
         self.draft: list[int] = []
+        self.kinds: list[str] = []
         self.taken = 0
 
-    def compose(self, lookup: PromptLookup, limit: int, copy_limit: int) -> list[int]:
+    def compose(self, lookup: PromptLookup, limit: int, copy_limit: int) -> None:
         copied = False
         while len(self.draft) < limit:
-            if self._take(self._canonical(self.matcher.forced_text()), limit):
+            if self._take(self._canonical(self.matcher.forced_text()), limit, "forced"):
                 continue
             if copied:
                 break
             copied = True
             room = min(copy_limit, limit - len(self.draft))
             span = lookup.proposal_after(self.draft, room + 1) or self._text_span(lookup, room + 1)
-            kept = self._take(span[:room], limit)
+            # right after forced text the copy is a guess at which value the model starts
+            first = "guess" if self.kinds and self.kinds[-1] == "forced" else "copy"
+            kept = self._take(span[:1], limit, first) and 1 + self._take(span[1:room], limit, "copy")
             if kept and kept < len(span) and not self._accepts(span[kept]):  # the value ends here
                 self._close(limit)
-        return self.draft
 
     def _text_span(self, lookup: PromptLookup, limit: int) -> list[int]:
         """The continuation of the output's text where the prompt's text has it, tokenized
@@ -89,10 +107,12 @@ class _Composer:
         forced = self.matcher.forced_text()
         self.matcher.rollback(1)
         together = self._canonical(self.matcher.ctx.decode([token]) + forced)
-        if not self._take(together, limit):
-            self._take([token], limit)
+        if self._take(together[:1], limit, "close"):
+            self._take(together[1:], limit, "forced")
+        else:
+            self._take([token], limit, "close")
 
-    def _take(self, tokens: list[int], limit: int) -> int:
+    def _take(self, tokens: list[int], limit: int, kind: str) -> int:
         """Accept ``tokens`` into the draft as far as the matcher takes them (and ``limit``
         allows); returns how many."""
         kept = 0
@@ -101,6 +121,7 @@ class _Composer:
                 break
             self.taken += 1
             self.draft.append(token)
+            self.kinds.append(kind)
             kept += 1
             if self.matcher.is_terminated():
                 break

@@ -7,11 +7,12 @@ Two sources, one mechanism (:mod:`server.engine.draft_verifier` feeds and verifi
 
 - the client's prediction (:class:`~server.engine.drafts.Draft`), followed whenever the output
   is aligned with it, at full length;
-- prompt lookup (:class:`~server.engine.prompt_lookup.PromptLookup`), otherwise: its drafts start
-  at ``INITIAL_LENGTH`` tokens, double while they are wholly accepted, shrink to what was kept
-  plus one after a partial miss, and after ``k`` misses in a row wait ``2 ** (k - 1) - 1``
-  proposals (at most ``MAX_COOLDOWN``) before trying again (a first miss costs no wait: values
-  copied from the prompt often start right after one).
+- prompt lookup (:class:`~server.engine.prompt_lookup.PromptLookup`), otherwise: its copies start
+  at ``INITIAL_LENGTH`` tokens, double while their copied tokens are wholly accepted, shrink to
+  what was kept plus one after a partial miss, and after ``k`` misses in a row wait
+  ``2 ** (k - 1) - 1`` proposals (at most ``MAX_COOLDOWN``) before trying again (a first miss
+  costs no wait: values copied from the prompt often start right after one). Only copied tokens
+  count: forced text is always kept, and a guessed value start is refused more often than not.
 
 A constrained row's lookup draft is composed with its grammar (:mod:`server.engine.grammar_draft`):
 the text it forces, one copied span, and the value's closing; a prediction is cut at the first
@@ -42,6 +43,7 @@ class Speculator:
         self.acceptance = INITIAL_ACCEPTANCE  # estimated share of a draft's tokens that are kept
         self._priced_out = 0  # steps in a row the policy kept this sequence's drafts out
         self.source: str | None = None  # "prediction" or "prompt": where the last proposal came from
+        self.kinds: list[str] = []  # per token of the last proposal: what it is (grammar_draft's kinds)
         self.lookup_accepted = 0
         self.lookup_rejected = 0
         self._misses = 0
@@ -72,11 +74,11 @@ class Speculator:
     def proposal(self, limit: int, matcher=None) -> list[int]:
         """Up to ``limit`` draft tokens expected next ([] when no source has one); with the
         row's ``matcher``, a lookup draft is composed with its grammar."""
-        self.source = None
+        self.source, self.kinds = None, []
         if self.prediction is not None:
             tokens = self.prediction.proposal(limit)
             if tokens:
-                self.source = "prediction"
+                self.source, self.kinds = "prediction", ["prediction"] * len(tokens)
                 return tokens
         if self.lookup is None:
             return []
@@ -84,9 +86,11 @@ class Speculator:
             self._cooldown -= 1
             return []
         if matcher is not None:
-            tokens = compose_draft(matcher, self.lookup, limit, self.length)
+            composed = compose_draft(matcher, self.lookup, limit, self.length)
+            tokens, self.kinds = composed.tokens, composed.kinds
         else:
             tokens = self.lookup.proposal(min(limit, self.length))
+            self.kinds = ["copy"] * len(tokens)
         self.source = "prompt" if tokens else None
         return tokens
 
@@ -115,13 +119,19 @@ class Speculator:
             return
         self.lookup_accepted += used
         self.lookup_rejected += fed - used
-        if used == fed:
+        # the copy's length follows its copied tokens that were tested (up to the first refused
+        # one): forced text is always kept, and a guessed value start is refused more often than not
+        tested = [i for i, kind in enumerate(self.kinds[:fed]) if kind == "copy" and i <= used]
+        if not tested:
+            return
+        kept = sum(1 for i in tested if i < used)
+        if kept == len(tested):
             self.length = min(self.max_length, 2 * self.length)
             self._misses = 0
-        elif used == 0:
+        elif kept == 0:
             self._misses += 1
             self._cooldown = min(2 ** (self._misses - 1) - 1, MAX_COOLDOWN)
             self.length = max(1, self.length // 2)
         else:
-            self.length = max(1, used + 1)
+            self.length = max(1, kept + 1)
             self._misses = 0

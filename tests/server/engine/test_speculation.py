@@ -66,16 +66,21 @@ def test_a_composed_draft_copies_a_value_closes_it_and_bridges_to_the_next(defau
     encode = lambda text: default_tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     lookup = PromptLookup(encode("Name: Ada Lovelace\nCity: London\n"))
     _accept_text(matcher, default_tokenizer, '{"name":')
-    bridge = compose_draft(matcher, lookup, 16, 4)
+    bridge = compose_draft(matcher, lookup, 16, 4).tokens
     assert default_tokenizer.decode(bridge).startswith(' "')  # the forced text, its last token included
     value = encode('{"name": "Ada')[len(encode('{"name":')):]
     for token in value:
         assert matcher.accept_token(token)
         lookup.observe(token)
-    draft = compose_draft(matcher, lookup, 16, 4)
+    composed = compose_draft(matcher, lookup, 16, 4)
+    draft = composed.tokens
     # the value so far is Ġ" Ad a where the prompt has ĠAda: the copy is found by its text
     assert [default_tokenizer.decode([t]) for t in value] == [' "', "Ad", "a"]
     assert default_tokenizer.decode(draft) == ' Lovelace", "city": "'
+    pieces = [(default_tokenizer.decode([t]), kind) for t, kind in zip(draft, composed.kinds, strict=True)]
+    closing = next(i for i, (_, kind) in enumerate(pieces) if kind != "copy")
+    assert "".join(text for text, _ in pieces[:closing]) == " Lovelace"  # the copy, then its closing quote
+    assert pieces[closing][1] == "close" and {kind for _, kind in pieces[closing + 1 :]} == {"forced"}
     assert all(matcher.accept_token(t) for t in draft)  # composing left the matcher's state as it was
 
 
@@ -128,6 +133,22 @@ def test_policy_prices_draft_tokens_from_the_fitted_step_cost() -> None:
     assert fixed == pytest.approx(0.040) and slope == pytest.approx(0.002)
     assert policy.threshold(1) == pytest.approx(0.002 / 0.042)
     assert policy.worth(0.3, 1) and not policy.worth(0.3, 64)  # 64 tokens: 0.128 / 0.168 needed
+
+
+def test_a_refused_value_start_does_not_shorten_the_copies() -> None:
+    """A copy's length follows its copied tokens: a guessed value start refused (the model picked
+    another field) neither halves it nor makes the sequence wait; a copied token refused does."""
+    spec = Speculator(None, PromptLookup([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]), max_length=16)
+    spec.proposal(8)
+    spec.kinds = ["forced", "guess", "copy", "copy"]
+    spec.settle(4, 1)  # the forced token kept, the guess refused
+    assert spec.length == INITIAL_LENGTH and spec.ready
+    spec.kinds = ["copy", "copy", "copy", "copy"]
+    spec.settle(4, 4)
+    assert spec.length == 2 * INITIAL_LENGTH
+    spec.kinds = ["forced", "copy", "copy", "close"]
+    spec.settle(4, 2)  # one copied token kept, the next refused
+    assert spec.length == 2
 
 
 def test_grammar_cuts_a_draft_at_the_first_refused_token(default_compiler, default_tokenizer) -> None:
