@@ -8,6 +8,12 @@ output-tokens/s ratio of every level to concurrency 1 (measured in the same run)
     python benchmarks/serve.py --concurrency 16 --json-schema   # free and json_schema side by side
     python benchmarks/serve.py --concurrency 16 --speculation-ab  # free text, the engine's drafts off vs auto
     python benchmarks/serve.py --smoke --json-schema  # concurrency 1 and 2, 2 requests of 8 tokens each
+    python benchmarks/serve.py --concurrency 1 16 --json-schema --peer http://127.0.0.1:8081
+        # the same workload against another server (llama.cpp's: benchmarks/peer_llamacpp.sh), in turn
+
+With ``--peer``, every level and workload runs against the server, then the peer, and the table
+gets one row for each with the server's tok/s over the peer's. json_schema rows count the answers
+that parse as JSON and satisfy the schema (``valid``).
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ class Sample:
     ttft: float
     total: float
     tokens: int
+    text: str = ""
 
 
 async def one_request(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int,
@@ -67,7 +74,8 @@ async def one_request(client: httpx.AsyncClient, model: str, prompt: str, max_to
     }
     started = time.perf_counter()
     first = None
-    tokens = 0
+    tokens = content_chunks = 0
+    pieces: list[str] = []
     async with client.stream("POST", "/v1/chat/completions", json=body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
@@ -76,10 +84,15 @@ async def one_request(client: httpx.AsyncClient, model: str, prompt: str, max_to
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
-            if first is None and any(c["delta"].get("content") for c in chunk.get("choices", [])):
-                first = time.perf_counter()
+            content = "".join(c.get("delta", {}).get("content") or "" for c in chunk.get("choices", []))
+            if content:
+                first = first or time.perf_counter()
+                content_chunks += 1
+                pieces.append(content)
     end = time.perf_counter()
-    return Sample(ttft=(first or end) - started, total=end - started, tokens=tokens)
+    # a server that reports no usage streams a token per chunk (llama.cpp's does)
+    return Sample(ttft=(first or end) - started, total=end - started, tokens=tokens or content_chunks,
+                  text="".join(pieces))
 
 
 async def run_level(base_url: str, model: str, concurrency: int, requests: int, max_tokens: int,
@@ -107,7 +120,21 @@ async def run_level(base_url: str, model: str, concurrency: int, requests: int, 
         "ttft_p50": _pct(ttfts, 50),
         "ttft_p95": _pct(ttfts, 95),
         "tpot_ms": 1000 * statistics.mean(tpot) if tpot else float("nan"),
+        "valid": sum(_valid(s.text) for s in samples) / len(samples) if extra and "response_format" in extra else None,
     }
+
+
+def _valid(text: str) -> bool:
+    """The answer is one JSON value satisfying the json_schema workload's schema."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    try:
+        import jsonschema
+    except ImportError:  # without the validator: parses as an object with the required key
+        return isinstance(value, dict) and "people" in value
+    return jsonschema.Draft202012Validator(PEOPLE).is_valid(value)
 
 
 def _pct(values: list[float], pct: float) -> float:
@@ -134,6 +161,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--speculation-ab", action="store_true",
                         help="run every level's free workload with the request field speculation off, then auto "
                              "(ratio of auto to off printed)")
+    parser.add_argument("--peer", default=None, metavar="URL",
+                        help="another OpenAI-compatible server: every level and workload runs against it too, in turn")
+    parser.add_argument("--peer-model", default=None, help="the peer's model id (default: its first model)")
     parser.add_argument("--smoke", action="store_true", help="concurrency 1 and 2, 2 requests per level, 8 tokens: checks it runs")
     args = parser.parse_args(argv)
     if args.smoke:  # the smoke sizes are defaults: flags given still win (see benchmarks/smoke.py)
@@ -142,43 +172,58 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def measure_levels(args: argparse.Namespace, model: str) -> list[tuple[str, dict]]:
-    """(workload name, :func:`run_level` result) for every concurrency level and workload."""
+def measure_levels(args: argparse.Namespace, model: str, peer_model: str | None = None) -> list[tuple[str, dict]]:
+    """(workload name, :func:`run_level` result) for every concurrency level and workload; with a
+    peer, each workload runs against the server and then the peer (rows named ``… @ peer``)."""
     rows = []
     for level in args.concurrency:
         requests = args.requests_per_level or max(4, 2 * level)
-        if args.speculation_ab:
-            for mode in ("off", "auto"):
-                rows.append((f"free, speculation {mode}", asyncio.run(run_level(
-                    args.base_url, model, level, requests, args.max_tokens, {"speculation": mode}))))
-        else:
-            rows.append(("free", asyncio.run(run_level(args.base_url, model, level, requests, args.max_tokens))))
+        workloads = [(f"free, speculation {mode}", {"speculation": mode}) for mode in ("off", "auto")] \
+            if args.speculation_ab else [("free", None)]
         if args.json_schema:
-            rows.append(("json_schema", asyncio.run(run_level(args.base_url, model, level, requests, args.max_tokens,
-                                                              JSON_FORMAT))))
+            workloads.append(("json_schema", JSON_FORMAT))
+        for name, extra in workloads:
+            rows.append((name, asyncio.run(run_level(args.base_url, model, level, requests, args.max_tokens, extra))))
+            if args.peer:
+                rows.append((f"{name} @ peer", asyncio.run(run_level(args.peer, peer_model, level, requests,
+                                                                     args.max_tokens, extra))))
     return rows
+
+
+def first_model(base_url: str) -> str:
+    return httpx.get(base_url + "/v1/models").json()["data"][0]["id"]
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     """Load the server level by level; returns one row per (level, workload) as printed."""
     args = parse_args(argv)
-    model = args.model or httpx.get(args.base_url + "/v1/models").json()["data"][0]["id"]
-    rows = measure_levels(args, model)
+    model = args.model or first_model(args.base_url)
+    peer_model = (args.peer_model or first_model(args.peer)) if args.peer else None
+    rows = measure_levels(args, model, peer_model)
     base = rows[0][1]["tok_s"]
-    free: dict[int, float] = {}
-    for name, r in rows:  # each level's first free row (speculation off with --speculation-ab)
+    free: dict[tuple[int, bool], float] = {}  # (level, peer) -> its first free row's tok/s
+    ours: dict[tuple[int, str], float] = {}  # (level, workload) -> the server's tok/s
+    for name, r in rows:
+        peer = name.endswith(" @ peer")
         if name.startswith("free"):
-            free.setdefault(r["concurrency"], r["tok_s"])
-    print(f"model={model} max_tokens={args.max_tokens}")
-    print("| concurrency | workload | requests | req/s | output tok/s | vs c=1 | vs free | TTFT p50 s | TTFT p95 s | TPOT ms |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+            free.setdefault((r["concurrency"], peer), r["tok_s"])
+        if not peer:
+            ours[(r["concurrency"], name)] = r["tok_s"]
+    print(f"model={model} max_tokens={args.max_tokens}" + (f" peer={args.peer} ({peer_model})" if args.peer else ""))
+    print("| concurrency | workload | requests | req/s | output tok/s | vs c=1 | vs free | vs peer | valid | "
+          "TTFT p50 s | TTFT p95 s | TPOT ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     results = []
     for name, r in rows:
+        peer = name.endswith(" @ peer")
+        vs_peer = ours[(r["concurrency"], name.removesuffix(" @ peer"))] / r["tok_s"] if peer and r["tok_s"] else None
         results.append({"workload": name, **r, "vs_c1": r["tok_s"] / base,
-                        "vs_free": r["tok_s"] / free[r["concurrency"]]})
+                        "vs_free": r["tok_s"] / free[(r["concurrency"], peer)], "ours_vs_peer": vs_peer})
+        valid = "" if r["valid"] is None else f"{r['valid']:.0%}"
         print(
             f"| {r['concurrency']} | {name} | {r['requests']} | {r['req_s']:.2f} | {r['tok_s']:.1f} | "
-            f"{r['tok_s'] / base:.2f}x | {r['tok_s'] / free[r['concurrency']]:.2f}x | {r['ttft_p50']:.2f} | "
+            f"{r['tok_s'] / base:.2f}x | {r['tok_s'] / free[(r['concurrency'], peer)]:.2f}x | "
+            f"{'' if vs_peer is None else f'{vs_peer:.2f}x'} | {valid} | {r['ttft_p50']:.2f} | "
             f"{r['ttft_p95']:.2f} | {r['tpot_ms']:.1f} |"
         )
     return results

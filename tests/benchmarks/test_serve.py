@@ -22,3 +22,14 @@ def test_speculation_ab_runs_off_then_auto(tiny_server):
 
     assert [r["workload"] for r in rows] == ["free, speculation off", "free, speculation auto"] * 2
     assert all(r["tok_s"] > 0 for r in rows)
+
+
+def test_a_peer_runs_the_same_workload_in_turn(tiny_server):
+    """The peer here is the same server under another URL form: its rows follow each of ours."""
+    peer = tiny_server.base_url.replace("127.0.0.1", "localhost")
+    rows = serve.main(["--smoke", "--json-schema", "--concurrency", "1", "--base-url", tiny_server.base_url,
+                       "--peer", peer])
+
+    assert [r["workload"] for r in rows] == ["free", "free @ peer", "json_schema", "json_schema @ peer"]
+    assert rows[0]["ours_vs_peer"] is None and rows[1]["ours_vs_peer"] == rows[0]["tok_s"] / rows[1]["tok_s"]
+    assert rows[0]["valid"] is None and 0 <= rows[2]["valid"] <= 1 and rows[3]["valid"] is not None
