@@ -21,6 +21,7 @@ import msgspec
 from sampler import SamplingParams
 from server.engine.sequence import GenerationRequest, SequenceDelta
 from server.engine_options import adapter_id, adapter_in_model, apply_engine_options, response_model, response_tier
+from server.errors import APIError
 from server.generation import ChoiceResult, GenerationStream, collect, generation_error, unsubmitted, with_seed
 from server.protocol import ChatCompletionRequest, ChoiceLogprob, CompletionRequest, Usage
 from server.requests import check_scoring_without_processor, choice_token_ids, clamps_max_tokens, decode_request, logprob_settings, note_truncated, reject_unimplemented, resolve_max_tokens, sampling_params, stop_regexes, stop_strings, truncate_prompt
@@ -201,7 +202,11 @@ class ChunkWriter(ABC):
                 for chunk in writer.chunks(index, delta):
                     yield sse_event(chunk)
             else:
-                await writer.finished()
+                try:
+                    await writer.finished()
+                except APIError as exc:  # e.g. the store is down: the answer was not kept, so no [DONE]
+                    yield stream_api_error_event(exc)
+                    return
             if options and options.include_usage:
                 yield sse_event({**writer.head(), "choices": [], "usage": msgspec.to_builtins(writer.usage())})
             yield done_event()

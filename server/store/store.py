@@ -8,6 +8,7 @@ unguessable, so saying "not yours" leaks nothing a 404 would hide, and it tells 
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import shutil
@@ -22,7 +23,7 @@ from typing import Any, Generic, Literal, TypeVar
 import msgspec
 from sqlalchemy import Connection, Table, delete, event, exists, func, insert, select, update
 from sqlalchemy.engine import URL, Row, make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.sql import Select
 
@@ -45,6 +46,14 @@ T = TypeVar("T")
 
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {}
 """Schema step ``n`` upgrades a version ``n - 1`` database; run in order inside the start-up transaction."""
+
+log = logging.getLogger("trellis")
+
+# SQLSTATE classes meaning "the server cannot serve now", not "this query is wrong": connection
+# exceptions, insufficient resources (too many connections, disk full), shutting down / starting up.
+_PG_UNAVAILABLE_STATES = ("08", "53", "57P")
+# SQLite primary result codes of the same kind: BUSY, LOCKED, NOMEM, READONLY, IOERR, FULL, CANTOPEN.
+_SQLITE_UNAVAILABLE_CODES = frozenset({5, 6, 7, 8, 10, 13, 14})
 
 
 class StoreError(RuntimeError):
@@ -175,6 +184,27 @@ def check_order(order: str) -> Order:
     if order not in ("asc", "desc"):
         raise bad_request("order must be 'asc' or 'desc'", "order")
     return order  # type: ignore[return-value]
+
+
+def store_unavailable() -> APIError:
+    """The 503 for a request that needs a database which cannot be reached now."""
+    return APIError("the store's database is unavailable; retry later", status=503, code="store_unavailable")
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database cannot serve now (unreachable, connection lost, shutting down,
+    locked, out of space) rather than that a statement is wrong."""
+    if isinstance(exc, DBAPIError):
+        if exc.connection_invalidated:
+            return True
+        exc = exc.orig
+    if isinstance(exc, OSError):  # connect() refused, reset or timed out (asyncpg raises these unwrapped)
+        return True
+    state = getattr(exc, "sqlstate", None)  # asyncpg's errors, unwrapped from connect() or adapted by SQLAlchemy
+    if isinstance(state, str) and state.startswith(_PG_UNAVAILABLE_STATES):
+        return True
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(code, int) and (code & 0xFF) in _SQLITE_UNAVAILABLE_CODES
 
 
 def _not_found(kind: str, object_id: Any) -> APIError:
@@ -525,9 +555,22 @@ class Store:
 
     @asynccontextmanager
     async def transaction(self, *, write: bool = True) -> AsyncIterator[Tx]:
-        """One transaction: committed when the block ends, rolled back when it raises."""
-        async with (self._writer if write else self.engine).begin() as conn:
-            yield Tx(conn)
+        """One transaction: committed when the block ends, rolled back when it raises.
+
+        A database that cannot serve (see :func:`database_unavailable`) raises ``APIError`` 503
+        ``store_unavailable``; the transaction is then not committed, unless the connection was lost
+        while the commit itself was under way (its outcome is unknown, but all or nothing).
+        """
+        try:
+            async with (self._writer if write else self.engine).begin() as conn:
+                yield Tx(conn)
+        except Exception as exc:
+            if not database_unavailable(exc):
+                raise
+            # The first line only: the rest repeats the statement and its parameters (users' text).
+            reason = (str(exc).splitlines() or [""])[0] or type(exc).__name__
+            log.warning("store unavailable (%s): %s", self.backend, reason)
+            raise store_unavailable() from exc
 
     async def save_completion(
         self,

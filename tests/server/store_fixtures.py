@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,9 +54,11 @@ def postgres_bin_dir() -> Path | None:
 
 @dataclass
 class PostgresServer:
-    """A private PostgreSQL on 127.0.0.1:<port> (trust auth, fsync off) with a role ``trellis``."""
+    """A private PostgreSQL on 127.0.0.1:<port> (trust auth, fsync off) with a role ``trellis``, its
+    cluster in ``root``; it can be stopped and started again on the same data and port."""
 
     bin_dir: Path
+    root: Path
     port: int
     _counter: int = 0
 
@@ -67,6 +69,17 @@ class PostgresServer:
         subprocess.run([str(self.bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", PG_USER, name],
                        check=True, capture_output=True, timeout=60)
         return f"postgresql://{PG_USER}@127.0.0.1:{self.port}/{name}"
+
+    def start(self) -> None:
+        """Start the server (again) on its data directory and port; returns once it accepts connections."""
+        options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} -c fsync=off -c full_page_writes=off"
+        _run([str(self.bin_dir / "pg_ctl"), "-D", str(self.root / "data"), "-l", str(self.root / "server.log"),
+              "-w", "-t", "60", "-o", options, "start"], "pg_ctl start")
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server: ``fast`` ends every session (open transactions roll back), ``immediate`` kills it."""
+        _run([str(self.bin_dir / "pg_ctl"), "-D", str(self.root / "data"), "-m", mode, "-w", "-t", "60", "stop"],
+             "pg_ctl stop")
 
 
 def _as_postgres_user(command: list[str]) -> list[str]:
@@ -82,9 +95,10 @@ def _run(command: list[str], what: str) -> None:
         raise RuntimeError(f"{what} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
 
 
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
-    """Start PostgreSQL in a temporary directory for the session; skipped only without its binaries."""
+@contextmanager
+def running_postgres() -> Iterator[PostgresServer]:
+    """A new PostgreSQL cluster in a temporary directory, started; removed afterwards. Skips the test
+    only where the server binaries are missing."""
     bin_dir = postgres_bin_dir()
     if bin_dir is None:
         pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not found: apt-get install -y postgresql")
@@ -95,17 +109,30 @@ def postgres_server() -> Iterator[PostgresServer]:
         except KeyError:
             pytest.fail("running as root needs the 'postgres' system user to start PostgreSQL (installed with it)")
         os.chown(root, account.pw_uid, account.pw_gid)
-    data, port = root / "data", free_port()
-    _run([str(bin_dir / "initdb"), "-D", str(data), "-U", PG_USER, "--auth=trust", "-E", "UTF8", "--no-sync"], "initdb")
-    options = f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off -c full_page_writes=off"
-    _run([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(root / "server.log"), "-w", "-t", "60",
-          "-o", options, "start"], "pg_ctl start")
+    _run([str(bin_dir / "initdb"), "-D", str(root / "data"), "-U", PG_USER, "--auth=trust", "-E", "UTF8", "--no-sync"],
+         "initdb")
+    server = PostgresServer(bin_dir, root, free_port())
+    server.start()
     try:
-        yield PostgresServer(bin_dir, port)
+        yield server
     finally:
-        subprocess.run(_as_postgres_user([str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"]),
-                       capture_output=True, timeout=60)
+        subprocess.run(_as_postgres_user([str(bin_dir / "pg_ctl"), "-D", str(root / "data"), "-m", "immediate", "-w",
+                                          "stop"]), capture_output=True, timeout=60)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A PostgreSQL server shared by the session's tests (never stopped by them)."""
+    with running_postgres() as server:
+        yield server
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of this test's own, which it may stop and start again."""
+    with running_postgres() as server:
+        yield server
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
