@@ -16,6 +16,7 @@ from ..schema.analysis import find_keyword
 from ..schema.lark import LarkSchema, lark_grammar
 from ..spec import ConstraintSpec
 from .base import Backend, CompiledConstraint, Matcher
+from .messages import backend_message
 from .vocabulary import TokenizerContext
 
 if TYPE_CHECKING:
@@ -415,7 +416,7 @@ class LLGuidanceBackend(Backend):
                     json.dumps(schema), overrides=json_options(spec)
                 )
             except ValueError as exc:
-                raise InvalidConstraintError(f"invalid JSON schema: {exc}") from None
+                raise InvalidConstraintError(f"invalid JSON schema: {backend_message(str(exc))}") from None
         if kind == "grammar_lark":
             return llguidance.LLMatcher.grammar_from_lark(source)
         if kind == "regex":
@@ -424,7 +425,7 @@ class LLGuidanceBackend(Backend):
 
     @staticmethod
     def _error(spec: ConstraintSpec, err: str) -> Exception:
-        first = err.strip().splitlines()[0][:300]
+        first = backend_message(err)[:300]
         if m := _UNIMPLEMENTED.search(err):
             return UnsupportedConstraintError(
                 f"keyword {m.group(1)!r} is not supported for enforcement", keyword=m.group(1)

@@ -12,6 +12,7 @@ from typing import Any
 from ..errors import ConstraintTooLargeError, EmptyLanguageError, InvalidConstraintError
 from ..spec import ConstraintSpec
 from .base import Backend, CompiledConstraint, Matcher, TokenDFA
+from .messages import backend_message
 from .tokendfa import DFAMatcher, DFATables, build_allowed, dfa_distances, to_token_dfa
 from .vocabulary import TokenizerContext, token_bytes, vocabulary_bytes
 
@@ -50,7 +51,7 @@ def _build_tables(regex: str, vocabulary: Any, stop_ids: tuple[int, ...], marker
     try:
         index = outlines_core.Index(f"(?:{regex})\\U0010ffff" if marker else regex, vocabulary)
     except Exception as exc:
-        raise InvalidConstraintError(f"invalid regex: {str(exc).splitlines()[0][:200]}") from None
+        raise InvalidConstraintError(f"invalid regex: {backend_message(str(exc))[:200]}") from None
     trans = {s: dict(edges) for s, edges in index.get_transitions().items()}
     finals = set(index.get_final_states())
     initial = index.get_initial_state()

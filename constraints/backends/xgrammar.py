@@ -12,6 +12,7 @@ import xgrammar as xgr
 from ..errors import ConstraintTooLargeError, InvalidConstraintError, UnsupportedConstraintError
 from ..spec import ConstraintSpec
 from .base import Backend, CompiledConstraint, Matcher
+from .messages import backend_message
 from .vocabulary import TokenizerContext, tokenizer_info
 
 if TYPE_CHECKING:
@@ -198,7 +199,7 @@ class XGrammarBackend(Backend):
         try:
             compiled = self._compile(comp, spec, source)
         except (RuntimeError, ValueError, TypeError) as exc:
-            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            msg = backend_message(str(exc)) if str(exc).strip() else type(exc).__name__
             raise InvalidConstraintError(f"xgrammar cannot compile the constraint: {msg}") from None
         _first_step(self.ctx, compiled)
         return compiled.serialize_json()

@@ -18,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Sequence
 
 from ..backends.base import CompiledConstraint
+from ..backends.messages import backend_message
 from ..backends.registry import make_backend
 from ..backends.vocabulary import TokenizerContext
 from ..errors import (
@@ -234,7 +235,7 @@ class ConstraintCompiler:
                 self._finish(key, None, 0, 0.0)
                 raise
             # a backend bug must become a clean 400, not a crash
-            err = UnsupportedConstraintError(f"constraint compilation failed: {type(exc).__name__}: {exc}")
+            err = UnsupportedConstraintError(f"constraint compilation failed: {type(exc).__name__}: {backend_message(str(exc))}")
             self._finish(key, err, _FAILURE_BYTES, FAILURE_TTL_S)
             raise err from exc
         self._finish(key, compiled, compiled.size_bytes(), 0.0)

@@ -14,7 +14,8 @@ from typing import Any
 from ..backends.outlines import choice_regex
 from ..errors import ConstraintError, InvalidConstraintError, UnsupportedConstraintError
 from ..regex.analysis import check_regex_nonempty, has_anchors
-from ..regex.dialect import ecma_lark, ecma_regex
+from ..regex.dialect import ecma_lark
+from ..regex.frontend import check_lark_terminals, full_regex
 from ..schema.analysis import (before_draft_06, check_refs, check_schema, find_keyword, normalise_schema,
                                open_property_count, rewrite_schema, xgrammar_gaps)
 from ..schema.intersection import precompute_intersections
@@ -107,7 +108,7 @@ def plan(spec: ConstraintSpec) -> Plan:
     if kind == "json_object":
         return Plan(_only(forced, [Attempt("xgrammar", None), Attempt("llguidance", None)]))
     if kind == "regex":
-        return Plan(_only(forced, _regex_attempts(ecma_regex(spec.source), forced)))
+        return Plan(_only(forced, _regex_attempts(full_regex(spec.source), forced)))
     if kind == "choice":
         return Plan(_only(forced, [
             Attempt("outlines", list(spec.source), final_on_invalid=False),
@@ -118,6 +119,7 @@ def plan(spec: ConstraintSpec) -> Plan:
         return Plan(_only(forced, [Attempt("xgrammar", spec.source)]))
     if kind == "grammar_lark":
         check_lark_productive(spec.source)
+        check_lark_terminals(spec.source)
         return Plan(_only(forced, [Attempt("llguidance", ecma_lark(spec.source))]))
     if kind == "structural_tag":
         _check_tag_schemas(spec.source)
@@ -156,7 +158,8 @@ def _check_tag_schemas(tag: Any) -> None:
 
 
 def ecma_structural_tag(tag: Any) -> Any:
-    """A copy of a structural tag whose JSON schemas and regex contents use ECMA-262 classes."""
+    """A copy of a structural tag whose JSON schemas and regex contents read as ECMA-262 (through
+    the regex front end, :mod:`constraints.regex.frontend`)."""
     out = json.loads(json.dumps(tag))
     stack = [out]
     while stack:  # iterative: a tag may nest hundreds of levels
@@ -166,7 +169,7 @@ def ecma_structural_tag(tag: Any) -> Any:
             if key in ("schema", "json_schema") and isinstance(value, dict):
                 node[key] = normalise_schema(value)
             elif key == "pattern" and node.get("type") == "regex" and isinstance(value, str):
-                node[key] = ecma_regex(value)
+                node[key] = full_regex(value, "structural tag regex")
             elif isinstance(value, (dict, list)):
                 stack.append(value)
     return out

@@ -11,6 +11,7 @@ attempted: state elimination can grow a regex exponentially.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .dialect import class_items, ecma_regex
@@ -39,10 +40,10 @@ def complement_pattern(pattern: str) -> str | None:
     if language is None:
         return None
     try:
-        negated = _trimmed(language.everythingbut().reduce())
+        negated = trimmed(language.everythingbut().reduce())
         if negated is None or len(negated.states) > MAX_STATES:
             return None
-        body = _eliminate(negated)
+        body = eliminate(negated)
         if body is None:
             return None
         plain = ecma_regex(f"^(?:{body})$")
@@ -61,7 +62,7 @@ def complement_pattern(pattern: str) -> str | None:
     return result
 
 
-def _trimmed(fsm: Any) -> Any:
+def trimmed(fsm: Any) -> Any:
     """``fsm`` without the states from which no final state can be reached (None when that
     leaves nothing: the complement is empty, which ``not`` handles on its own)."""
     live = set(fsm.finals)
@@ -80,21 +81,28 @@ def _trimmed(fsm: Any) -> Any:
                map={s: {t: q for t, q in fsm.map[s].items() if q in live} for s in live if s in fsm.map})
 
 
-def _eliminate(fsm: Any) -> str | None:
-    """The regex of ``fsm``'s language by state elimination (edges hold regex strings)."""
+def eliminate(fsm: Any, label: Callable[[Any, list[int]], str] | None = None,
+              max_chars: int = MAX_PATTERN_CHARS, by_length: bool = False) -> str | None:
+    """The regex of ``fsm``'s language by state elimination (edges hold regex strings), or None
+    past ``max_chars``; ``label(alphabet, transitions)`` writes the class of one edge (by
+    default: the characters of an interegular alphabet, see :func:`_label`). The state
+    eliminated next is the one with the fewest paths through it, or (``by_length``) the one
+    whose elimination writes the least text, which keeps counted repeats far shorter."""
+    label = label or _label
+    cost = _text_written if by_length else _degree
     start, end = object(), object()
     edges: dict[Any, dict[Any, str]] = {start: {fsm.initial: ""}}
     for state, moves in fsm.map.items():
         by_target: dict[Any, list[int]] = {}
         for transition, target in moves.items():
             by_target.setdefault(target, []).append(transition)
-        edges[state] = {target: _label(fsm.alphabet, ts) for target, ts in by_target.items()}
+        edges[state] = {target: label(fsm.alphabet, ts) for target, ts in by_target.items()}
     for state in fsm.finals:
         out = edges.setdefault(state, {})
         out[end] = _union(out[end], "") if end in out else ""
     remaining = set(fsm.states)
     while remaining:
-        state = min(remaining, key=lambda s: _degree(edges, s))
+        state = min(remaining, key=lambda s: cost(edges, s))
         remaining.discard(state)
         loop = edges.get(state, {}).pop(state, None)
         middle = f"(?:{loop})*" if loop else ""
@@ -103,10 +111,10 @@ def _eliminate(fsm: Any) -> str | None:
             if state not in out:
                 continue
             into = out.pop(state)
-            for target, label in outgoing.items():
-                path = _concat(into, middle, label)
+            for target, text in outgoing.items():
+                path = _concat(into, middle, text)
                 out[target] = _union(out[target], path) if target in out else path
-        if sum(len(label) for out in edges.values() for label in out.values()) > MAX_PATTERN_CHARS:
+        if sum(len(text) for out in edges.values() for text in out.values()) > max_chars:
             return None
     return edges[start].get(end)
 
@@ -114,6 +122,16 @@ def _eliminate(fsm: Any) -> str | None:
 def _degree(edges: dict, state: Any) -> int:
     into = sum(1 for out in edges.values() if state in out)
     return into * len(edges.get(state, {}))
+
+
+def _text_written(edges: dict, state: Any) -> int:
+    """About how much text eliminating ``state`` writes: each label into it once per way out,
+    each label out of it once per way in, its loop once per pair."""
+    into = [out[state] for source, out in edges.items() if state in out and source is not state]
+    outs = [text for target, text in edges.get(state, {}).items() if target is not state]
+    loop = len(edges.get(state, {}).get(state, ""))
+    return (sum(map(len, into)) * len(outs) + sum(map(len, outs)) * len(into)
+            + loop * len(into) * len(outs))
 
 
 def _label(alphabet: Any, transitions: list[int]) -> str:

@@ -219,6 +219,12 @@ _LARK_PIECE = re.compile(
 )
 
 
+def lark_regexes(grammar: str) -> list[tuple[int, str]]:
+    """(offset, regex) of every ``/regex/`` terminal of a Lark grammar (strings and comments
+    skipped)."""
+    return [(m.start(), m.group("regex")) for m in _LARK_PIECE.finditer(grammar) if m.group("regex") is not None]
+
+
 def ecma_lark(grammar: str) -> str:
     """A Lark grammar with every ``/regex/`` terminal translated by :func:`ecma_regex`
     (strings, comments and embedded JSON are left alone)."""

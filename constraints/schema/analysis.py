@@ -8,8 +8,10 @@
   cannot be rewritten stays, so a strict backend rejects it instead of half-enforcing it.
 * ``xgrammar_gaps``: keywords of a (rewritten) schema that xgrammar would not enforce.
 * ``normalise_schema``: runs first: integer keywords written as floats (``maxLength: 2.0``)
-  become integers, and every ``pattern`` / ``patternProperties`` regex gets its ECMA-262
-  meaning made explicit (:mod:`constraints.regex.dialect`), so no backend reads it differently.
+  become integers, and every ``pattern`` / ``patternProperties`` regex goes through the regex
+  front end (:mod:`constraints.regex.frontend`): ECMA-262 meaning made explicit, anchors,
+  lookarounds and word boundaries resolved exactly (or refused), so no backend reads it
+  differently.
 
 The rewrites build on the modules beside this one: the keyword and format vocabulary
 (:mod:`.keywords`), negation (:mod:`.negation`), disjointness (:mod:`.disjoint`) and the exact
@@ -21,9 +23,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ..errors import ConstraintTooLargeError, InvalidConstraintError, UnsupportedConstraintError
+from ..errors import ConstraintTooLargeError, EmptyLanguageError, InvalidConstraintError, UnsupportedConstraintError
 from ..regex.complement import forget_complements
-from ..regex.dialect import ecma_regex
+from ..regex.frontend import anchors_at_edges, schema_pattern
 from .coverage import rewrite_coverage
 from .disjoint import objects_only_disjoint, pairwise_disjoint, strings_only_disjoint
 from .keywords import FORMAT_ALIASES, FORMAT_PATTERNS, REF_IGNORED_SIBLINGS, SPEC_FORMATS, XGRAMMAR_ENFORCED
@@ -61,7 +63,7 @@ def normalise_schema(schema: dict) -> dict:
                 for key in REF_IGNORED_SIBLINGS.intersection(node):
                     del node[key]
             _integer_keywords(node, pointer)
-            _ecma_patterns(node)
+            _ecma_patterns(node, pointer, out)
     _anchor_refs_to_pointers(out)
     return out
 
@@ -111,17 +113,63 @@ def _integer_keywords(node: dict, pointer: str) -> None:
         node[key] = int(value)
 
 
-def _ecma_patterns(node: dict) -> None:
-    if isinstance(node.get("pattern"), str):
-        node["pattern"] = ecma_regex(node["pattern"], json_string=True)
+def _ecma_patterns(node: dict, pointer: str, root: dict) -> None:
+    pattern = node.get("pattern")
+    if isinstance(pattern, str):
+        regex = schema_pattern(pattern, f"pattern at {pointer or '/'}", f"{pointer}/pattern")
+        if regex is None:
+            _empty_pattern(node, pointer, root)
+        else:
+            node["pattern"] = regex
     props = node.get("patternProperties")
     if isinstance(props, dict):
         merged: dict[str, Any] = {}
         for key, sub in props.items():
-            key = ecma_regex(key, json_string=True)
+            where = f"{pointer}/patternProperties/{escape_part(key)}"
+            regex = schema_pattern(key, f"patternProperties name at {where}", where)
+            if regex is None:
+                continue  # a pattern no name matches: its schema applies to no property
             # "\\d" and "[0-9]" become the same key: a name matching it must satisfy both
-            merged[key] = {"allOf": [merged[key], sub]} if key in merged else sub
+            merged[regex] = {"allOf": [merged[regex], sub]} if regex in merged else sub
         node["patternProperties"] = merged
+
+
+_NOT_STRING = ["null", "boolean", "object", "array", "number"]
+
+
+def _empty_pattern(node: dict, pointer: str, root: dict) -> None:
+    """A ``pattern`` no string matches: the node takes no string (other types still fit). When
+    it can only be a string and every instance reaches it, nothing fits the schema: the
+    refusal a regex matching no string gets."""
+    pattern = node.pop("pattern")
+    if node.get("type") in ("string", ["string"]) and _always_reached(root, pointer):
+        raise EmptyLanguageError(f"the pattern {pattern!r} at {pointer or '/'} matches no string",
+                                 pointer=f"{pointer}/pattern", keyword="pattern")
+    others = node.setdefault("allOf", [])
+    if isinstance(others, list):  # else the schema check that follows names the malformed allOf
+        others.append({"type": list(_NOT_STRING)})
+
+
+def _always_reached(root: dict, pointer: str) -> bool:
+    """Whether every instance of ``root`` has a value that the subschema at ``pointer`` must
+    describe: the path goes only through ``allOf``, required properties of objects and the
+    items of non-empty arrays."""
+    node: Any = root
+    parts = pointer_parts(pointer) if pointer else []
+    while parts:
+        key = parts.pop(0)
+        if key == "allOf" and parts and parts[0].isdigit() and isinstance(node.get("allOf"), list):
+            node = node["allOf"][int(parts.pop(0))]
+        elif key == "properties" and parts and node.get("type") == "object" and parts[0] in node.get("required", []):
+            node = node["properties"][parts.pop(0)]
+        elif key == "items" and node.get("type") == "array" and isinstance(node.get("items"), dict) \
+                and node.get("minItems", 0) >= 1:
+            node = node["items"]
+        else:
+            return False
+        if not isinstance(node, dict):
+            return False
+    return True
 
 
 # -- validation and budget ------------------------------------------------------------------------
@@ -497,6 +545,11 @@ def xgrammar_gaps(schema: Any) -> list[tuple[str, str]]:
                 gaps.append((pointer or "/", key))
         if "pattern" in node:  # xgrammar drops length bounds next to a pattern
             gaps.extend((pointer or "/", k) for k in ("minLength", "maxLength") if k in node)
+        # xgrammar ignores anchors: one inside a pattern (left as written when too large to resolve)
+        if isinstance(node.get("pattern"), str) and not anchors_at_edges(node["pattern"]):
+            gaps.append((pointer or "/", "pattern"))
+        if isinstance(node.get("patternProperties"), dict) and not all(map(anchors_at_edges, node["patternProperties"])):
+            gaps.append((pointer or "/", "patternProperties"))
         for key in ("exclusiveMinimum", "exclusiveMaximum"):
             if isinstance(node.get(key), bool):  # draft-04 form
                 gaps.append((pointer or "/", key))
