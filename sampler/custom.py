@@ -10,6 +10,8 @@ with the row's ``origin_input_ids`` and ``output_ids``.
 This runs client code inside the server: the server only accepts it behind an explicit flag.
 A processor that raises, returns something other than a tensor of the input's shape, or leaves a
 row NaN/+inf or with no possible token fails only the rows it did that to (see :func:`apply_group`).
+The caller may run each call under a time bound (a :data:`Runner`, the engine's): a call that
+does not return in time fails like one that raised, and is abandoned, never waited for.
 """
 
 from __future__ import annotations
@@ -17,12 +19,23 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 ERROR_PREFIX = "custom_logit_processor"  # every failure message starts with it (servers map it to a 400)
 MAX_ENCODED_CHARS = 4_000_000  # a pickled class is a few KiB; refuse absurd payloads before decoding
+
+
+T = TypeVar("T")
+Runner = Callable[[Callable[[], T]], T]
+"""How a processor call is made: ``run(fn)`` returns ``fn()``, or raises :class:`TimeoutError`
+when the call did not return within the caller's bound (the call is then abandoned)."""
+
+
+def run_directly(fn: Callable[[], T]) -> T:
+    """The :data:`Runner` without a bound."""
+    return fn()
 
 
 class CustomProcessorError(ValueError):
@@ -76,47 +89,71 @@ class RequestView:
 
 
 def apply_group(
-    processor: Callable[..., torch.Tensor], x: torch.Tensor, positions: list[int], idx: torch.Tensor, params: list[dict]
+    processor: Callable[..., torch.Tensor],
+    x: torch.Tensor,
+    positions: list[int],
+    idx: torch.Tensor,
+    params: list[dict],
+    run: Runner = run_directly,
 ) -> dict[int, str]:
     """Run ``processor`` on rows ``positions`` (device index ``idx``) of ``x`` and write its result
     back; returns {position: error} for the rows it failed. One batched call first; if that call
-    raises or returns a bad shape, each row is retried alone so one bad row fails only itself."""
+    raises, returns a bad shape or times out (``run``), each row is retried alone so one bad row
+    fails only itself (a single row that timed out is not tried again)."""
     try:
-        out = _checked_call(processor, x.index_select(0, idx), params)
-    except _CallFailed:
-        return _apply_rows(processor, x, positions, params)
+        out = _checked_call(processor, x.index_select(0, idx), params, run)
+    except _CallFailed as exc:
+        if exc.timed_out and len(positions) == 1:
+            return _fail_row(x, positions[0], str(exc))
+        return _apply_rows(processor, x, positions, params, run)
     return _write_back(x, positions, idx, out)
 
 
-def _apply_rows(processor, x: torch.Tensor, positions: list[int], params: list[dict]) -> dict[int, str]:
+def _apply_rows(processor, x: torch.Tensor, positions: list[int], params: list[dict], run: Runner) -> dict[int, str]:
     failures: dict[int, str] = {}
     for position, row_params in zip(positions, params):
         one = torch.tensor([position], dtype=torch.long, device=x.device)
         try:
-            out = _checked_call(processor, x.index_select(0, one), [row_params])
+            out = _checked_call(processor, x.index_select(0, one), [row_params], run)
         except _CallFailed as exc:
-            failures[position] = str(exc)
-            x[position] = 0.0  # harmless to sample from; the row's token is discarded
+            failures.update(_fail_row(x, position, str(exc)))
             continue
         failures.update(_write_back(x, [position], one, out))
     return failures
 
 
+def _fail_row(x: torch.Tensor, position: int, message: str) -> dict[int, str]:
+    x[position] = 0.0  # harmless to sample from; the row's token is discarded
+    return {position: message}
+
+
 class _CallFailed(Exception):
-    pass
+    def __init__(self, message: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
-def _checked_call(processor, logits: torch.Tensor, params: list[dict]) -> torch.Tensor:
+def _checked_call(processor, logits: torch.Tensor, params: list[dict], run: Runner) -> torch.Tensor:
     expected = tuple(logits.shape)
     try:
-        out = processor(logits.float(), params)
-    except Exception as exc:  # noqa: BLE001 - client code: any failure is the row's
-        raise _CallFailed(f"custom_logit_processor raised {type(exc).__name__}: {exc}") from None
+        out, error = run(functools.partial(_call, processor, logits, params))
+    except TimeoutError as exc:  # the runner's: the call's own exceptions come back as ``error``
+        raise _CallFailed(f"custom_logit_processor timed out: {exc}", timed_out=True) from None
+    if error is not None:
+        raise _CallFailed(f"custom_logit_processor raised {type(error).__name__}: {error}")
     if not isinstance(out, torch.Tensor):
         raise _CallFailed(f"custom_logit_processor returned a {type(out).__name__}, not a tensor of logits")
     if tuple(out.shape) != expected:
         raise _CallFailed(f"custom_logit_processor returned logits of shape {tuple(out.shape)}, expected {expected}")
     return out
+
+
+def _call(processor, logits: torch.Tensor, params: list[dict]) -> tuple[Any, Exception | None]:
+    """The processor's result, or the exception it raised (client code: any failure is the row's)."""
+    try:
+        return processor(logits.float(), params), None
+    except Exception as exc:  # noqa: BLE001
+        return None, exc
 
 
 def _write_back(x: torch.Tensor, positions: list[int], idx: torch.Tensor, out: torch.Tensor) -> dict[int, str]:

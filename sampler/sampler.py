@@ -11,7 +11,7 @@ import torch
 
 from kernels import apply_penalties_inplace, apply_token_bitmask_inplace, dfa_apply_mask_inplace
 from sampler import ops
-from sampler.custom import RequestView, apply_group
+from sampler.custom import RequestView, Runner, apply_group, run_directly
 from sampler.dfa import DeviceDFA, DFATables, flush_dfas, normalize_device
 from sampler.params import LOGPROB_FLOOR, PendingSample, SampleResult, SamplingParams, TokenLogprobs, read_back
 from sampler.pool import PenaltyPool, to_device
@@ -72,11 +72,13 @@ class Sampler:
     client logit processor, checking its output).
     """
 
-    def __init__(self, vocab_size: int, device: torch.device | str) -> None:
+    def __init__(self, vocab_size: int, device: torch.device | str, *, run_processor: Runner = run_directly) -> None:
         """``vocab_size``: number of sampleable tokens; wider logits (padded model vocab)
-        are truncated to it."""
+        are truncated to it. ``run_processor`` makes each client logit processor call (the
+        engine's runs it under a time bound; see :mod:`sampler.custom`)."""
         self.vocab_size = int(vocab_size)
         self.device = normalize_device(device)
+        self._run_processor = run_processor
         self._pool: PenaltyPool | None = None
         self._plan: _Plan | None = None
 
@@ -193,7 +195,7 @@ class Sampler:
         for positions, idx in plan.custom_groups:
             processor = rows[positions[0]].params.custom_processor
             params = [_processor_params(rows[i]) for i in positions]
-            failures.update(apply_group(processor, x, positions, idx, params))
+            failures.update(apply_group(processor, x, positions, idx, params, self._run_processor))
         return failures
 
     def _apply_masks(

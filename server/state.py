@@ -17,7 +17,8 @@ from server.engine.sequence import GenerationRequest
 from server.generation import GenerationStream, GenerationTiming, TokenTexts, start_generation
 from server.metrics import Metrics
 from server.render import PromptRenderer
-from server.model_loader import ModelLoadError, ModelSource, load_lora_adapters, load_tokenizer, resolve_model
+from server.model_loader import (ModelLoadError, ModelSource, check_quantization, load_lora_adapters,
+                                 load_tokenizer, model_source)
 
 log = logging.getLogger("trellis")
 
@@ -206,11 +207,14 @@ def kv_cache_blocks(settings: Settings, shape: KVShape, dtype: torch.dtype, devi
 
 def build_state(settings: Settings, source: ModelSource | None = None) -> ServerState:
     """Load the model and start the engine (blocking; seconds on the CPU)."""
-    source = source or resolve_model(settings.model)
+    source = source or model_source(settings)
     device = pick_device(settings.device)
     if settings.cpu_threads > 0:
         torch.set_num_threads(settings.cpu_threads)
     dtype = resolve_dtype(settings.dtype, device)
+    dequantized = check_quantization(source.directory, device, dtype)  # refuses what the engine cannot load
+    if dequantized:
+        log.info(dequantized)
     tokenizer = load_tokenizer(source.directory)
     runner, lora = load_runner(settings, source.directory, dtype, device)
     if device.type == "cuda" and not settings.enforce_eager:  # decode steps replayed from CUDA graphs
@@ -229,6 +233,7 @@ def build_state(settings: Settings, source: ModelSource | None = None) -> Server
         max_waiting_tokens=settings.max_waiting_tokens,
         enable_prefix_caching=settings.enable_prefix_caching,
         mask_fill_threads=settings.mask_fill_threads,
+        constraint_call_timeout=settings.constraint_call_timeout,
         overlap=None if settings.overlap == "auto" else settings.overlap == "on",
         speculation=settings.speculation != "off",
     )

@@ -39,9 +39,12 @@ with; :mod:`server.engine.scoring` scores every choice of a choice request in on
 
 Failures stay as small as they can: whatever fails for one sequence (its matcher, detokenizer,
 stop strings or sink) ends only that sequence with finish_reason "error"; a failed forward or
-sampler pass ends only the sequences of that step. The waiting queue is bounded
-(:class:`AdmissionControl`), and if the thread dies anyway every pending sequence gets a final
-error delta and :attr:`Engine.alive` turns False.
+sampler pass ends only the sequences of that step. No step hangs on a row: every call into a
+row's constraint (mask fill, accepting tokens, forced tokens, drafts) or client logit processor
+runs under a time bound on a worker thread (:mod:`server.engine.row_calls`, one hand-off per
+batch of calls); a call over it is abandoned with its matcher, and only its row ends. The
+waiting queue is bounded (:class:`AdmissionControl`), and if the thread dies anyway every
+pending sequence gets a final error delta and :attr:`Engine.alive` turns False.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -63,7 +67,7 @@ from server.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from server.engine.draft_verifier import DraftVerifier
 from server.engine.drafts import Draft
 from server.engine.errors import EngineDead, EngineOverloaded, EngineUnavailable
-from server.engine.failures import CONSTRAINT_LIMIT, describe
+from server.engine.failures import CONSTRAINT_LIMIT, CONSTRAINT_TIMEOUT, describe
 from server.engine.host_buffers import HostStaging
 from server.engine.inflight import SAMPLED, InFlight, device_event, resolve
 from server.engine.intake import TokenIntake
@@ -71,19 +75,22 @@ from server.engine.mask_fill import MaskFill
 from server.engine.model import ModelRunner
 from server.engine.overlap_policy import OverlapPolicy
 from server.engine.prompt_lookup import PromptLookup
+from server.engine.row_calls import RowCalls
 from server.engine.scheduler import Scheduler
 from server.engine.scoring import ChoiceScorer
 from server.engine.sequence import GenerationRequest, Sequence, SequenceDelta, error_delta
 from server.engine.speculation import Speculator
 from server.engine.step_batch import StepBatch
 
-__all__ = ["CONSTRAINT_LIMIT", "Engine", "EngineDead", "EngineOverloaded", "EngineStats", "EngineUnavailable"]
+__all__ = ["CONSTRAINT_LIMIT", "CONSTRAINT_TIMEOUT", "Engine", "EngineDead", "EngineOverloaded", "EngineStats",
+           "EngineUnavailable"]
 
 log = logging.getLogger("trellis.engine")
 
 DEFAULT_MAX_WAITING_SEQS = 256
 DEFAULT_MAX_WAITING_TOKENS = 262144
 DEFAULT_MAX_DRAFT_TOKENS = 32  # predicted-output tokens verified per sequence per step
+DEFAULT_CONSTRAINT_CALL_TIMEOUT = 5.0  # seconds a per-row constraint or logit processor call may take
 
 
 @dataclass
@@ -143,10 +150,13 @@ class Engine:
         mask_fill_threads: int = 0,
         overlap: bool | None = None,
         speculation: bool = True,
+        constraint_call_timeout: float = DEFAULT_CONSTRAINT_CALL_TIMEOUT,
     ) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
-        self.sampler = Sampler(runner.vocab_size, runner.device)
+        # every per-row call into a constraint backend or a client logit processor (0: no bound)
+        self.bound = RowCalls(constraint_call_timeout, self._fail)
+        self.sampler = Sampler(runner.vocab_size, runner.device, run_processor=self.bound.calls.call)
         self._graph_sampler = getattr(runner, "graph_sampler", None)  # a GraphedRunner's in-graph sampling pass
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len
@@ -173,7 +183,7 @@ class Engine:
         # 0: one fill thread per masked row up to one per core beside a GPU; on the CPU the
         # forward's torch threads already use every core, so the fill keeps to one thread
         fill_threads = mask_fill_threads if mask_fill_threads > 0 else int(runner.device.type != "cuda")
-        self.masks = MaskFill(runner.vocab_size, runner.device, fill_threads, self.stats)
+        self.masks = MaskFill(runner.vocab_size, runner.device, fill_threads, self.stats, self.bound.calls)
         self._step_staging = HostStaging(runner.device)  # the step's integer arrays (StepBatch.build)
         self._step_hidden: torch.Tensor | None = None  # [C, D] for this step's sampling candidates
         # None: where the forward runs asynchronously, i.e. not on the CPU (see the module docstring)
@@ -210,7 +220,7 @@ class Engine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        self.masks.shutdown()
+        self.bound.shutdown()
 
     def submit(self, request: GenerationRequest) -> None:
         """Queue one sequence (see :meth:`submit_all`)."""
@@ -342,7 +352,7 @@ class Engine:
         self._report_and_retire()
 
     def _schedule(self) -> StepPlan:
-        decode_rows, extend_plan = self.drafts.plan(*self.scheduler.schedule())
+        decode_rows, extend_plan = self.bound.plan_drafts(self.drafts.plan, *self.scheduler.schedule())
         scoring = self.scorer.plan(self.scheduler.running)
         candidates = decode_rows + [seq for seq, take in extend_plan if take == len(seq.pending) and not seq.scoring]
         return StepPlan(decode_rows, extend_plan, scoring, candidates)
@@ -364,7 +374,7 @@ class Engine:
             # logits at a position it no longer samples from
             sampled = [seq for seq in plan.candidates if not seq.finished and not seq.pending]
             fill = self.masks.start(sampled)
-        bitmask, indices = self.masks.finish(fill, sampled, self._fail)
+        bitmask, indices = self.masks.finish(fill, sampled, self._fail, self.bound.abandon)
         self.policy.record_fill(1000 * self.masks.last_fill_s if fill is not None else 0.0)
         if logits is not None and sampled:
             self._sample(self._select_rows(logits, plan.candidates, sampled), sampled, bitmask, indices)
@@ -372,7 +382,7 @@ class Engine:
         if drafting or not self.policy.launch_first:
             self._process_inflight()
         self.drafts.verify(drafting, self._sample_draft_position)
-        self.scorer.finish(plan.scoring)
+        self._finish_scoring(plan.scoring)
 
     def _launch(self, plan: StepPlan) -> torch.Tensor | None:
         if self._inflight is not None:
@@ -435,8 +445,8 @@ class Engine:
             reasoning=request.reasoning,
             table=BlockTable(salt=request.adapter),
         )
-        if seq.reasoning is not None:
-            self.intake.reasoning.enter(seq)
+        if seq.reasoning is not None:  # may hand the sequence to its constraint at once
+            self.bound.run([(seq, partial(self.intake.reasoning.enter, seq))], "starting the constraint")
         seq.draft = self._speculator(request)
         if request.score_choices:
             ChoiceScorer.start(seq)
@@ -624,11 +634,16 @@ class Engine:
             return
         for i, message in result.failures.items():  # a row's own processing failed (client code)
             self._fail(inflight.seqs[i], message)
+        constrained = []  # their matchers take the token under the time bound, in one batch
         for i, (seq, token, logprob) in enumerate(zip(inflight.seqs, result.token_ids, result.logprobs)):
             fed = resolve(seq, token)
             if i in hidden and not seq.finished:
                 seq.step_hidden.append(hidden[i])
-            self.intake.take_sampled(seq, token, logprob, fed)
+            if seq.request.matcher is None or seq.finished:
+                self.intake.take_sampled(seq, token, logprob, fed)
+            else:
+                constrained.append((seq, partial(self.intake.take_sampled, seq, token, logprob, fed)))
+        self.bound.run(constrained, "taking a token")
 
     def _run_sampler(self, logits: torch.Tensor, rows, bitmask, indices) -> PendingSample:
         """The in-graph sampling pass when the runner has one and every row qualifies, else the
@@ -648,7 +663,7 @@ class Engine:
         """One sampler pass over the logits after draft token ``i`` of each (row, i)."""
         seqs = [seq for seq, _ in rows]
         logits = torch.stack([seq.verify_logits[position] for seq, position in rows])
-        bitmask, indices = self.masks.finish(self.masks.start(seqs), seqs, self._fail)
+        bitmask, indices = self.masks.finish(self.masks.start(seqs), seqs, self._fail, self.bound.abandon)
         hidden, self._step_hidden = self._step_hidden, None  # no forward of its own: no hidden states
         try:
             self._sample(logits, seqs, bitmask, indices)
@@ -673,6 +688,14 @@ class Engine:
                 row += 1
         first = to_device(starts[: n_decode + len(extend_plan)], torch.long, logits.device)
         return logits[first], first
+
+    # ------------------------------------------------------------------ choice scoring
+
+    def _finish_scoring(self, plan) -> None:
+        """Emit the choices scored in full; a constrained one through its matcher, under the bound."""
+        self.scorer.finish([(seq, choices) for seq, choices in plan if seq.matcher is None])
+        self.bound.run([(seq, partial(self.scorer.finish, [(seq, choices)])) for seq, choices in plan
+                        if seq.matcher is not None], "emitting a scored choice")
 
     # ------------------------------------------------------------------ failures
 

@@ -1,9 +1,15 @@
 """The step's constraint bitmasks, filled on the mask thread into a staging buffer.
 
 Rows whose constraint is followed on the host (a matcher, not a device-resident DFA) get their
-bitmask filled by the backends' batched, parallel fills (:func:`constraints.backends.batch_fill.fill_bitmasks`)
-on one mask thread, while the engine thread goes on; the row indices and the bitmasks travel to
+bitmask filled on the worker of the engine's :class:`~server.engine.bounded_calls.BoundedCalls`
+(the mask thread) while the engine thread goes on; the row indices and the bitmasks travel to
 the device in one non-blocking copy from a pinned, reused buffer.
+
+Each row's fill is a bounded call of its own, except the rows a backend fills in one batched
+native call (:func:`constraints.backends.batch_fill.fill_bitmasks`: xgrammar's and llguidance's
+parallel fills, for groups large enough), which share one: which of them hung cannot be told. A
+fill over the bound ends its rows (``abandon``); the call may still write its rows later, so
+that step's bitmask is uploaded from a copy and the staging buffers are replaced.
 """
 
 from __future__ import annotations
@@ -11,78 +17,138 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import torch
 
-from constraints.backends.batch_fill import fill_bitmasks
+from constraints.backends.batch_fill import default_threads, fail_empty_rows, fill_bitmasks, fill_threads
+from server.engine.bounded_calls import Batch, BoundedCalls
+from server.engine.failures import describe
 from server.engine.host_buffers import HostStaging
 from server.engine.sequence import Sequence
 
 log = logging.getLogger("trellis.engine")
 
-Fill = tuple[Future, list[int]]  # the fill, and the batch rows it masks
+Unit = range  # bitmask rows filled by one bounded call
+
+
+@dataclass
+class Fill:
+    """A fill under way: its calls, the batch rows it masks (in bitmask order), its buffer
+    (row indices [M] int64, then the bitmask [M, W] int32) and its failed rows {row: error}."""
+
+    batch: Batch
+    rows: list[int]
+    host: torch.Tensor
+    failures: dict[int, str]
 
 
 class MaskFill:
     """Fills bitmasks [M, ceil(V/32)] int32 for the host-masked rows of a sampler pass."""
 
-    def __init__(self, vocab_size: int, device: torch.device, threads: int, stats) -> None:
+    def __init__(self, vocab_size: int, device: torch.device, threads: int, stats, calls: BoundedCalls) -> None:
         self.threads = threads
         self.stats = stats
         self.last_fill_s = 0.0  # how long the last fill took on the mask thread
         self.words = (vocab_size + 31) // 32
         self._valid_bits = _valid_bits(vocab_size, self.words)
         self._staging = HostStaging(device)
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trellis-mask")
+        self._calls = calls
 
     def start(self, sampled: list[Sequence]) -> Fill | None:
         """Start filling the masks of the rows of ``sampled`` whose mask the host computes, into
         a staging buffer: the row indices [M] int64, then the bitmask [M, W] int32."""
-        rows = [i for i, seq in enumerate(sampled) if needs_host_mask(seq)]
-        if not rows:
+        masked = [i for i, seq in enumerate(sampled) if needs_host_mask(seq)]
+        if not masked:
             return None
+        groups = self._groups([sampled[i].matcher for i in masked])
+        rows = [masked[j] for group in groups for j in group]  # a batched group's rows side by side
+        matchers = [sampled[i].matcher for i in rows]
         host = self._staging.buffer(8 * len(rows) + 4 * len(rows) * self.words)
         host[: 8 * len(rows)].view(torch.int64).copy_(torch.tensor(rows, dtype=torch.int64))
         bitmask = host[8 * len(rows) :].view(torch.int32).view(len(rows), self.words)
-        matchers = [sampled[i].matcher for i in rows]
+        failures: dict[int, str] = {}
+        calls: list[tuple[Unit | None, Callable[[], None]]] = []
+        first = 0
+        for group in groups:
+            unit = range(first, first + len(group))
+            calls.append((unit, partial(self._fill, matchers[first : unit.stop], bitmask, first, failures)))
+            first = unit.stop
+        calls.append((None, partial(self._check, bitmask, failures, time.perf_counter())))
+        return Fill(self._calls.start(calls), rows, host, failures)
 
-        @torch.inference_mode()  # the buffer was made in the step's inference mode
-        def fill() -> tuple[torch.Tensor, dict[int, str]]:
-            started = time.perf_counter()
-            # batched and parallel per backend; the empty-mask check is here, off the engine thread
-            failures = fill_bitmasks(matchers, bitmask, max_threads=self.threads, valid_bits=self._valid_bits)
-            self.last_fill_s = time.perf_counter() - started
-            self.stats.mask_fill_s += self.last_fill_s
-            return host, failures
-
-        return self._pool.submit(fill), rows
-
-    def finish(self, fill: Fill | None, sampled: list[Sequence], fail: Callable[[Sequence, str], None]):
-        """Wait for the bitmask and ``fail`` the rows whose matcher raised or allows nothing;
-        returns (bitmask [M, W] int32, row indices [M] int64) on the model's device, both views
-        of one non-blocking copy from the staging buffer (None, None without masked rows)."""
+    def finish(self, fill: Fill | None, sampled: list[Sequence], fail: Callable[[Sequence, str], None],
+               abandon: Callable[[Sequence, str], None]):
+        """Wait for the bitmask; ``abandon`` the rows whose fill ran over the bound and ``fail``
+        those whose matcher raised or allows nothing. Returns (bitmask [M, W] int32, row indices
+        [M] int64) on the model's device, both views of one non-blocking copy from the staging
+        buffer (None, None without masked rows)."""
         if fill is None:
             return None, None
-        future, masked = fill
-        host, failures = future.result()
-        for i, message in failures.items():
-            fail(sampled[masked[i]], message)
+        stuck = {row for unit in self._calls.wait(fill.batch) if unit is not None for row in unit}
+        host = fill.host if not stuck else self._rescue(fill.host, len(fill.rows), stuck)
+        for row in sorted(stuck):
+            abandon(sampled[fill.rows[row]], "filling its token mask")
+        for row, message in dict(fill.failures).items():  # a copy: a stuck fill may still add to it
+            if row not in stuck:
+                fail(sampled[fill.rows[row]], message)
         staged = self._staging.upload(host)
-        rows = len(masked)
+        rows = len(fill.rows)
         return staged[8 * rows :].view(torch.int32).view(rows, self.words), staged[: 8 * rows].view(torch.int64)
 
-    @staticmethod
-    def wait_quietly(fill: Fill | None) -> None:
-        """Wait for ``fill`` to end (its matchers must be idle before anyone touches them again)."""
+    def wait_quietly(self, fill: Fill | None) -> None:
+        """Wait for ``fill`` to end or be abandoned (its matchers must be idle before anyone
+        touches them again; the step's rows are failed by the caller)."""
         if fill is not None:
             try:
-                fill[0].result()
+                self._calls.wait(fill.batch)
             except Exception:
                 log.exception("constraint mask fill failed")
 
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=False)
+    def _groups(self, matchers: list[Any]) -> list[list[int]]:
+        """Positions of ``matchers`` by bounded call: one per group that ``fill_bitmasks`` fills
+        in one batched call (as it would choose for them), one per other row; in row order."""
+        threads = self.threads if self.threads > 0 else default_threads(len(matchers))
+        by_fill: dict[Any, list[int]] = {}
+        groups = []
+        for i, matcher in enumerate(matchers):
+            batch_fill = getattr(type(matcher), "fill_bitmask_batch", None)
+            if batch_fill is None:
+                groups.append([i])
+            else:
+                by_fill.setdefault(batch_fill, []).append(i)
+        for group in by_fill.values():
+            groups += [group] if fill_threads(len(group), threads) > 1 else [[i] for i in group]
+        return sorted(groups)
+
+    def _fill(self, matchers: list[Any], bitmask: torch.Tensor, first: int, failures: dict[int, str]) -> None:
+        """One bounded call: a row's fill, or a batched group's (rows from ``first`` on)."""
+        if len(matchers) > 1:
+            found = fill_bitmasks(matchers, bitmask[first : first + len(matchers)], max_threads=self.threads)
+            failures.update((first + i, message) for i, message in found.items())
+            return
+        try:
+            matchers[0].fill_bitmask(bitmask, first)
+        except Exception as exc:
+            failures[first] = f"constraint matcher failed: {describe(exc)}"
+            bitmask[first] = -1  # the row is dropped; a full mask keeps the sampler's math sane
+
+    def _check(self, bitmask: torch.Tensor, failures: dict[int, str], started: float) -> None:
+        """Last, on the mask thread: rows that allow no token fail; the fill's time is recorded."""
+        fail_empty_rows(bitmask, self._valid_bits, failures)
+        self.last_fill_s = time.perf_counter() - started
+        self.stats.mask_fill_s += self.last_fill_s
+
+    def _rescue(self, host: torch.Tensor, count: int, stuck: set[int]) -> torch.Tensor:
+        """``host`` copied where an abandoned fill cannot write, its ``stuck`` rows allowing every
+        token; the staging buffers it came from are never used again."""
+        self._staging = HostStaging(self._staging.device, self._staging.slots)
+        copy = self._staging.buffer(host.numel())
+        copy.copy_(host)
+        copy[8 * count :].view(torch.int32).view(count, self.words)[sorted(stuck)] = -1
+        return copy
 
 
 def needs_host_mask(seq: Sequence) -> bool:

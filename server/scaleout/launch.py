@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 from server.config import Settings
-from server.model_loader import ModelSource
+from server.model_loader import ModelSource, model_source
 
 APP_NAME = "trellis"
 REPLICA_DEPLOYMENT = "TrellisReplica"
@@ -152,9 +152,7 @@ def run(settings: Settings) -> int:
         return 2
     source = None
     if not settings.ray_address:  # one machine: convert the model once here, replicas read the cache
-        from server.model_loader import resolve_model
-
-        source = resolve_model(settings.model)
+        source = model_source(settings)
     url = deploy(settings, source)
     print(f"trellis: serving {settings.replicas} replica(s) via Ray Serve on {url}/v1", file=sys.stderr)
     stop = threading.Event()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import dill
 import pytest
@@ -83,3 +84,59 @@ def test_load_follows_sglang_wire_format():
                 json.dumps({"callable": dill.dumps(3).hex()})):
         with pytest.raises(CustomProcessorError):
             load_custom_processor(bad)
+
+
+SAFETY_S = 60.0  # a hung call returns by then at the latest: without the bound the test fails, not hangs
+
+
+def bounded(timeout_s: float):
+    """A processor runner as the engine's: the call on a thread of its own, abandoned after
+    ``timeout_s`` (the test's stand-in for ``BoundedCalls.call``)."""
+
+    def run(fn):
+        out = []
+        thread = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+        thread.start()
+        thread.join(timeout_s)
+        if not out:
+            raise TimeoutError(f"the call did not return within {timeout_s:g} s")
+        return out[0]
+
+    return run
+
+
+class HangOrForce(ForceToken):
+    """Forces ``token_id``; hangs (until released) when a row asks it to, raises TimeoutError of
+    its own when one asks for that."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released = threading.Event()
+
+    def __call__(self, logits, custom_param_list=None):
+        if any(params.get("hang") for params in custom_param_list):
+            self.released.wait(SAFETY_S)
+        if any(params.get("own_timeout") for params in custom_param_list):
+            raise TimeoutError("my own")
+        return super().__call__(logits, custom_param_list)
+
+
+def test_processor_over_the_bound_fails_only_its_row(device):
+    proc = HangOrForce()
+    sampler = Sampler(V, device, run_processor=bounded(0.5))
+    params = [
+        SamplingParams(temperature=0.0, custom_processor=proc, custom_params={"hang": True}),
+        SamplingParams(temperature=0.0, custom_processor=proc, custom_params={"token_id": 7}),
+        SamplingParams(temperature=0.0, custom_processor=proc, custom_params={"own_timeout": True}),
+        SamplingParams(temperature=0.0),
+    ]
+    logits = torch.zeros(4, V, device=device)
+    logits[:, 4] = 10.0
+    try:
+        result = sampler.sample(logits, rows_for(sampler, params))
+    finally:
+        proc.released.set()
+    assert result.failures[0] == "custom_logit_processor timed out: the call did not return within 0.5 s"
+    assert result.failures[2] == "custom_logit_processor raised TimeoutError: my own"  # its own, not the bound
+    assert set(result.failures) == {0, 2}
+    assert result.token_ids[1] == 7 and result.token_ids[3] == 4

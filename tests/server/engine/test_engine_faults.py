@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sampler import SamplingParams
-from server.engine.engine import Engine, EngineDead, EngineOverloaded
+from server.engine.engine import CONSTRAINT_TIMEOUT, Engine, EngineDead, EngineOverloaded
 from server.engine.model import ModelRunner, load_hf_model
 from server.engine.sequence import GenerationRequest, SequenceDelta
 
@@ -405,3 +405,157 @@ def test_kv_usage_counts_blocks_held(make_engine):
     assert engine.kv_usage == pytest.approx(held / (engine.blocks.num_blocks - 1))  # blocks held / usable
     step_until_done(engine, sinks)
     assert engine.kv_usage == 0.0
+
+
+# ---------------------------------------------------------------------- calls that never return
+
+BOUND_S = 0.5  # the tests' --constraint-call-timeout
+SAFETY_S = 60.0  # a hung call returns by then at the latest: without the bound a test fails, not hangs
+
+
+class Hang:
+    """What a hanging call blocks on; released when the test ends, so abandoned threads end."""
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+        self.calls = 0
+
+    def __call__(self) -> None:
+        self.calls += 1
+        self.released.wait(SAFETY_S)
+
+
+@pytest.fixture
+def hang():
+    blocker = Hang()
+    yield blocker
+    blocker.released.set()
+
+
+class HangingMatcher(FakeMatcher):
+    """Allows every token (and every draft); ``method`` hangs from its ``after``-th call on."""
+
+    def __init__(self, hang: Hang, method: str, after: int = 3) -> None:
+        super().__init__(after=after)
+        self.hang, self.method = hang, method
+
+    def _maybe_hang(self, name: str) -> None:
+        if self._tick(name) and name == self.method:
+            self.hang()
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        self._maybe_hang("fill_bitmask")
+        bitmask[row] = -1
+
+    def accept_token(self, token: int) -> bool:
+        self._maybe_hang("accept_token")
+        return True
+
+    def forced_tokens(self) -> list[int]:
+        self._maybe_hang("forced_tokens")
+        return []
+
+    def is_terminated(self) -> bool:
+        self._maybe_hang("is_terminated")
+        return False
+
+    def valid_prefix(self, ids: list[int]) -> int:
+        self._maybe_hang("valid_prefix")
+        return len(ids)
+
+
+def assert_timed_out(sink: Collector, what: str) -> None:
+    from server.generation import generation_error
+
+    assert sink.finish == "error" and sink.finals == 1
+    assert sink.error.startswith(f"{CONSTRAINT_TIMEOUT}: {what} took over {BOUND_S:g} s")
+    error = generation_error(sink.error)
+    assert error.status == 400 and error.code == "constraint_timeout"
+
+
+def serves_again(engine: Engine, expected: list[int]) -> None:
+    later, constrained = Collector(), Collector()
+    engine.submit_all([request("later", later), request("constrained", constrained, matcher=FakeMatcher())])
+    step_until_done(engine, [later, constrained])
+    assert later.tokens == expected and constrained.finish == "length"
+
+
+@pytest.mark.parametrize("method,what,overlap", [
+    ("fill_bitmask", "filling its token mask", False),
+    ("fill_bitmask", "filling its token mask", True),
+    ("accept_token", "taking a token", False),
+    ("accept_token", "taking a token", True),
+    ("forced_tokens", "taking a token", False),
+    ("is_terminated", "taking a token", False),
+    ("valid_prefix", "drafting", False),  # cutting a predicted output's draft to the grammar
+])
+def test_hanging_matcher_ends_only_its_sequence(make_engine, hang, method, what, overlap):
+    expected = free_alone(make_engine)
+    engine = make_engine(constraint_call_timeout=BOUND_S, overlap=overlap)
+    fine_alone = make_engine()
+    reference = Collector()
+    fine_alone.submit_all([request("fine", reference, prompt=PROMPT_B, matcher=FakeMatcher())])
+    step_until_done(fine_alone, [reference])
+    free, stuck, fine = Collector(), Collector(), Collector()
+    drafting = method == "valid_prefix"  # the first draft, of a prediction, is cut at once
+    draft = {"prediction_token_ids": [5, 6, 7]} if drafting else {}
+    matcher = HangingMatcher(hang, method, after=1 if drafting else 3)
+    engine.submit_all([request("free", free)])
+    engine.submit_all([request("stuck", stuck, prompt=PROMPT_B, matcher=matcher, **draft)])
+    engine.submit_all([request("fine", fine, prompt=PROMPT_B, matcher=FakeMatcher())])
+    step_until_done(engine, [free, stuck, fine])
+    assert_timed_out(stuck, what)
+    assert hang.calls == 1 and engine.bound.calls.abandoned == 1
+    assert free.tokens == expected and free.finish == "length"
+    assert fine.tokens == reference.tokens and fine.finish == "length"
+    serves_again(engine, expected)
+
+
+def test_engine_thread_lives_on_past_a_hanging_matcher(make_engine, hang):
+    expected = free_alone(make_engine)
+    engine = make_engine(constraint_call_timeout=BOUND_S)
+    engine.start()
+    free, stuck = Collector(), Collector()
+    engine.submit_all([request("stuck", stuck, prompt=PROMPT_B, matcher=HangingMatcher(hang, "fill_bitmask"))])
+    engine.submit_all([request("free", free)])
+    assert stuck.done.wait(SAFETY_S / 2) and free.done.wait(SAFETY_S / 2)
+    assert_timed_out(stuck, "filling its token mask")
+    assert free.tokens == expected
+    later = Collector()
+    engine.submit_all([request("later", later)])
+    assert later.done.wait(SAFETY_S / 2)
+    assert later.tokens == expected and engine.alive
+
+
+class SleepingProcessor:
+    """A client logit processor that changes nothing, and hangs on rows asking it to."""
+
+    def __init__(self, hang: Hang) -> None:
+        self.hang = hang
+
+    def __call__(self, logits, custom_param_list=None):
+        if any(params.get("hang") for params in custom_param_list):
+            self.hang()
+        return logits
+
+
+def test_hanging_logit_processor_ends_only_its_sequence(make_engine, hang):
+    expected = free_alone(make_engine)
+    engine = make_engine(constraint_call_timeout=BOUND_S)
+    processor = SleepingProcessor(hang)
+
+    def with_processor(request_id: str, sink, **custom_params) -> GenerationRequest:
+        params = SamplingParams(temperature=0.0, custom_processor=processor, custom_params=custom_params)
+        return GenerationRequest(request_id=request_id, prompt_token_ids=list(PROMPT_A), params=params,
+                                 max_tokens=12, sink=sink)
+
+    free, stuck, fine = Collector(), Collector(), Collector()
+    engine.submit_all([request("free", free), with_processor("stuck", stuck, hang=True),
+                       with_processor("fine", fine)])
+    step_until_done(engine, [free, stuck, fine])
+    assert stuck.finish == "error" and stuck.finals == 1
+    assert stuck.error == f"custom_logit_processor timed out: the call did not return within {BOUND_S:g} s"
+    assert free.tokens == expected and fine.tokens == expected  # the processor changes nothing
+    # the two rows' call hung, then the stuck row's call alone: nothing else waited for
+    assert hang.calls == 2 and engine.bound.calls.abandoned == 2
+    serves_again(engine, expected)
