@@ -90,7 +90,7 @@ class Batch(Generic[K]):
             fn()
         except _Abandoned:
             raise
-        except BaseException as exc:  # handed to the waiting thread, as if it had made the call
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread, as if it had made the call
             if self.error is None:
                 self.error = exc
 

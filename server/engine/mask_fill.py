@@ -131,7 +131,7 @@ class MaskFill:
             return
         try:
             matchers[0].fill_bitmask(bitmask, first)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a failing matcher fails its own row
             failures[first] = f"constraint matcher failed: {describe(exc)}"
             bitmask[first] = -1  # the row is dropped; a full mask keeps the sampler's math sane
 

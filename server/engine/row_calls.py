@@ -2,12 +2,12 @@
 
 The engine hands a step's per-row calls into constraint backends here, in batches (one thread
 hand-off per batch, :class:`~server.engine.bounded_calls.BoundedCalls`): taking the sampled
-tokens (accept, forced tokens, rollback, termination), the draft planner (walking matchers), the
-scored choices. The mask fill and the client logit processors use the
-same worker through ``calls``. A sequence whose call does not return in time is abandoned: the
-call is left running on its own thread, the matcher is dropped and never touched again, and the
-sequence ends with an error naming what timed out (:data:`~server.engine.failures.CONSTRAINT_TIMEOUT`);
-every other row goes on.
+tokens (accept, forced tokens, rollback, termination), the draft planner (walking matchers) and
+the scored choices; the mask fill and the client logit processors use the same worker through
+``calls``. A sequence whose call does not return in time is abandoned: the call is left running
+on its own thread, the matcher is dropped and never touched again, and the sequence ends with
+an error naming what timed out (:data:`~server.engine.failures.CONSTRAINT_TIMEOUT`); every
+other row goes on.
 """
 
 from __future__ import annotations
