@@ -118,8 +118,10 @@ class Workload:
 MAX_LEN = 1024  # each sequence's context in the benchmark's KV cache
 
 
-def measure(runner, tokenizer, compiled, *, batch: int, jump: bool, steps: int, warmup: int) -> tuple:
-    engine = Engine(runner, tokenizer, max_batch_size=batch, max_model_len=MAX_LEN, jump_forward=jump)
+def measure(runner, tokenizer, compiled, *, batch: int, jump: bool, steps: int, warmup: int,
+            call_timeout: float | None = None) -> tuple:
+    bound = {} if call_timeout is None else {"constraint_call_timeout": call_timeout}
+    engine = Engine(runner, tokenizer, max_batch_size=batch, max_model_len=MAX_LEN, jump_forward=jump, **bound)
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
                                              tokenize=False)
     workload = Workload(engine, tokenizer(rendered, add_special_tokens=False).input_ids, compiled,
@@ -169,6 +171,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--constraint-call-timeout", type=float, default=None,
+                        help="the engine's per-row call bound in seconds (0: none; default: the engine's)")
     args = parse_with_smoke(parser, argv, SMOKE, "batch 2, 3 steps, free and json_schema: checks it runs")
     return args
 
@@ -181,7 +185,7 @@ def measure_batch(hf, tokenizer, compiled: dict, args: argparse.Namespace, batch
     for name in args.workloads:
         for jump in ([False] if name == "free" else [False, True]):
             rate, elapsed, d = measure(runner, tokenizer, compiled[name], batch=batch, jump=jump,
-                                       steps=args.steps, warmup=args.warmup)
+                                       steps=args.steps, warmup=args.warmup, call_timeout=args.constraint_call_timeout)
             free_rate = rate if name == "free" else free_rate
             steps = max(d["steps"], 1)
             row = {"batch": batch, "workload": name, "jump": jump, "tok_s": rate,

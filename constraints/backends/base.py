@@ -116,17 +116,19 @@ class Matcher(ABC):
         words = (self.ctx.vocab_size + 31) // 32
         mask = torch.zeros((1, words), dtype=torch.int32)
         self.fill_bitmask(mask, 0)
-        if int(torch.count_nonzero(mask)) > len(self.ctx.stop_token_ids):
-            return []
-        allowed = _bits_to_ids(mask[0])
+        allowed = _bits_to_ids(mask[0], limit=len(self.ctx.stop_token_ids))
         return allowed if allowed and set(allowed) <= set(self.ctx.stop_token_ids) else []
 
 
-def _bits_to_ids(row: "torch.Tensor") -> list[int]:
-    import torch
+def _bits_to_ids(row: "torch.Tensor", limit: int) -> list[int]:
+    """The set bits of a bitmask row as token ids, [] when more than ``limit`` are set."""
+    # numpy, not torch: this runs beside the forward (on the engine's bounded-call worker), and
+    # a torch op over the vocabulary's bits would start an OpenMP team of that thread's own,
+    # after which every team on this machine's cores waits by sleeping instead of spinning
+    import numpy as np
 
-    bits = (row.unsqueeze(1) >> torch.arange(32, dtype=torch.int32)) & 1
-    return torch.nonzero(bits.reshape(-1)).flatten().tolist()
+    ids = np.flatnonzero(np.unpackbits(row.numpy().view(np.uint8), bitorder="little"))
+    return ids.tolist() if len(ids) <= limit else []
 
 
 @dataclass

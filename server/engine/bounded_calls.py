@@ -137,6 +137,7 @@ class _Worker:
             batch.run()
             if self.abandoned or batch.abandoned:
                 return
+            del batch  # an idle worker must not keep its last calls' objects (an engine, its KV cache) alive
 
 
 class BoundedCalls:

@@ -70,13 +70,14 @@ class MaskFill:
         host[: 8 * len(rows)].view(torch.int64).copy_(torch.tensor(rows, dtype=torch.int64))
         bitmask = host[8 * len(rows) :].view(torch.int32).view(len(rows), self.words)
         failures: dict[int, str] = {}
-        calls: list[tuple[Unit | None, Callable[[], None]]] = []
+        clock: list[float] = []  # when the worker took the fill up (not when it was queued)
+        calls: list[tuple[Unit | None, Callable[[], None]]] = [(None, lambda: clock.append(time.perf_counter()))]
         first = 0
         for group in groups:
             unit = range(first, first + len(group))
             calls.append((unit, partial(self._fill, matchers[first : unit.stop], bitmask, first, failures)))
             first = unit.stop
-        calls.append((None, partial(self._check, bitmask, failures, time.perf_counter())))
+        calls.append((None, partial(self._check, bitmask, failures, clock)))
         return Fill(self._calls.start(calls), rows, host, failures)
 
     def finish(self, fill: Fill | None, sampled: list[Sequence], fail: Callable[[Sequence, str], None],
@@ -135,10 +136,10 @@ class MaskFill:
             failures[first] = f"constraint matcher failed: {describe(exc)}"
             bitmask[first] = -1  # the row is dropped; a full mask keeps the sampler's math sane
 
-    def _check(self, bitmask: torch.Tensor, failures: dict[int, str], started: float) -> None:
+    def _check(self, bitmask: torch.Tensor, failures: dict[int, str], clock: list[float]) -> None:
         """Last, on the mask thread: rows that allow no token fail; the fill's time is recorded."""
         fail_empty_rows(bitmask, self._valid_bits, failures)
-        self.last_fill_s = time.perf_counter() - started
+        self.last_fill_s = time.perf_counter() - clock[0]
         self.stats.mask_fill_s += self.last_fill_s
 
     def _rescue(self, host: torch.Tensor, count: int, stuck: set[int]) -> torch.Tensor:

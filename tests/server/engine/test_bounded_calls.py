@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -148,3 +149,30 @@ def test_unbounded_calls_run_on_the_callers_thread():
     assert calls.call(lambda: 7) == 7
     assert threads == [threading.current_thread()]
     calls.shutdown()
+
+
+@pytest.mark.parametrize("timeout_s", [BOUND_S, 0])
+def test_an_idle_worker_keeps_nothing_its_calls_held(timeout_s):
+    """What the last calls held (in the engine: the engine itself and its KV cache) is freed once
+    they have run: several engines in one process must not pile up on the device."""
+    import gc
+    import weakref
+
+    class Held:
+        pass
+
+    calls = BoundedCalls(timeout_s)
+    held = Held()
+    gone = weakref.ref(held)
+    batch = calls.start([("row", lambda held=held: None)])
+    calls.wait(batch)
+    del held, batch
+    try:
+        for _ in range(100):  # the worker lets go just after it reported the batch done
+            gc.collect()
+            if gone() is None:
+                break
+            time.sleep(0.01)
+        assert gone() is None
+    finally:
+        calls.shutdown()
