@@ -14,6 +14,12 @@ then for each shape:
   3,984 tokens (whole 16-token blocks; the prefix cache);
 - HTTP: output tok/s through ``trellis serve`` at 1/16/64/256 streaming clients, free and
   ``json_schema`` (``benchmarks/serve.py``'s client);
+- FP8 (``--quantization fp8``, or ``none fp8`` for both in one run): after the bf16 parts the
+  model's decoder-layer projections are quantized to FP8 in place (per-output-channel scales,
+  per-token activations through ``torch._scaled_mm``, :mod:`server.engine.fp8_weights`; on the
+  CPU rounded to FP8 and kept in float32) and the decode (and TTFT) rows run again as
+  ``decode fp8``; the note gives the speed-up over the bf16 row at the same batch. A failure there
+  is printed in its row's note and the other rows go on;
 - generate: transformers' own greedy ``generate`` on the same model in the same run, with a static
   cache and torch.compile on CUDA (eager on the CPU), at the decode batches up to 8; ms per decode
   step from two generation lengths (the prefill cancels out); the note gives Trellis's free decode
@@ -25,6 +31,7 @@ row's tok/s over the free row's at the same batch. ``--out`` writes everything a
 
     python benchmarks/gpu.py --tokenizer /path/to/tokenizer-dir --out gpu.json
     python benchmarks/gpu.py --tokenizer DIR --shapes 8b --parts decode ttft   # split long runs
+    python benchmarks/gpu.py --tokenizer DIR --shapes 8b --parts decode --batches 1 64 --quantization none fp8
     python benchmarks/gpu.py --smoke          # tiny shapes on the CPU, under a minute
 """
 
@@ -70,6 +77,8 @@ GENERATE_MAX_BATCH = 8
 JSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "people", "schema": PEOPLE, "strict": True}}
 TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "chat_template", "vocab", "merges", "added_tokens")
 PREFIX_BLOCK = 16  # the shared prefix is a whole number of cache blocks
+QUANTIZATIONS = ("none", "fp8")
+OVERLAP = {"auto": None, "on": True, "off": False}  # --overlap → Engine(overlap=...)
 
 
 @dataclass
@@ -92,6 +101,8 @@ class Plan:
     max_graph_tokens: int = 512  # piecewise graphs of mixed steps up to this many tokens (0: none)
     server_args: list[str] = field(default_factory=list)  # extra ``trellis serve`` flags
     profile_dir: Path | None = None  # torch.profiler tables of every decode row go here
+    quantizations: list[str] = field(default_factory=lambda: ["none"])  # none: bf16 rows; fp8: FP8 rows
+    overlap: str = "auto"  # the engine's overlapped loop: auto (on with CUDA), on, off
 
 
 @dataclass
@@ -113,13 +124,15 @@ class ShapeReport:
     weight_bytes: int
     floor_ms: float
     rows: list[Row] = field(default_factory=list)
+    fp8_weight_bytes: int | None = None  # after --quantization fp8
+    fp8_floor_ms: float | None = None
 
 
 # ---------------------------------------------------------------- engine construction (one place)
 
 
 def build_engine(hf_model, tokenizer, *, max_batch_size: int, max_model_len: int, jump_forward: bool,
-                 enforce_eager: bool, max_graph_tokens: int = 512) -> Engine:
+                 enforce_eager: bool, max_graph_tokens: int = 512, overlap: str = "auto") -> Engine:
     """The benchmark's only construction of a runner and an engine: when the engine's
     constructor changes (paged KV cache, block manager), this is the one function to adjust."""
     from server.config import Settings
@@ -136,7 +149,16 @@ def build_engine(hf_model, tokenizer, *, max_batch_size: int, max_model_len: int
         runner = graph_decode_steps(runner, max_batch_size=max_batch_size, max_model_len=max_model_len,
                                     enforce_eager=enforce_eager, max_graph_tokens=max_graph_tokens)
     return Engine(runner, tokenizer, max_batch_size=max_batch_size, max_model_len=max_model_len,
-                  jump_forward=jump_forward)
+                  jump_forward=jump_forward, overlap=OVERLAP[overlap])
+
+
+def retire(engine: Engine) -> None:
+    """Stop the engine's helper thread (its constraint-call worker), whose last batch would keep
+    the engine, and so its KV cache, alive after the benchmark drops it."""
+    engine.shutdown()
+    worker = getattr(getattr(engine.bound, "calls", None), "_worker", None)
+    if worker is not None:
+        worker.thread.join(timeout=10)
 
 
 def release(engine: Engine) -> None:
@@ -192,30 +214,99 @@ def synchronize(device: torch.device) -> None:
 # ---------------------------------------------------------------- decode through the engine
 
 
-def measure_decode(hf_model, tokenizer, compiled, plan: Plan, shape: str, floor_ms: float) -> list[Row]:
+def measure_decode(hf_model, tokenizer, compiled, plan: Plan, shape: str, floor_ms: float, *,
+                   what: str = "decode", baseline: list[Row] | None = None) -> list[Row]:
+    """Decode rows per batch: free, json_schema, json_schema + jump-forward. With ``baseline`` (the
+    bf16 rows, for the FP8 ones) each row's note gives its speed-up over the same bf16 row, and a
+    failing batch becomes a row whose note is the error (the other rows go on)."""
+    rows: list[Row] = []
+    for batch in plan.batches:
+        if baseline is None:
+            rows += decode_batch(hf_model, tokenizer, compiled, plan, shape, floor_ms, batch, what)
+            continue
+        try:
+            rows += decode_batch(hf_model, tokenizer, compiled, plan, shape, floor_ms, batch, what, baseline)
+        except Exception as exc:  # noqa: BLE001 (one failing row must not end the run)
+            rows.append(Row(shape, what, batch, "free", "-", note=error_note(exc)))
+            print(format_row(rows[-1]), flush=True)
+            free_memory(plan.device)
+    return rows
+
+
+def decode_batch(hf_model, tokenizer, compiled, plan: Plan, shape: str, floor_ms: float, batch: int,
+                 what: str, baseline: list[Row] | None = None) -> list[Row]:
     rows: list[Row] = []
     prompt = chat_prompt(tokenizer)
-    for batch in plan.batches:
-        engine = build_engine(hf_model, tokenizer, max_batch_size=batch, max_model_len=plan.decode_len,
-                              jump_forward=False, enforce_eager=plan.enforce_eager,
-                              max_graph_tokens=plan.max_graph_tokens)
-        free_rate = None
-        for name, matcher_source, jump in (("free", None, False), ("json_schema", compiled, False),
-                                           ("json_schema", compiled, True)):
-            engine.jump_forward = jump
-            paths_before = dict(getattr(engine.runner, "path_counts", {}))
-            rate, step_ms = decode_rate(engine, prompt, matcher_source, batch, plan)
-            if plan.profile_dir is not None:
-                label = f"{shape}-b{batch}-{name}" + ("-jf" if jump else "")
-                profile_decode(engine, prompt, matcher_source, batch, plan, label)
-            free_rate = rate if name == "free" else free_rate
-            rows.append(Row(shape, "decode", batch, name, "on" if jump else ("off" if matcher_source else "-"),
-                            tok_s=rate, ms=step_ms, x_floor=step_ms / floor_ms,
-                            vs_free=rate / free_rate if free_rate else None,
-                            note=path_note(engine, paths_before)))
+    engine = build_engine(hf_model, tokenizer, max_batch_size=batch, max_model_len=plan.decode_len,
+                          jump_forward=False, enforce_eager=plan.enforce_eager,
+                          max_graph_tokens=plan.max_graph_tokens, overlap=plan.overlap)
+    free_rate = None
+    for name, matcher_source, jump in (("free", None, False), ("json_schema", compiled, False),
+                                       ("json_schema", compiled, True)):
+        engine.jump_forward = jump
+        paths_before = dict(getattr(engine.runner, "path_counts", {}))
+        rate, step_ms = decode_rate(engine, prompt, matcher_source, batch, plan)
+        if plan.profile_dir is not None:
+            label = f"{shape}-b{batch}-{what.replace(' ', '-')}-{name}" + ("-jf" if jump else "")
+            profile_decode(engine, prompt, matcher_source, batch, plan, label)
+        free_rate = rate if name == "free" else free_rate
+        rows.append(Row(shape, what, batch, name, "on" if jump else ("off" if matcher_source else "-"),
+                        tok_s=rate, ms=step_ms, x_floor=step_ms / floor_ms,
+                        vs_free=rate / free_rate if free_rate else None))
+        rows[-1].note = "; ".join(filter(None, [speedup_note(rows[-1], baseline or []),
+                                                f"overlap {'on' if engine.overlap else 'off'}",
+                                                path_note(engine, paths_before)]))
+        print(format_row(rows[-1]), flush=True)
+    retire(engine)
+    del engine
+    free_memory(plan.device)
+    return rows
+
+
+def speedup_note(row: Row, baseline: list[Row]) -> str:
+    """``row``'s step time against the bf16 row of the same batch, workload and jump-forward."""
+    for base in baseline:
+        if (base.rows, base.workload, base.jump) == (row.rows, row.workload, row.jump) and base.ms and row.ms:
+            return f"{base.ms / row.ms:.2f}x bf16 speed"
+    return ""
+
+
+def error_note(exc: BaseException) -> str:
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"error: {type(exc).__name__}: {first[:300]}"
+
+
+def measure_fp8(hf_model, tokenizer, compiled, plan: Plan, shape: str, report: ShapeReport) -> list[Row]:
+    """The model's projections to FP8 in place, then its decode (and TTFT) rows again."""
+    from server.engine.fp8_weights import keeps_fp8, quantize_model
+
+    try:
+        quantize_model(hf_model)
+    except Exception as exc:  # noqa: BLE001 (the bf16 rows stand)
+        row = Row(shape, "decode fp8", 0, "-", "-", note=f"quantization failed: {error_note(exc)}")
+        print(format_row(row), flush=True)
+        return [row]
+    free_memory(plan.device)
+    size = weight_bytes(hf_model)
+    report.fp8_weight_bytes, report.fp8_floor_ms = size, report.floor_ms * size / report.weight_bytes
+    how = "FP8 via torch._scaled_mm" if keeps_fp8(plan.device) else "rounded to FP8, kept in the model's dtype"
+    print(f"{shape} fp8 ({how}): {size / 1e9:.2f} GB of weights -> HBM floor {report.fp8_floor_ms:.3f} ms "
+          "per decode step", flush=True)
+    skipped = [part for part in ("generate", "http") if part in plan.parts]
+    if skipped and "none" not in plan.quantizations:
+        print(f"{shape} fp8: the {' and '.join(skipped)} part(s) run on the bf16 model only "
+              "(--quantization none fp8)", flush=True)
+    rows: list[Row] = []
+    if "decode" in plan.parts:
+        baseline = [row for row in report.rows if row.what == "decode"]
+        rows += measure_decode(hf_model, tokenizer, compiled, plan, shape, report.fp8_floor_ms,
+                               what="decode fp8", baseline=baseline)
+    if "ttft" in plan.parts:
+        try:
+            rows += measure_ttft(hf_model, tokenizer, plan, shape, what="ttft fp8")
+        except Exception as exc:  # noqa: BLE001
+            rows.append(Row(shape, "ttft fp8", 1, "-", "-", note=error_note(exc)))
             print(format_row(rows[-1]), flush=True)
-        del engine
-        free_memory(plan.device)
     return rows
 
 
@@ -311,10 +402,10 @@ def chat_prompt(tokenizer) -> list[int]:
 # ---------------------------------------------------------------- time to first token
 
 
-def measure_ttft(hf_model, tokenizer, plan: Plan, shape: str) -> list[Row]:
+def measure_ttft(hf_model, tokenizer, plan: Plan, shape: str, what: str = "ttft") -> list[Row]:
     """A warm-up prompt, then a cold prompt and one sharing all but its last block with it."""
     engine = build_engine(hf_model, tokenizer, max_batch_size=1, max_model_len=plan.prompt_tokens + 64,
-                          jump_forward=False, enforce_eager=plan.enforce_eager)
+                          jump_forward=False, enforce_eager=plan.enforce_eager, overlap=plan.overlap)
     generator = torch.Generator().manual_seed(7)
 
     def random_ids(count: int) -> list[int]:
@@ -325,11 +416,12 @@ def measure_ttft(hf_model, tokenizer, plan: Plan, shape: str) -> list[Row]:
     first_token_s(engine, random_ids(plan.prompt_tokens), plan.device)  # kernels warm, nothing shared
     cold = first_token_s(engine, prefix + random_ids(plan.prompt_tokens - shared), plan.device)
     cached = first_token_s(engine, prefix + random_ids(plan.prompt_tokens - shared), plan.device)
+    retire(engine)
     del engine
     free_memory(plan.device)
     label = f"{plan.prompt_tokens}-token prompt"
-    rows = [Row(shape, "ttft", 1, f"cold {label}", "-", ms=1000 * cold),
-            Row(shape, "ttft", 1, f"same {shared}-token prefix again", "-", ms=1000 * cached,
+    rows = [Row(shape, what, 1, f"cold {label}", "-", ms=1000 * cold),
+            Row(shape, what, 1, f"same {shared}-token prefix again", "-", ms=1000 * cached,
                 note=f"{cold / cached:.2f}x sooner than cold")]
     for row in rows:
         print(format_row(row), flush=True)
@@ -404,6 +496,7 @@ class served:
                    "--served-model-name", "bench", "--port", str(port), "--device", self.plan.device.type,
                    "--max-batch-size", str(max(self.plan.clients)), "--max-model-len", str(self.plan.decode_len),
                    "--log-requests", "off", "--enforce-eager", "on" if self.plan.enforce_eager else "off",
+                   "--overlap", self.plan.overlap,
                    *self.plan.server_args]
         if self.plan.device.type == "cuda":
             command += ["--dtype", "bfloat16" if self.plan.dtype == torch.bfloat16 else "float32"]
@@ -473,7 +566,7 @@ def run(plan: Plan, tokenizer_dir: Path) -> dict:
     tokenizer = load_tokenizer(tokenizer_dir)
     bandwidth = copy_bandwidth(plan.device, plan.bandwidth_bytes)
     print(f"device={describe(plan.device)} dtype={plan.dtype} copy bandwidth={bandwidth / 1e9:.1f} GB/s "
-          f"(read + written)", flush=True)
+          f"(read + written) overlap={plan.overlap} quantization={' '.join(plan.quantizations)}", flush=True)
     compiler = ConstraintCompiler(tokenizer, len(tokenizer), stop_token_ids=[tokenizer.eos_token_id])
     reports: dict[str, ShapeReport] = {}
     try:
@@ -485,16 +578,11 @@ def run(plan: Plan, tokenizer_dir: Path) -> dict:
                   f"({1000 / report.floor_ms:.0f} tok/s at batch 1)", flush=True)
             print(HEADER, flush=True)
             compiled = compiler.compile(ConstraintSpec("json_schema", PEOPLE))
-            if "decode" in plan.parts:
-                report.rows += measure_decode(hf_model, tokenizer, compiled, plan, shape, report.floor_ms)
-            if "generate" in plan.parts:
-                report.rows += measure_generate(hf_model, plan, shape, report.floor_ms, report.rows)
-            if "ttft" in plan.parts:
-                report.rows += measure_ttft(hf_model, tokenizer, plan, shape)
-            if "http" in plan.parts:
-                hf_model = hf_model.cpu() if plan.device.type == "cuda" else hf_model  # room for the server's copy
-                free_memory(plan.device)
-                report.rows += measure_http(hf_model, tokenizer, tokenizer_dir, plan, shape, report.floor_ms)
+            if "none" in plan.quantizations:
+                hf_model = measure_bf16(hf_model, tokenizer, tokenizer_dir, compiled, plan, shape, report)
+            if "fp8" in plan.quantizations:
+                hf_model = hf_model.to(plan.device)  # back from the CPU after the HTTP part
+                report.rows += measure_fp8(hf_model, tokenizer, compiled, plan, shape, report)
             del hf_model
             free_memory(plan.device)
     finally:
@@ -507,8 +595,25 @@ def run(plan: Plan, tokenizer_dir: Path) -> dict:
             print(format_row(row))
     return {"device": describe(plan.device), "dtype": str(plan.dtype), "bandwidth_bytes_per_s": bandwidth,
             "enforce_eager": plan.enforce_eager, "max_graph_tokens": plan.max_graph_tokens,
+            "overlap": plan.overlap, "quantizations": plan.quantizations,
             "shapes": {shape: {"weight_bytes": r.weight_bytes, "floor_ms": r.floor_ms,
+                               "fp8_weight_bytes": r.fp8_weight_bytes, "fp8_floor_ms": r.fp8_floor_ms,
                                "rows": [asdict(row) for row in r.rows]} for shape, r in reports.items()}}
+
+
+def measure_bf16(hf_model, tokenizer, tokenizer_dir: Path, compiled, plan: Plan, shape: str, report: ShapeReport):
+    """The parts on the model as built; returns the model (moved to the CPU by the HTTP part)."""
+    if "decode" in plan.parts:
+        report.rows += measure_decode(hf_model, tokenizer, compiled, plan, shape, report.floor_ms)
+    if "generate" in plan.parts:
+        report.rows += measure_generate(hf_model, plan, shape, report.floor_ms, report.rows)
+    if "ttft" in plan.parts:
+        report.rows += measure_ttft(hf_model, tokenizer, plan, shape)
+    if "http" in plan.parts:
+        hf_model = hf_model.cpu() if plan.device.type == "cuda" else hf_model  # room for the server's copy
+        free_memory(plan.device)
+        report.rows += measure_http(hf_model, tokenizer, tokenizer_dir, plan, shape, report.floor_ms)
+    return hf_model
 
 
 def describe(device: torch.device) -> str:
@@ -522,14 +627,15 @@ def make_plan(args: argparse.Namespace) -> Plan:
                     warmup=2, decode_len=256, prompt_tokens=args.prompt_tokens or 200, http_tokens=8,
                     enforce_eager=args.enforce_eager, bandwidth_bytes=16 << 20,
                     max_graph_tokens=args.max_graph_tokens, server_args=["--compile-workers", "1"],
-                    profile_dir=args.profile)
+                    profile_dir=args.profile, quantizations=args.quantization, overlap=args.overlap)
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     return Plan(device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
                 shapes=args.shapes, parts=args.parts, batches=args.batches or [1, 8, 64, 256],
                 clients=args.clients or [1, 16, 64, 256], steps=args.steps or 32, warmup=8, decode_len=1024,
                 prompt_tokens=args.prompt_tokens or 4000, http_tokens=128, enforce_eager=args.enforce_eager,
                 bandwidth_bytes=1 << 30 if device.type == "cuda" else 256 << 20,
-                max_graph_tokens=args.max_graph_tokens, profile_dir=args.profile)
+                max_graph_tokens=args.max_graph_tokens, profile_dir=args.profile,
+                quantizations=args.quantization, overlap=args.overlap)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -546,6 +652,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (compare with graphed)")
     parser.add_argument("--max-graph-tokens", type=int, default=512,
                         help="piecewise graphs of mixed steps up to this many tokens; 0: mixed steps eager")
+    parser.add_argument("--quantization", nargs="+", default=["none"], choices=QUANTIZATIONS,
+                        help="none: the bf16 model's rows; fp8: its projections in FP8, decode (and TTFT) rows "
+                             "with the speed-up over bf16 where none ran too (default: none)")
+    parser.add_argument("--overlap", default="auto", choices=list(OVERLAP),
+                        help="the engine's overlapped loop (Engine overlap=None/True/False): auto (on with CUDA)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the script runs")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",

@@ -298,13 +298,18 @@ def download_model(spec: str, *, revision: str = "", download_dir: str = "", ggu
 
 def check_quantization(directory: Path, device: torch.device, dtype: torch.dtype) -> str | None:
     """Refuse, in one line naming the format, a quantized checkpoint (config.json's
-    ``quantization_config.quant_method``) the engine does not load: AWQ, GPTQ, bitsandbytes, FP8,
-    MXFP4 outside gpt-oss, anything else. gpt-oss's MXFP4 loads; where transformers dequantizes it at
-    load (``device`` without MXFP4 kernels) the returned line says so with the memory it costs."""
+    ``quantization_config.quant_method``) the engine does not load: AWQ, GPTQ, bitsandbytes,
+    compressed-tensors other than float8, MXFP4 outside gpt-oss, anything else. FP8 checkpoints
+    (``fp8``, ``fbgemm_fp8``, ``compressed-tensors`` float8) of the Llama-family forward load: the
+    returned line says whether their weights stay FP8 or are dequantized (with the memory that
+    costs). gpt-oss's MXFP4 loads; where transformers dequantizes it at load (``device`` without
+    MXFP4 kernels) the returned line says so with the memory it costs."""
     config = _read_config(directory)
     method = str((config.get("quantization_config") or {}).get("quant_method", "")).lower()
     if not method:
         return None
+    if method in ("fp8", "fbgemm_fp8", "compressed-tensors"):
+        return _fp8_note(directory, config, device, dtype)
     if method == "mxfp4" and config.get("model_type") == "gpt_oss":
         if not _mxfp4_dequantized(device):
             return None
@@ -313,8 +318,46 @@ def check_quantization(directory: Path, device: torch.device, dtype: torch.dtype
                 f"about {loaded / 2**30:.1f} GiB in {str(dtype).removeprefix('torch.')} "
                 f"instead of {disk / 2**30:.1f} GiB on disk")
     raise ModelLoadError(f"{directory} is a {method}-quantized checkpoint, which Trellis does not load "
-                         "(AWQ, GPTQ, bitsandbytes, FP8 and MXFP4 outside gpt-oss are refused): "
-                         "serve its unquantized (bf16/fp16) or GGUF release")
+                         "(AWQ, GPTQ, bitsandbytes and MXFP4 outside gpt-oss are refused; FP8 loads): "
+                         "serve its unquantized (bf16/fp16), FP8 or GGUF release")
+
+
+def _fp8_note(directory: Path, config: dict, device: torch.device, dtype: torch.dtype) -> str:
+    """An FP8 checkpoint (:mod:`server.engine.fp8_weights`): refused in one line if its format or
+    architecture is not one the engine runs; else what loading it does to its weights."""
+    from transformers import AutoConfig
+
+    from server.engine import fp8_weights
+    from server.engine.model import SUPPORTED_MODEL_TYPES, runs_hand_written
+
+    method = config["quantization_config"]["quant_method"]
+    scheme = fp8_weights.read_scheme(config["quantization_config"])  # raises for non-float8 compressed-tensors
+    try:
+        hand_written = runs_hand_written(AutoConfig.from_pretrained(directory))
+    except Exception as exc:  # transformers raises many types for unreadable configs
+        raise ModelLoadError(f"cannot read {directory / 'config.json'}: {exc}") from exc
+    if not hand_written:
+        raise ModelLoadError(f"{directory} is a {method} FP8 checkpoint of model type {config.get('model_type')!r}: "
+                             f"FP8 checkpoints load for {', '.join(SUPPORTED_MODEL_TYPES)} (full attention) only")
+    activations = "static" if scheme.static_activations else "per-token"
+    if fp8_weights.keeps_fp8(device):
+        return (f"FP8 checkpoint ({method}, {activations} activation scales): the weights stay FP8 on {device.type} "
+                "(torch._scaled_mm and an FP8 decode kernel)")
+    disk, loaded = _fp8_dequantized_bytes(directory, dtype.itemsize)
+    return (f"FP8 checkpoint ({method}) dequantized at load on {device.type} (FP8 matmuls need CUDA sm89+): "
+            f"about {loaded / 2**30:.1f} GiB in {str(dtype).removeprefix('torch.')} instead of {disk / 2**30:.1f} GiB on disk")
+
+
+def _fp8_dequantized_bytes(directory: Path, element_size: int) -> tuple[int, int]:
+    """(bytes of the safetensors on disk, bytes of the weights in the model's dtype): every tensor
+    but the FP8 weights' scales."""
+    disk = values = 0
+    for file in directory.glob("*.safetensors"):
+        disk += file.stat().st_size
+        for name, info in _safetensors_header(file).items():
+            if name != "__metadata__" and not name.endswith(("_scale", "_scale_inv", "_scale_ub")):
+                values += math.prod(info["shape"])
+    return disk, values * element_size
 
 
 def _read_config(directory: Path) -> dict:

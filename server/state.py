@@ -172,10 +172,12 @@ def load_runner(settings: Settings, directory, dtype: torch.dtype, device: torch
 def resolve_quantization(name: str, device: torch.device, hand_written: bool) -> str:
     """``--quantization``, checked: int4 or int8 run on the CPU with the hand-written forward
     only; elsewhere they are refused (none is the default: int4 is twice as fast at decode here
-    but changes the default model's greedy answers, ``benchmarks/quantization.py``)."""
-    if name not in ("none", "int4", "int8"):
-        raise ModelLoadError(f"unknown --quantization {name!r} (choose none, int4 or int8)")
-    if name != "none" and device.type != "cpu":
+    but changes the default model's greedy answers, ``benchmarks/quantization.py``). fp8 runs
+    with the hand-written forward anywhere (FP8 matmuls on CUDA sm89+, elsewhere the weights
+    rounded to FP8 in the model's dtype: :mod:`server.engine.fp8_weights`)."""
+    if name not in ("none", "int4", "int8", "fp8"):
+        raise ModelLoadError(f"unknown --quantization {name!r} (choose none, int4, int8 or fp8)")
+    if name in ("int4", "int8") and device.type != "cpu":
         raise ModelLoadError(f"--quantization {name} runs on the CPU; on {device.type} use --quantization none")
     if name != "none" and not hand_written:
         raise ModelLoadError(f"--quantization {name} needs the hand-written Llama-family forward, which this "

@@ -30,6 +30,7 @@ from kernels.gemv import GemvChoice
 from kernels.paged_attention import paged_attention
 from kernels.rmsnorm import add_rmsnorm
 from kernels.rotary import rope_write_kv
+from server.engine import fp8_weights
 from server.engine.hf_runner import UnsupportedModelError
 from server.engine.kv_cache import KVShape, PagedKVCache
 from server.engine.layer_weights import LayerWeights, Norm, fuse_layer
@@ -78,6 +79,8 @@ def load_hf_model(directory: Path, dtype: torch.dtype, device: torch.device) -> 
         raise UnsupportedModelError(
             f"model type '{config.model_type}' is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
         )
+    if fp8_weights.checkpoint_scheme(directory) is not None:  # FP8 stays FP8 where it runs
+        return fp8_weights.load_fp8_checkpoint(directory, dtype, device)
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
     return model.to(device).eval()
 
@@ -91,7 +94,9 @@ class ModelRunner:
         Triton on CUDA and torch on the CPU; True on the CPU runs the CUDA path's kernels in the
         Triton interpreter (``TRITON_INTERPRET=1``, tests and kernel counts). ``quantization``:
         ``int4`` or ``int8`` quantizes the linear layers for the CPU's kernels
-        (:mod:`server.engine.quantized_weights`); ``none`` keeps the weights as loaded."""
+        (:mod:`server.engine.quantized_weights`); ``fp8`` the decoder layers' projections to FP8
+        (:mod:`server.engine.fp8_weights`); ``none`` keeps the weights as loaded (FP8 weights of an
+        FP8 checkpoint multiply as FP8)."""
         self.hf = hf_model
         self.use_triton = use_triton
         self.lora = lora
@@ -112,11 +117,14 @@ class ModelRunner:
         self.kv = PagedKVCache(self.kv_shape(hf_model), num_blocks, block_size, self.dtype, self.device)
         self._inner = hf_model.model
         self._scale = 1.0 / math.sqrt(head_dim)
+        if quantization == "fp8":
+            fp8_weights.quantize_model(hf_model)
         self.layers: list[LayerWeights] = [fuse_layer(layer, config.hidden_act) for layer in self._inner.layers]
         self._final_norm = Norm.of(self._inner.norm)
+        self.fp8 = fp8_weights.attach(hf_model, self.layers, use_triton)  # None: no FP8 weights
         self.gemv = GemvChoice() if self.device.type == "cuda" and use_triton is not False else None
         self.rotary = RotaryTable(self._inner.rotary_emb, num_blocks * block_size, self.dtype, self.device)
-        self.quantized = self._quantize(quantization) if quantization != "none" else None
+        self.quantized = self._quantize(quantization) if quantization not in ("none", "fp8") else None
         self._routes = ALL_OUTPUT  # the current pass's token routes through quantized layers
 
     def _quantize(self, kind: str) -> QuantizedLinears:
@@ -264,7 +272,9 @@ class ModelRunner:
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``F.linear``, or on CUDA the faster per shape of cuBLAS and the split-K kernel at 1-8 rows;
-        a quantized layer by each row's route (:class:`TokenRoutes`)."""
+        a quantized layer by each row's route (:class:`TokenRoutes`); an FP8 layer by :mod:`kernels.fp8`."""
+        if self.fp8 is not None and self.fp8.owns(weight):
+            return self.fp8.linear(x, weight, bias)
         if self.quantized is not None:
             return self.quantized.linear(x, weight, bias, self._routes)
         if self.gemv is None:

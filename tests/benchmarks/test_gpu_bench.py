@@ -35,7 +35,7 @@ def test_smoke_run_measures_every_part_and_writes_json(tmp_path, default_dir):
 def test_profile_writes_one_table_per_decode_row(tmp_path, default_dir):
     gpu.main(["--smoke", "--tokenizer", str(default_dir), "--parts", "decode", "--profile", str(tmp_path)])
     files = sorted(path.name for path in tmp_path.glob("*.txt"))
-    assert files == ["tiny-b2-free.txt", "tiny-b2-json_schema-jf.txt", "tiny-b2-json_schema.txt"]
-    text = (tmp_path / "tiny-b2-json_schema.txt").read_text()
-    assert text.startswith("===== tiny-b2-json_schema: wall ") and "top ops by host (self CPU) time:" in text
+    assert files == ["tiny-b2-decode-free.txt", "tiny-b2-decode-json_schema-jf.txt", "tiny-b2-decode-json_schema.txt"]
+    text = (tmp_path / "tiny-b2-decode-json_schema.txt").read_text()
+    assert text.startswith("===== tiny-b2-decode-json_schema: wall ") and "top ops by host (self CPU) time:" in text
     assert "Self CPU" in text  # torch.profiler's table

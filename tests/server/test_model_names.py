@@ -155,7 +155,7 @@ def _quantized_dir(tmp_path: Path, method: str, model_type: str = "llama") -> Pa
     return directory
 
 
-@pytest.mark.parametrize("method", ["awq", "gptq", "bitsandbytes", "fp8", "mxfp4"])
+@pytest.mark.parametrize("method", ["awq", "gptq", "bitsandbytes", "hqq", "mxfp4"])  # FP8 loads: test_fp8_weights.py
 def test_quantized_checkpoints_are_refused_naming_the_format(tmp_path, method):
     from server.state import build_state
 
