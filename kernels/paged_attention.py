@@ -47,6 +47,9 @@ class PagedAttentionMetadata:
     # query alone over exactly its visible keys: a token's output then depends on its context
     # only, not on its row or the batch (for weights whose bf16 activations would magnify an ulp)
     prompt_counts: tuple[int, ...] | None = None
+    # per row, its first block when the blocks holding its context are consecutive ids (-1: not):
+    # the torch path then reads the keys and values as a view of the cache instead of a gather
+    block_runs_host: list[int] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -82,7 +85,24 @@ class PagedAttentionMetadata:
             block_tables=torch.tensor(padded, dtype=torch.int32, device=device).view(len(padded), width),
             query_lens_host=list(query_lens),
             context_lens_host=list(context_lens),
+            block_runs_host=block_runs(block_tables, context_lens, block_size),
         )
+
+
+def block_runs(block_tables: list[list[int]], context_lens: list[int], block_size: int) -> list[int]:
+    """Per row, its first block when the blocks of its first ``context_len`` positions are
+    consecutive ids, else -1 (see :attr:`PagedAttentionMetadata.block_runs_host`)."""
+    runs = []
+    for table, ctx in zip(block_tables, context_lens, strict=True):
+        used = -(-ctx // block_size)
+        # the ends first: a table that is not one run usually fails there, in O(1)
+        consecutive = used > 0 and table[used - 1] - table[0] == used - 1 and _consecutive(table, used)
+        runs.append(table[0] if consecutive else -1)
+    return runs
+
+
+def _consecutive(table: list[int], count: int) -> bool:
+    return all(table[i + 1] - table[i] == 1 for i in range(count - 1))
 
 
 def host_layout(
@@ -311,8 +331,8 @@ def _attend_token_by_token(
                                                           ctx=ctx - (q_len - prompt))
         if prompt == q_len:
             continue
-        keys = _gather_kv(k_cache, meta.block_tables, row, ctx, "k")  # [ctx, kv, d]
-        values = _gather_kv(v_cache, meta.block_tables, row, ctx, "v")
+        keys = _gather_kv(k_cache, meta, row, ctx, "k")  # [ctx, kv, d]
+        values = _gather_kv(v_cache, meta, row, ctx, "v")
         for j in range(prompt, q_len):
             seen = ctx - q_len + 1 + j
             low = max(0, seen - sliding_window) if sliding_window is not None else 0
@@ -353,17 +373,22 @@ def _gather_buffer(slot: str, numel: int, like: torch.Tensor) -> torch.Tensor | 
 
 
 def _gather_kv(
-    cache: torch.Tensor, block_tables: torch.Tensor, rows: list[int] | slice | int, length: int, slot: str
+    cache: torch.Tensor, meta: PagedAttentionMetadata, rows: list[int] | slice | int, length: int, slot: str
 ) -> torch.Tensor:
     """The first ``length`` cached positions of ``rows``: [rows, length, kv, d] (or one row).
 
-    ``index_select`` of whole flattened blocks (several times faster on the CPU than advanced
-    indexing of the 4-d cache) into a per-thread buffer that lives until the next gather of
-    the same ``slot``: use the result before gathering again.
+    One row whose blocks are consecutive (:attr:`PagedAttentionMetadata.block_runs_host`) is a
+    view of the cache, no copy. Otherwise ``index_select`` of whole flattened blocks (several
+    times faster on the CPU than advanced indexing of the 4-d cache) into a per-thread buffer
+    that lives until the next gather of the same ``slot``: use the result before gathering again.
     """
     num_blocks, block_size, kv_heads, head_dim = cache.shape
     width = -(-length // block_size)
-    blocks = block_tables[rows, :width]
+    run = _block_run(meta, rows)
+    if run is not None:
+        view = cache[run : run + width].view(width * block_size, kv_heads, head_dim)[:length]
+        return view if isinstance(rows, int) else view.unsqueeze(0)
+    blocks = meta.block_tables[rows, :width]
     flat = cache.view(num_blocks, -1)
     ids = blocks.reshape(-1).long()
     buf = _gather_buffer(slot, ids.numel() * flat.shape[1], cache)
@@ -372,6 +397,24 @@ def _gather_kv(
     else:
         gathered = torch.index_select(flat, 0, ids, out=buf.view(ids.numel(), flat.shape[1]))
     return gathered.view(*blocks.shape[:-1], width * block_size, kv_heads, head_dim)[..., :length, :, :]
+
+
+def _block_run(meta: PagedAttentionMetadata, rows: list[int] | slice | int) -> int | None:
+    """The first block of the one row in ``rows`` when its blocks are consecutive, else None."""
+    runs = meta.block_runs_host
+    if runs is None:
+        return None
+    if isinstance(rows, int):
+        row = rows
+    elif isinstance(rows, slice):
+        if len(runs) != 1 or rows != slice(None):
+            return None
+        row = 0
+    elif len(rows) == 1:
+        row = rows[0]
+    else:
+        return None
+    return runs[row] if runs[row] >= 0 else None
 
 
 def _attend(
@@ -460,8 +503,8 @@ def _attend_decode_rows(
     """One query token per row, [D, h, d]: all rows in one call padded to the longest context."""
     ctx_host = meta.context_lens_host[rows] if isinstance(rows, slice) else [meta.context_lens_host[r] for r in rows]
     longest = max(ctx_host)
-    keys = _gather_kv(k_cache, meta.block_tables, rows, longest, "k")  # [D, L, kv, d]
-    values = _gather_kv(v_cache, meta.block_tables, rows, longest, "v")
+    keys = _gather_kv(k_cache, meta, rows, longest, "k")  # [D, L, kv, d]
+    values = _gather_kv(v_cache, meta, rows, longest, "v")
     visible = None  # every row sees all `longest` keys
     if sliding_window is not None or min(ctx_host) < longest:
         ctx = torch.tensor(ctx_host, device=q.device).view(-1, 1)
@@ -496,8 +539,8 @@ def _attend_short_rows(
     tokens = [starts[r] + j for r, q_len in zip(rows, q_lens) for j in range(q_len)]
     q = query.new_zeros((len(rows) * width, *heads_dims))
     q[padded] = query[tokens]
-    keys = _gather_kv(k_cache, meta.block_tables, rows, longest, "k")  # [B, L, kv, d]
-    values = _gather_kv(v_cache, meta.block_tables, rows, longest, "v")
+    keys = _gather_kv(k_cache, meta, rows, longest, "k")  # [B, L, kv, d]
+    values = _gather_kv(v_cache, meta, rows, longest, "v")
     first = torch.tensor([c - n for c, n in zip(contexts, q_lens)], device=query.device).view(-1, 1, 1)
     q_pos = first + torch.arange(width, device=query.device).view(1, -1, 1)  # [B, W, 1]
     k_pos = torch.arange(longest, device=query.device).view(1, 1, -1)
@@ -523,8 +566,8 @@ def _attend_one_row(
     """A multi-token row [q, h, d] over its context (plain causal when it is a whole prefill);
     ``ctx``: the context its last query sees, when the row goes on beyond these queries."""
     q_len, ctx = q.shape[0], ctx if ctx is not None else meta.context_lens_host[row]
-    keys = _gather_kv(k_cache, meta.block_tables, row, ctx, "k").unsqueeze(0)  # [1, ctx, kv, d]
-    values = _gather_kv(v_cache, meta.block_tables, row, ctx, "v").unsqueeze(0)
+    keys = _gather_kv(k_cache, meta, row, ctx, "k").unsqueeze(0)  # [1, ctx, kv, d]
+    values = _gather_kv(v_cache, meta, row, ctx, "v").unsqueeze(0)
     visible = None
     if sliding_window is not None or q_len != ctx:
         q_pos = torch.arange(ctx - q_len, ctx, device=q.device).view(-1, 1)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kernels.paged_attention import PagedAttentionMetadata, host_layout
+from kernels.paged_attention import PagedAttentionMetadata, block_runs, host_layout
 from server.engine.host_buffers import HostStaging
 from server.engine.lora import LoraGroups
 
@@ -96,6 +96,7 @@ class StepBatch:
             query_lens_host=query_lens,
             context_lens_host=context_lens,
             prompt_counts=tuple(prompt_counts) if prompt_counts is not None else None,
+            block_runs_host=block_runs(tables, context_lens, block_size) if device.type == "cpu" else None,
         )
         return StepBatch(
             tokens=tokens_t,

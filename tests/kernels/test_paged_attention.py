@@ -363,3 +363,32 @@ def test_torch_path_runs_outside_inference_mode_after_running_inside() -> None:
         inside = paged_attention_torch(step.query, step.k_cache, step.v_cache, step.meta, scale=0.125)
     outside = paged_attention_torch(step.query, step.k_cache, step.v_cache, step.meta, scale=0.125)
     torch.testing.assert_close(outside, inside)
+
+
+@pytest.mark.parametrize("q_len", [1, 5, 70])
+def test_a_row_in_consecutive_blocks_reads_a_view_with_the_same_result(q_len):
+    """One row whose blocks are consecutive ids attends over a view of the cache (no gather):
+    the same output as the gather and as the oracle."""
+    from kernels.paged_attention import block_runs
+
+    ctx, block_size, kv_heads, head_dim, heads = 70, 16, 2, 32, 4
+    table = [3, 4, 5, 6, 7]
+    gen = torch.Generator().manual_seed(1)
+    k_cache = torch.randn(10, block_size, kv_heads, head_dim, generator=gen)
+    v_cache = torch.randn(10, block_size, kv_heads, head_dim, generator=gen)
+    query = torch.randn(q_len, heads, head_dim, generator=gen)
+    meta = PagedAttentionMetadata.build([table], [q_len], [ctx], block_size, torch.device("cpu"))
+    assert meta.block_runs_host == [3]
+    viewed = paged_attention_torch(query, k_cache, v_cache, meta, scale=0.2)
+    meta.block_runs_host = None
+    gathered = paged_attention_torch(query, k_cache, v_cache, meta, scale=0.2)
+    torch.testing.assert_close(viewed, gathered, rtol=0, atol=0)
+    torch.testing.assert_close(viewed, paged_attention_reference(query, k_cache, v_cache, meta, scale=0.2),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_block_runs_name_consecutive_tables_only():
+    from kernels.paged_attention import block_runs
+
+    tables = [[3, 4, 5], [3, 5, 6], [9, 10, 2], [8], []]
+    assert block_runs(tables, [40, 40, 20, 5, 0], 16) == [3, -1, 9, 8, -1]
