@@ -322,7 +322,8 @@ def score_schema(schema: Any, tests: list[dict], walks: int = 0) -> dict:
     valid_rejected = invalid_accepted = disagreed = False
     detail = ""
     for n, test in enumerate(tests):
-        ids = list(eng.tok.encode(json.dumps(test["data"]), add_special_tokens=False)) + [eng.eos]
+        text = test["text"] if "text" in test else json.dumps(test["data"])  # "text": the exact spelling
+        ids = list(eng.tok.encode(text, add_special_tokens=False)) + [eng.eos]
         fill, accept, _ = eng.matcher(compiled)
         at, disagree = _walk(fill, accept, eng.bitmask, ids, times)
         ok = at < 0
@@ -473,10 +474,12 @@ def _version(engine: str) -> str:
     return f"{engine} {version(VERSIONS[engine].replace('_', '-'))}"
 
 
-def render(engines: list[str], rows: list, all_results: dict[str, list[dict]]) -> str:
+def render(engines: list[str], rows: list, all_results: dict[str, list[dict]],
+           title: str = "MaskBench") -> str:
+    """The results as Markdown tables: totals per engine, then per subset."""
     sampled = any("sampled" in r for res in all_results.values() for r in res)
     gen_col, gen_sep = (" generated invalid | stuck |", "---|---|") if sampled else ("", "")
-    lines = [f"MaskBench: {len(rows)} schemas, SmolLM2-135M-Instruct tokenizer", "",
+    lines = [f"{title}: {len(rows)} schemas, SmolLM2-135M-Instruct tokenizer", "",
              "| engine | passing | compile err | valid rejected | invalid accepted |" + gen_col
              + " mask/accept disagree | mask p50/p99 µs | compile p50 µs |",
              "|---|---|---|---|---|" + gen_sep + "---|---|---|"]

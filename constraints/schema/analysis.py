@@ -4,18 +4,20 @@
   size budget (ConstraintTooLargeError) and ``$ref`` resolution (``check_refs``).
 * ``rewrite_schema``: turns keywords the backends skip into enforceable equivalents
   (oneOf with disjoint branches -> anyOf, ``not`` of simple forms, if/then/else with a
-  negatable ``if``, dependencies -> anyOf, annotation-only keywords dropped). Anything that
-  cannot be rewritten stays, so a strict backend rejects it instead of half-enforcing it.
+  negatable ``if``, dependencies -> anyOf, annotation-only keywords dropped, ``format`` as an
+  exact pattern or refused, numeric keywords decided on exact decimals). Anything that cannot
+  be rewritten stays, so a strict backend rejects it instead of half-enforcing it.
 * ``xgrammar_gaps``: keywords of a (rewritten) schema that xgrammar would not enforce.
 * ``normalise_schema``: runs first: integer keywords written as floats (``maxLength: 2.0``)
   become integers, and every ``pattern`` / ``patternProperties`` regex goes through the regex
   front end (:mod:`constraints.regex.frontend`): ECMA-262 meaning made explicit, anchors,
   lookarounds and word boundaries resolved exactly (or refused), so no backend reads it
-  differently.
+  differently; every reference is resolved inside the document and written as a JSON pointer
+  (:mod:`.references`).
 
-The rewrites build on the modules beside this one: the keyword and format vocabulary
-(:mod:`.keywords`), negation (:mod:`.negation`), disjointness (:mod:`.disjoint`) and the exact
-rewrites of :mod:`.coverage`.
+The rewrites build on the modules beside this one: the keyword vocabulary (:mod:`.keywords`),
+the format patterns (:mod:`.formats`), exact numbers (:mod:`.numbers`), negation
+(:mod:`.negation`), disjointness (:mod:`.disjoint`) and the exact rewrites of :mod:`.coverage`.
 """
 
 from __future__ import annotations
@@ -28,8 +30,11 @@ from ..regex.complement import forget_complements
 from ..regex.frontend import anchors_at_edges, schema_pattern
 from .coverage import rewrite_coverage
 from .disjoint import objects_only_disjoint, pairwise_disjoint, strings_only_disjoint
-from .keywords import FORMAT_ALIASES, FORMAT_PATTERNS, REF_IGNORED_SIBLINGS, SPEC_FORMATS, XGRAMMAR_ENFORCED
+from .formats import REFUSED_FORMATS, format_keywords
+from .keywords import ANNOTATIONS, FORMAT_ALIASES, REF_IGNORED_SIBLINGS, SPEC_FORMATS, XGRAMMAR_ENFORCED
 from .negation import all_of, exactly_one, negate
+from .numbers import rewrite_numbers
+from .references import check_references, inline_boolean_refs, resolve_references
 from .tree import (SCHEMA_KEYS, SCHEMA_LIST_KEYS, SCHEMA_MAP_KEYS, at_pointer, conjoin, escape_part, names_draft,
                    pointer_parts, subschemas)
 
@@ -49,7 +54,7 @@ def normalise_schema(schema: dict) -> dict:
     """A copy of ``schema`` that every backend reads the same way: ``2.0`` in an integer keyword
     becomes ``2`` (backends silently skip a float bound), regexes get ECMA-262 classes, and in
     drafts 3 to 7 the keywords beside a ``$ref`` are dropped (those drafts ignore them; the
-    backends would apply them).
+    backends would apply them); references become JSON pointers from the root.
 
     A non-integral value (``maxLength: 2.5``) is an InvalidConstraintError naming the keyword and
     its JSON pointer. The input is not modified.
@@ -64,30 +69,7 @@ def normalise_schema(schema: dict) -> dict:
                     del node[key]
             _integer_keywords(node, pointer)
             _ecma_patterns(node, pointer, out)
-    _anchor_refs_to_pointers(out)
-    return out
-
-
-def _anchor_refs_to_pointers(schema: Any) -> None:
-    """``{"$ref": "#name"}`` naming a plain-name fragment (``$anchor``, or an ``$id``/``id``
-    of ``"#name"`` as drafts 3 to 7 write it) becomes the JSON pointer of that subschema: the
-    same subschema, in the one reference form every backend resolves. A name given to two
-    subschemas is left alone."""
-    where: dict[str, str | None] = {}
-    for pointer, node in subschemas(schema):
-        if not isinstance(node, dict):
-            continue
-        names = {node[k][1:] for k in ("$id", "id") if isinstance(node.get(k), str) and node[k].startswith("#")}
-        if isinstance(node.get("$anchor"), str):
-            names.add(node["$anchor"])
-        for name in names - {""}:
-            where[name] = None if name in where else pointer
-    if not where:
-        return
-    for _, node in subschemas(schema):
-        ref = node.get("$ref") if isinstance(node, dict) else None
-        if isinstance(ref, str) and ref.startswith("#") and "/" not in ref and where.get(ref[1:]) is not None:
-            node["$ref"] = "#" + where[ref[1:]]
+    return resolve_references(out)
 
 
 _LEGACY_DRAFTS = ("draft-03", "draft-04", "draft-06", "draft-07")
@@ -202,55 +184,10 @@ _DEDUPABLE = frozenset({"enum", "required", "type"})
 
 
 def check_refs(schema: Any) -> None:
-    """Every ``$ref`` must point into this schema: a JSON pointer (``#/$defs/a``), an
-    ``$anchor`` (``#name``) or a subschema's ``$id``. A dangling one is an
+    """Every ``$ref`` must point into this schema (see :mod:`.references`): a dangling one is an
     InvalidConstraintError, a remote one an UnsupportedConstraintError (never fetched, never
     compiled as "anything goes"); both name the reference and where it is."""
-    ids, anchors = _ids_and_anchors(schema)
-    for pointer, node in subschemas(schema):
-        ref = node.get("$ref") if isinstance(node, dict) else None
-        if ref is None:
-            continue
-        where = f"{pointer}/$ref" if pointer else "/$ref"
-        if not isinstance(ref, str):
-            raise InvalidConstraintError(f"$ref at {where} must be a string", pointer=where, keyword="$ref")
-        base, _, fragment = ref.partition("#")
-        if base and base not in ids:
-            raise UnsupportedConstraintError(
-                f"$ref {ref!r} at {where} is not a reference into this schema "
-                "(remote and relative references are not fetched)",
-                pointer=where,
-                keyword="$ref",
-            )
-        target = ids.get(base, schema) if base else schema
-        if not _fragment_resolves(target, fragment, anchors):
-            raise InvalidConstraintError(
-                f"$ref {ref!r} at {where} does not resolve to a subschema", pointer=where, keyword="$ref"
-            )
-
-
-def _ids_and_anchors(schema: Any) -> tuple[dict[str, Any], set[str]]:
-    ids: dict[str, Any] = {}
-    anchors: set[str] = set()
-    for _, node in subschemas(schema):
-        if not isinstance(node, dict):
-            continue
-        for key in ("$id", "id"):
-            if isinstance(node.get(key), str) and node[key]:
-                ids[node[key].partition("#")[0] or node[key]] = node
-        if isinstance(node.get("$anchor"), str):
-            anchors.add(node["$anchor"])
-        if isinstance(node.get("$id"), str) and node["$id"].startswith("#"):
-            anchors.add(node["$id"][1:])  # draft-06/07 plain-name fragments
-    return ids, anchors
-
-
-def _fragment_resolves(root: Any, fragment: str, anchors: set[str]) -> bool:
-    if not fragment:
-        return True
-    if not fragment.startswith("/"):
-        return fragment in anchors
-    return isinstance(at_pointer(root, fragment), (dict, bool))
+    check_references(schema)
 
 
 def _depth(node: Any, limit: int) -> int:
@@ -349,6 +286,7 @@ class _Rewriter:
             return {"anyOf": [False]}
         if isinstance(result, dict):
             self._unlisted_ref_targets(result)
+            inline_boolean_refs(result)  # a target the rewrite turned into true / false
         return result if isinstance(result, dict) else {}
 
     def _unlisted_ref_targets(self, result: dict) -> None:
@@ -381,7 +319,7 @@ class _Rewriter:
         if not isinstance(node, dict):
             return node
         self._children(node)
-        steps = (self._drop_annotations, self._not, self._one_of, self._dependencies, self._if_then_else, self._coverage)
+        steps = (self._drop_annotations, self._numbers, self._not, self._one_of, self._dependencies, self._if_then_else, self._coverage)
         for step in steps:
             node = step(node)
             if not isinstance(node, dict):
@@ -409,31 +347,60 @@ class _Rewriter:
 
     # each step: node -> node | bool
 
-    @staticmethod
-    def _drop_annotations(node: dict) -> Any:
+    def _drop_annotations(self, node: dict) -> Any:
         if node.get("uniqueItems") is False or (
             node.get("uniqueItems") is True and isinstance(node.get("maxItems"), int) and node["maxItems"] <= 1
         ):
             node.pop("uniqueItems")
-        fmt = node.get("format")
-        if isinstance(fmt, str) and fmt in FORMAT_ALIASES:
-            node["format"] = fmt = FORMAT_ALIASES[fmt]
-        if isinstance(fmt, str) and fmt in FORMAT_PATTERNS:
-            if "pattern" in node:
-                node = conjoin(node, {"pattern": FORMAT_PATTERNS[fmt]}, ("format",))
-            else:
-                node = {("pattern" if k == "format" else k): (FORMAT_PATTERNS[fmt] if k == "format" else v)
-                        for k, v in node.items()}
-        elif fmt is not None and fmt not in SPEC_FORMATS:
-            node.pop("format")
+        node = self._format(node)
         if node.get("propertyNames") in ({"type": "string"}, {}, True):
             node.pop("propertyNames")
+        cond = node.get("if")
+        if isinstance(cond, dict) and not set(cond) - ANNOTATIONS - {"$defs", "definitions"}:
+            node.pop("if")  # an if that asserts nothing always holds: its then applies
+            node.pop("else", None)
+            node = conjoin(node, node.pop("then", True))
+            if node is False:
+                return False
         for key in ("if", "then", "else"):
             if node.get(key) in ({}, True) and key != "if":
                 node.pop(key)
         if "if" in node and "then" not in node and "else" not in node:
             node.pop("if")
+        if "if" not in node:  # then and else without an if are ignored
+            node.pop("then", None)
+            node.pop("else", None)
         return node
+
+    def _format(self, node: dict) -> dict:
+        """``format`` as the exact keywords of :mod:`.formats` (in its place); a format some
+        draft defines with no exact form is refused by name, any other name dropped."""
+        fmt = node.get("format")
+        if not isinstance(fmt, str):
+            return node
+        fmt = FORMAT_ALIASES.get(fmt, fmt)
+        exact = format_keywords(fmt)
+        if exact is None:
+            if fmt in SPEC_FORMATS:
+                pointer = find_keyword(self.root, "format", node["format"]) or "/"
+                why = REFUSED_FORMATS.get(fmt, "no grammar defines it")
+                raise UnsupportedConstraintError(f"format {fmt!r} at {pointer} is not supported for enforcement:"
+                                                 f" {why}", pointer=pointer, keyword="format")
+            node.pop("format")
+            return node
+        if any(k in node for k in exact):
+            return conjoin(node, dict(exact), ("format",))
+        out: dict = {}
+        for key, value in node.items():
+            out.update(exact if key == "format" else {key: value})
+        return out
+
+    def _numbers(self, node: dict) -> Any:
+        return rewrite_numbers(node, lambda: self._pointer_of(node))
+
+    def _pointer_of(self, node: dict) -> str:
+        """Where ``node`` sits in the schema being rewritten (for a message; "" when unknown)."""
+        return next((p for p, n in subschemas(self.root) if n is node), "")
 
     def _coverage(self, node: dict) -> Any:
         return rewrite_coverage(node, self.root, negate)
@@ -553,7 +520,19 @@ def xgrammar_gaps(schema: Any) -> list[tuple[str, str]]:
         for key in ("exclusiveMinimum", "exclusiveMaximum"):
             if isinstance(node.get(key), bool):  # draft-04 form
                 gaps.append((pointer or "/", key))
+        gaps.extend((pointer or "/", key) for key in _untyped_keywords(node))
     return gaps
+
+
+_TYPED_KEYWORDS = frozenset({"pattern", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
+                             "exclusiveMaximum"})
+
+
+def _untyped_keywords(node: dict) -> list[str]:
+    """The string and number keywords of ``node`` that xgrammar skips: it applies them only
+    beside a ``type`` (``{"pattern": "^a$"}`` takes any value, ``{"enum": [1, 2], "minimum": 2}``
+    takes 1)."""
+    return [] if "type" in node else sorted(_TYPED_KEYWORDS.intersection(node))
 
 
 def open_property_count(schema: Any) -> str | None:

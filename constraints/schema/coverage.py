@@ -16,11 +16,14 @@ small; otherwise the node is left as it was (and strict mode refuses the keyword
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+from fractions import Fraction
 from typing import Any, Callable
 
 from ..regex.analysis import finite_strings
+from .numbers import exact, json_number, multiple_of_keyword
 from .tree import conjoin, names_draft, resolve, subschemas
 
 MAX_ENUMERATED = 128  # arrays a uniqueItems rewrite may list
@@ -53,11 +56,23 @@ def _finite_domain(node: dict, root: dict) -> Any:
     with jsonschema; whatever else the node says (``not``, ``multipleOf``, …) is then enforced
     exactly. Left alone when the node holds a ``$ref`` or a ``format``, or has too many values."""
     values = _listed_values(node, root)
-    if values is None or len(values) > MAX_ENUMERATED or not set(node) - _PLAIN_ENUM_KEYS:
+    if values is None or len(values) > MAX_ENUMERATED:
+        return node
+    if not set(node) - _PLAIN_ENUM_KEYS and _of_type(values, node.get("type")):
         return node
     if any(isinstance(sub, dict) and "format" in sub for _, sub in subschemas(node)):
         return node
     return _enum_of_valid(node, root, values)
+
+
+def _of_type(values: list[Any], types: Any) -> bool:
+    """Whether every value is of ``types`` (absent: any). llguidance does not intersect an
+    ``enum`` with the ``type`` beside it when the two meet through a ``$ref`` (MaskBench
+    Github_easy o20478 generated ``"scope": "openid"`` for ``{"enum": ["openid"], "type": "array"}``)."""
+    if types is None:
+        return True
+    valid = instance_validator({"type": types})
+    return valid is not None and all(valid(v) for v in values)
 
 
 def _enum_of_valid(node: dict, root: dict, candidates: Any) -> Any:
@@ -91,7 +106,8 @@ def _bounded_multiples(node: dict, root: dict) -> Any:
     when there are at most :data:`MAX_CANDIDATES` multiples in range, each is checked against
     the whole node with jsonschema, and the node becomes the ``enum`` of those that pass (at most
     :data:`MAX_ENUMERATED`), so what it says beside (``not``, other ``multipleOf``s, ``oneOf``
-    over numbers, …) is enforced exactly. Integral values are written as integers."""
+    over numbers, …) is enforced exactly. The multiples are computed on the exact decimals
+    (:mod:`.numbers`); integral values are written as integers."""
     types = node.get("type")
     types = [types] if isinstance(types, str) else types
     if not isinstance(types, list) or not types or not set(types) <= {"integer", "number"}:
@@ -99,7 +115,7 @@ def _bounded_multiples(node: dict, root: dict) -> Any:
     parts = [node, *(b for b in node.get("allOf", []) if isinstance(b, dict))]
     lo = _bound(parts, ("minimum", "exclusiveMinimum"), max)
     hi = _bound(parts, ("maximum", "exclusiveMaximum"), min)
-    steps = [p["multipleOf"] for p in parts if _is_number(p.get("multipleOf")) and p["multipleOf"] > 0]
+    steps = [s for p in parts if (s := exact(p.get("multipleOf"))) is not None and s > 0]
     if lo is None or hi is None or not steps or not set(node) - _NUMBER_KEYS - {"type"} - _NAME_KEYS \
             and len(steps) == 1 and "allOf" not in node:
         return node  # nothing beside the bounds and one step: the backends enforce it already
@@ -107,17 +123,15 @@ def _bounded_multiples(node: dict, root: dict) -> Any:
     first, last = math.ceil(lo / step), math.floor(hi / step)
     if last - first + 1 > MAX_CANDIDATES:
         return node
-    multiples = (k * step for k in range(first, last + 1))
-    return _enum_of_valid(node, root, (int(v) if float(v).is_integer() else v for v in multiples))
+    multiples = [json_number(k * step) for k in range(first, last + 1)]
+    if any(v is None for v in multiples):
+        return node  # a multiple no double spells exactly: left to the backends
+    return _enum_of_valid(node, root, multiples)
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _bound(parts: list[dict], keys: tuple[str, str], pick: Callable[..., float]) -> float | None:
+def _bound(parts: list[dict], keys: tuple[str, str], pick: Callable[..., Fraction]) -> Fraction | None:
     """The tightest (inclusive or exclusive: both only narrow the candidates) bound, or None."""
-    values = [p[k] for p in parts for k in keys if _is_number(p.get(k))]
+    values = [v for p in parts for k in keys if (v := exact(p.get(k))) is not None]
     return pick(values) if values else None
 
 
@@ -164,10 +178,18 @@ def instance_validator(schema: Any, root: dict | None = None) -> Callable[[Any],
         if schema is None:
             return None
     try:
-        validator = jsonschema.validators.validator_for(schema)(schema)
+        validator = _exact_validator(jsonschema.validators.validator_for(schema))(schema)
     except Exception:
         return None
     return validator.is_valid
+
+
+@functools.cache
+def _exact_validator(cls: type) -> type:
+    """``cls`` deciding ``multipleOf`` on exact decimals."""
+    import jsonschema
+
+    return jsonschema.validators.extend(cls, {"multipleOf": multiple_of_keyword})
 
 
 def with_root_definitions(schema: dict, root: dict | None) -> dict | None:

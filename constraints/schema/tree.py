@@ -21,32 +21,38 @@ def escape_part(part: str) -> str:
 def subschemas(node: Any, pointer: str = "") -> Iterator[tuple[str, Any]]:
     """(pointer, subschema) for ``node`` and every schema nested in it, depth first."""
     yield pointer, node
+    for child_pointer, child in children(node, pointer):
+        yield from subschemas(child, child_pointer)
+
+
+def children(node: Any, pointer: str = "") -> Iterator[tuple[str, Any]]:
+    """(pointer, subschema) for each schema directly inside ``node`` (one keyword down)."""
     if not isinstance(node, dict):
         return
     for key in SCHEMA_MAP_KEYS:
         value = node.get(key)
         if isinstance(value, dict):
             for name, sub in value.items():
-                yield from subschemas(sub, f"{pointer}/{key}/{escape_part(name)}")
+                yield f"{pointer}/{key}/{escape_part(name)}", sub
     for key in SCHEMA_LIST_KEYS:
         value = node.get(key)
         if isinstance(value, list):
             for i, sub in enumerate(value):
-                yield from subschemas(sub, f"{pointer}/{key}/{i}")
+                yield f"{pointer}/{key}/{i}", sub
     for key in SCHEMA_KEYS:
         if isinstance(node.get(key), (dict, bool)):
-            yield from subschemas(node[key], f"{pointer}/{key}")
+            yield f"{pointer}/{key}", node[key]
     items = node.get("items")
     if isinstance(items, list):
         for i, sub in enumerate(items):
-            yield from subschemas(sub, f"{pointer}/items/{i}")
+            yield f"{pointer}/items/{i}", sub
     elif isinstance(items, (dict, bool)):
-        yield from subschemas(items, f"{pointer}/items")
+        yield f"{pointer}/items", items
     deps = node.get("dependencies")
     if isinstance(deps, dict):
         for name, sub in deps.items():
             if isinstance(sub, (dict, bool)):
-                yield from subschemas(sub, f"{pointer}/dependencies/{escape_part(name)}")
+                yield f"{pointer}/dependencies/{escape_part(name)}", sub
 
 
 def pointer_parts(pointer: str) -> list[str]:
@@ -55,8 +61,9 @@ def pointer_parts(pointer: str) -> list[str]:
 
 
 def at_pointer(document: Any, pointer: str) -> Any:
-    """The value at JSON pointer ``pointer`` (``/a/b``, URI-escaped or not), or None."""
-    for part in pointer_parts(pointer):
+    """The value at JSON pointer ``pointer`` (``/a/b``, URI-escaped or not; ``""``: the whole
+    document), or None."""
+    for part in pointer_parts(pointer) if pointer else []:
         if isinstance(document, dict) and part in document:
             document = document[part]
         elif isinstance(document, list) and part.isdigit() and int(part) < len(document):
