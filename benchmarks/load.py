@@ -7,10 +7,12 @@
 Each client sends streamed chat requests back to back until ``--duration`` is over, then finishes
 the one in flight. Per request it decides (seeded) whether to ask for a small JSON object through
 ``response_format: json_schema`` and whether to hang up after a few chunks. A 429 is honoured:
-the client waits for ``Retry-After`` (capped by ``--retry-cap``) before its next request.
+the client waits for ``Retry-After`` (capped by ``--retry-cap``) before its next request, and
+the report says how often a request sent after the whole ``Retry-After`` was admitted.
 
 Reported as a markdown table: requests completed / errors / 429s / disconnected, time to first
-token p50 and p99, whether every structured output that finished validates against its schema,
+token p50 and p99 of admitted requests (against 1.5 x ``--max-queue-wait``), 429s whose
+``Retry-After`` honoured got in, whether every structured output that finished validates against its schema,
 whether running sequences are back to 0 afterwards, and the server's resident memory before and
 after the measured run, "before" read after ``--warmup`` seconds of the same load (pages the KV cache
 and allocators touch once are not a leak; ``/metrics`` ``process_resident_memory_bytes``, or ``/proc/<pid>/status`` with ``--pid``)
@@ -65,6 +67,8 @@ class Tally:
     completed: int = 0
     disconnected: int = 0
     rate_limited: int = 0
+    returned: int = 0  # requests sent after waiting a whole Retry-After
+    returned_admitted: int = 0  # of those, not refused again
     errors: Counter = field(default_factory=Counter)
     ttft: list[float] = field(default_factory=list)
     output_tokens: int = 0
@@ -144,8 +148,10 @@ def _validator():
     return jsonschema.Draft202012Validator(SCHEMA)
 
 
-async def one_request(client, args, model, rng, tally: Tally, validator, stop_at: float) -> float:
-    """Run one streamed request; returns how long to wait before the next one (Retry-After)."""
+async def one_request(client, args, model, rng, tally: Tally, validator, stop_at: float,
+                      returning: bool = False) -> tuple[float, bool]:
+    """Run one streamed request (``returning``: after a whole Retry-After); returns how long to
+    wait before the next one and whether that is the whole Retry-After (0, False: no 429)."""
     structured = rng.random() < args.structured_fraction
     disconnect_after = rng.randint(1, 5) if rng.random() < args.disconnect_fraction else None
     body = {
@@ -170,18 +176,14 @@ async def one_request(client, args, model, rng, tally: Tally, validator, stop_at
     chunks = 0
     try:
         async with client.stream("POST", "/v1/chat/completions", json=body, timeout=args.request_timeout) as response:
+            tally.returned += returning
+            tally.returned_admitted += returning and response.status_code != 429
             if response.status_code == 429:
-                tally.rate_limited += 1
-                await response.aread()
-                try:
-                    wait = float(response.headers.get("retry-after", "1"))
-                except ValueError:
-                    wait = 1.0
-                return max(0.0, min(wait, args.retry_cap, stop_at - time.monotonic()))
+                return await _refused(response, args, tally, stop_at)
             if response.status_code != 200:
                 await response.aread()
                 tally.errors[f"HTTP {response.status_code}"] += 1
-                return 0.0
+                return 0.0, False
             async for line in response.aiter_lines():
                 if not line.startswith("data:"):
                     continue
@@ -191,7 +193,7 @@ async def one_request(client, args, model, rng, tally: Tally, validator, stop_at
                 chunk = json.loads(payload)
                 if "error" in chunk:
                     tally.errors[f"stream error {chunk['error'].get('code')}"] += 1
-                    return 0.0
+                    return 0.0, False
                 if chunk.get("usage"):
                     tally.output_tokens += chunk["usage"].get("completion_tokens", 0)
                 for choice in chunk.get("choices") or []:
@@ -206,19 +208,19 @@ async def one_request(client, args, model, rng, tally: Tally, validator, stop_at
                         finish = choice["finish_reason"]
                 if disconnect_after is not None and chunks >= disconnect_after:
                     tally.disconnected += 1
-                    return 0.0  # leaving the block closes the connection mid-stream
+                    return 0.0, False  # leaving the block closes the connection mid-stream
     except httpx.TimeoutException:
         tally.errors["timeout"] += 1
-        return 0.0
+        return 0.0, False
     except httpx.HTTPError as exc:
         tally.errors[type(exc).__name__] += 1
-        return 0.0
+        return 0.0, False
     except json.JSONDecodeError:
         tally.errors["bad SSE payload"] += 1
-        return 0.0
+        return 0.0, False
     if finish is None:
         tally.errors["stream ended without finish_reason"] += 1
-        return 0.0
+        return 0.0, False
     tally.completed += 1
     if structured:
         if finish == "stop":
@@ -235,14 +237,31 @@ async def one_request(client, args, model, rng, tally: Tally, validator, stop_at
                 tally.invalid_examples.append(output[:200])
         else:
             tally.structured_cut += 1
-    return 0.0
+    return 0.0, False
+
+
+async def _refused(response, args, tally: Tally, stop_at: float) -> tuple[float, bool]:
+    """A 429: how long to wait before the next request, and whether that is its whole Retry-After."""
+    tally.rate_limited += 1
+    await response.aread()
+    header = response.headers.get("retry-after")
+    if header is None:
+        tally.errors["429 without Retry-After"] += 1
+    try:
+        wanted = float(header or "1")
+    except ValueError:
+        tally.errors["429 with a bad Retry-After"] += 1
+        wanted = 1.0
+    wait = max(0.0, min(wanted, args.retry_cap, stop_at - time.monotonic()))
+    return wait, wait >= wanted
 
 
 async def client_loop(index: int, client, args, model, tally: Tally, validator, stop_at: float) -> None:
     rng = random.Random(args.seed * 100_003 + index)
     await asyncio.sleep(rng.random() * min(2.0, args.duration / 10))  # spread the start
+    returning = False
     while time.monotonic() < stop_at:
-        wait = await one_request(client, args, model, rng, tally, validator, stop_at)
+        wait, returning = await one_request(client, args, model, rng, tally, validator, stop_at, returning)
         if wait > 0:
             await asyncio.sleep(wait)
 
@@ -264,6 +283,17 @@ def _ms(value: float | None) -> str:
 
 def _mib(value: float | None) -> str:
     return "n/a" if value is None else f"{value / 2**20:.1f}"
+
+
+def _within_wait(p99: float | None, limit: float) -> str:
+    if p99 is None or limit <= 0:
+        return "n/a"
+    bound = 1.5 * limit
+    return f"{'yes' if p99 <= bound else 'NO'} ({p99:.1f} s vs {bound:g} s)"
+
+
+def _share(part: int, whole: int) -> str:
+    return f"{part}/{whole} ({part / whole * 100:.0f}%)" if whole else "n/a (none returned)"
 
 
 async def _run_clients(client, args, model, tally: Tally, validator, duration: float) -> None:
@@ -327,6 +357,8 @@ async def main_async(args) -> int:
         ("output tokens/s", f"{tally.output_tokens / elapsed:.1f}" if elapsed > 0 else "n/a"),
         ("TTFT p50 (ms)", _ms(percentile(tally.ttft, 50))),
         ("TTFT p99 (ms)", _ms(percentile(tally.ttft, 99))),
+        ("TTFT p99 within 1.5 x max-queue-wait", _within_wait(percentile(tally.ttft, 99), args.max_queue_wait)),
+        ("429s honoured, then admitted", _share(tally.returned_admitted, tally.returned)),
     ]
     structured_ok = tally.structured_valid == tally.structured_finished
     structured_line = (f"{'yes' if structured_ok else 'NO'} ({tally.structured_valid}/{tally.structured_finished} "
@@ -375,7 +407,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="share of requests that ask for a JSON object via response_format json_schema")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--request-timeout", type=float, default=120.0, help="seconds one request may take")
-    parser.add_argument("--retry-cap", type=float, default=5.0, help="most seconds to honour a Retry-After")
+    parser.add_argument("--retry-cap", type=float, default=600.0,
+                        help="most seconds to honour a Retry-After (the server gives at most 300)")
+    parser.add_argument("--max-queue-wait", type=float, default=20.0,
+                        help="the server's --max-queue-wait, to judge TTFT p99 against (0 = not judged)")
     parser.add_argument("--settle", type=float, default=30.0,
                         help="seconds to wait afterwards for running sequences to drain")
     parser.add_argument("--warmup", type=float, default=20.0,

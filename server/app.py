@@ -2,7 +2,8 @@
 
 Every generation request goes through the same guard rails: 503 while loading, draining or with a
 dead engine; 415 for a body that is not JSON; bounded preparation (render, compile) that is dropped
-at once when the client goes away; 429 with ``Retry-After`` when the waiting queue is full; and a
+at once when the client goes away; 429 with ``Retry-After`` when the waiting queue is full or the
+expected wait for a first token is over ``--max-queue-wait`` (checked before rendering); and a
 deadline (``--request-timeout``) from arrival to the last token.
 """
 
@@ -31,7 +32,9 @@ from server.completions import prepare_completion, run_completion, stream_comple
 from server.config import Settings
 from server.context import begin_request, request_log
 from server.dialect import DROPPED_HEADER, PROVIDER, dropped_header_value, use_router_dialect
+from server.engine.admission import QueueWaitExceeded
 from server.engine.errors import EngineOverloaded
+from server.engine_options import SERVICE_TIERS
 from server.errors import EXCEPTION_HANDLERS, APIError
 from server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from server.openapi_doc import document_bodies
@@ -156,10 +159,26 @@ def _open_stream(server: ServerState, job, stream: Callable[..., AsyncIterator[b
 
 
 def _overloaded(server: ServerState, exc: EngineOverloaded) -> APIError:
-    server.metrics.rejected.labels(reason="queue_full").inc()
+    waited_too_long = isinstance(exc, QueueWaitExceeded)
+    server.metrics.rejected.labels(reason="queue_wait" if waited_too_long else "queue_full").inc()
     retry = max(1, int(round(exc.retry_after)))
     return APIError(f"the server is busy ({exc}); retry after {retry} s", status=429,
-                    code="server_overloaded", headers={"Retry-After": str(retry)})
+                    code="queue_wait_exceeded" if waited_too_long else "server_overloaded",
+                    headers={"Retry-After": str(retry)})
+
+
+class _Tier(msgspec.Struct):
+    service_tier: str | None = None
+
+
+def _service_tier(body: bytes) -> str | None:
+    """The body's ``service_tier`` read on its own, before the request is parsed; None where it
+    is missing or invalid (the full parse then answers the 400)."""
+    try:
+        tier = msgspec.json.decode(body, type=_Tier).service_tier
+    except (msgspec.DecodeError, RecursionError):  # a body nested too deep is the full parse's 400
+        return None
+    return tier if tier in SERVICE_TIERS else None
 
 
 async def _bounded_events(server: ServerState, events: AsyncIterator[bytes], deadline: float | None):
@@ -198,6 +217,19 @@ async def _generate(
     except EngineOverloaded as exc:
         raise _overloaded(server, exc) from None
     body = await request.body()
+    try:
+        ticket = server.enter_queue(_service_tier(body))  # a long expected wait refuses before rendering too
+    except EngineOverloaded as exc:
+        raise _overloaded(server, exc) from None
+    try:
+        return await _admitted(request, server, body, deadline, prepare, run, stream, persist)
+    finally:
+        ticket.release()
+
+
+async def _admitted(request: Request, server: ServerState, body: bytes, deadline: float | None, prepare, run,
+                    stream, persist) -> Response | Stream:
+    """Prepare and run (or open the stream of) a request that admission let in."""
     try:
         job = await _guarded(request, server, prepare(server, body), deadline)
         _note_request(server, job.req, body)

@@ -41,9 +41,14 @@ class Settings:
     compile_memory_mb: int = 4096
     compile_workers: int = 2
     constraint_cache_dir: str = ""
+    constraint_cache_mb: int = 128
+    constraint_disk_cache_mb: int = 1024
+    memory_trim_idle: float = 10.0
+    text_cache_mb: int = 32
     tool_call_format: str = ""
     max_waiting_seqs: int = 256
     max_waiting_tokens: int = 262144
+    max_queue_wait: float = 20.0
     request_timeout: float = 600.0
     drain_timeout: float = 30.0
     max_body_bytes: int = 8 * 1024 * 1024
@@ -106,10 +111,15 @@ _HELP = {
     "compile_timeout": "seconds a constraint (schema, regex, grammar) may take to compile",
     "compile_memory_mb": "memory a constraint compile may add to its worker process, in MiB (0 = no cap)",
     "constraint_cache_dir": "compiled constraints on disk, shared by processes and restarts ('' = 'constraints' in the cache directory, 'off' = none)",
+    "constraint_cache_mb": "compiled constraints kept in memory, in MiB (least recently used evicted first; failures kept 30 s)",
+    "constraint_disk_cache_mb": "compiled constraints kept on disk (--constraint-cache-dir), in MiB (least recently used evicted first)",
+    "memory_trim_idle": "seconds the engine must be idle before the heap memory freed since the last time is given back to the OS (glibc malloc_trim; 0 = never)",
+    "text_cache_mb": "grammars and template facts derived from request text (tool schemas, client chat templates) kept in memory, in MiB (least recently used evicted first)",
     "tool_call_format": "how the model writes tool calls: '' = detected from its chat template (unknown: qwen3-hermes), or one of qwen3-hermes, qwen3-xml, llama, mistral, deepseek, kimi, glm, gpt-oss, gemma4",
     "compile_workers": "constraint-compile worker processes (each ~0.5 GB resident)",
     "max_waiting_seqs": "most sequences waiting for a batch slot; more -> 429 with Retry-After",
     "max_waiting_tokens": "most prompt tokens waiting for a batch slot; more -> 429 with Retry-After",
+    "max_queue_wait": "most seconds a request may expect to wait for its first token (service_tier priority: twice, flex: half); more -> 429 with Retry-After, before rendering (0 = no limit)",
     "request_timeout": "seconds a request may take from arrival to its last token (0 = no limit)",
     "drain_timeout": "seconds running requests may finish after SIGTERM before the server exits",
     "max_body_bytes": "largest request body in bytes (larger -> 413)",

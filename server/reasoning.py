@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Literal
 
 from server.context import request_log
 from server.engine.sequence import ReasoningPhase
 from server.errors import bad_request
+from server.memory import DERIVED_TEXT
 from server.render import template_source
 
 IGNORED_HEADER = "x-trellis-ignored"
@@ -74,7 +74,7 @@ def detect_reasoning(tokenizer: Any, chat_template: str | None = None) -> Reason
     return _detect(source, has_channel)
 
 
-@lru_cache(maxsize=64)
+@DERIVED_TEXT.cached
 def _detect(source: str, has_channel_token: bool) -> ReasoningFormat | None:
     switches = {
         "reads_enable_thinking": bool(re.search(r"\benable_thinking\b", source)),

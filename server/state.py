@@ -4,23 +4,29 @@ from __future__ import annotations
 
 import logging
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import torch
 
 from server.config import Settings
 from server.context import request_log
+from server.engine.admission import Ticket, WaitAdmission
 from server.engine.engine import Engine
 from server.engine.kv_cache import KVShape, plan_num_blocks
 from server.engine.model import ModelRunner, load_hf_model, resolve_dtype, runs_hand_written
 from server.engine.sequence import GenerationRequest
 from server.generation import GenerationStream, GenerationTiming, TokenTexts, start_generation
+from server.memory import DERIVED_TEXT, IdleTrimmer, libc_malloc_trim
 from server.metrics import Metrics
 from server.render import PromptRenderer
 from server.model_loader import (ModelLoadError, ModelSource, check_quantization, load_lora_adapters,
                                  load_tokenizer, model_source)
 
 log = logging.getLogger("trellis")
+
+# the request's place let in by the expected-wait limit, given up when its sequences are submitted
+_TICKET: ContextVar[Ticket | None] = ContextVar("trellis_queue_ticket", default=None)
 
 
 def _rounded(value: float | None) -> float | None:
@@ -44,6 +50,8 @@ class ServerState:
     draining: bool = False
     store: object | None = None  # server.store.Store, opened by the app's lifespan
     lora: object | None = None  # server.engine.lora.LoraBank of the --lora-modules adapters
+    trimmer: IdleTrimmer | None = None  # --memory-trim-idle
+    queue_wait: WaitAdmission = field(init=False)  # --max-queue-wait
 
     @property
     def provider_aliases(self) -> frozenset[str]:
@@ -61,10 +69,23 @@ class ServerState:
         return "fp_" + hashlib.sha256(seed.encode()).hexdigest()[:10]
 
     def __post_init__(self) -> None:
+        engine = self.engine
+        self.queue_wait = WaitAdmission(engine.admission, self.settings.max_queue_wait, engine.max_batch_size,
+                                        lambda: engine.num_running)
         self.metrics.watch_many(self._engine_gauges)
+
+    def enter_queue(self, tier: str | None) -> Ticket:
+        """Let a request in by its expected wait (QueueWaitExceeded when over the limit); the
+        ticket holds its place until :meth:`start_generation` submits it or it is released."""
+        ticket = self.queue_wait.enter(tier)
+        _TICKET.set(ticket)
+        return ticket
 
     def start_generation(self, request_id: str, requests: list[GenerationRequest]) -> GenerationStream:
         """Submit a request's sequences (EngineOverloaded when the waiting queue is full)."""
+        ticket = _TICKET.get()
+        if ticket is not None:  # from here on the engine's own counters hold its place
+            ticket.release()
         return start_generation(self.engine, request_id, requests, self._observe)
 
     def _observe(self, timing: GenerationTiming) -> None:
@@ -82,6 +103,14 @@ class ServerState:
             "trellis_running_sequences": ("sequences in the running batch", engine.num_running),
             "trellis_waiting_sequences": ("sequences waiting for a batch slot", engine.num_waiting),
             "trellis_waiting_prompt_tokens": ("prompt tokens waiting for a batch slot", engine.waiting_tokens),
+            "trellis_expected_queue_wait_seconds": ("expected wait before a new request's first token",
+                                                    self.queue_wait.expected_wait()),
+            "trellis_prefill_tokens_per_second": ("measured prompt tokens/s (queue-wait estimate)",
+                                                  engine.admission.rates.prefill_rate),
+            "trellis_decode_tokens_per_second": ("measured tokens/s of the decoding batch (queue-wait estimate)",
+                                                 engine.admission.rates.decode_rate),
+            "trellis_mean_output_tokens": ("mean tokens a sequence generates before it leaves the batch",
+                                           engine.admission.rates.output_tokens),
             "trellis_kv_cache_usage": ("fraction of the KV cache holding live tokens", engine.kv_usage),
             "trellis_engine_alive": ("1 while the engine thread is stepping", float(engine.alive)),
             "trellis_engine_steps": ("engine steps run", stats.steps),
@@ -114,6 +143,8 @@ class ServerState:
         return gauges
 
     def close(self) -> None:
+        if self.trimmer is not None:
+            self.trimmer.close()
         self.engine.shutdown()
         if self.renderer is not None:
             self.renderer.close()
@@ -247,6 +278,7 @@ def build_state(settings: Settings, source: ModelSource | None = None) -> Server
         timeout_s=settings.template_timeout,
         allow_client_templates=settings.allow_client_chat_template,
     )
+    DERIVED_TEXT.max_bytes = settings.text_cache_mb << 20  # tool grammars, chat-template facts
     state = ServerState(
         settings=settings,
         model_name=settings.served_model_name or source.name,
@@ -259,11 +291,20 @@ def build_state(settings: Settings, source: ModelSource | None = None) -> Server
         vocab_size=runner.vocab_size,
         lora=lora,
         device_dfa=settings.device_dfa == "on" or (settings.device_dfa == "auto" and device.type == "cuda"),
+        trimmer=_start_trimmer(engine, settings),
     )
     from server.tools.select import log_format
 
     log_format(state)  # which tool-call format the model's output is read in
     return state
+
+
+def _start_trimmer(engine: Engine, settings: Settings) -> IdleTrimmer:
+    """Freed heap memory returned to the OS once the engine has idled ``--memory-trim-idle`` s."""
+    trimmer = IdleTrimmer(lambda: bool(engine.num_running or engine.num_waiting), settings.memory_trim_idle,
+                          trim=libc_malloc_trim())
+    trimmer.start()
+    return trimmer
 
 
 def sequence_constraint(state: ServerState, compiled) -> tuple[object | None, object | None]:
@@ -294,5 +335,7 @@ def _build_compiler(tokenizer, vocab_size: int, eos: frozenset[int], settings: S
         compile_timeout_s=settings.compile_timeout,
         compile_memory_mb=settings.compile_memory_mb,
         max_workers=settings.compile_workers,
+        max_cache_bytes=settings.constraint_cache_mb << 20,
         disk_cache_dir=_constraint_cache_dir(settings),
+        disk_cache_bytes=settings.constraint_disk_cache_mb << 20,
     )

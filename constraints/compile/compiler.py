@@ -9,6 +9,7 @@ the payloads they return.
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import os
 import threading
@@ -49,11 +50,13 @@ def tokenizer_fingerprint(tokenizer: Any, vocab_size: int, stop_ids: Sequence[in
 
 
 class _Cache:
-    """LRU bounded in bytes; values are compiled constraints or (error, expiry)."""
+    """LRU bounded in bytes; values are compiled constraints or (briefly) errors. Entries put
+    with a ``ttl`` (failures) are dropped once expired, on the next get or put."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._items: OrderedDict[str, tuple[Any, int, float]] = OrderedDict()
+        self._items: OrderedDict[str, tuple[Any, int]] = OrderedDict()  # key -> (value, bytes)
+        self._expiring: OrderedDict[str, float] = OrderedDict()  # key -> expiry, oldest first
         self.bytes = 0
         self.hits = 0
         self.misses = 0
@@ -61,10 +64,8 @@ class _Cache:
 
     def get(self, key: str) -> Any:
         with self._lock:
+            self._purge(time.monotonic())
             item = self._items.get(key)
-            if item is not None and item[2] and item[2] < time.monotonic():
-                self._drop(key)
-                item = None
             if item is None:
                 return None  # misses are counted by the caller: joining an in-flight compile is none
             self._items.move_to_end(key)
@@ -74,22 +75,42 @@ class _Cache:
     def put(self, key: str, value: Any, size: int, ttl: float = 0.0) -> None:
         size += len(key)
         with self._lock:
+            now = time.monotonic()
+            self._purge(now)
             if key in self._items:
                 self._drop(key)
             if size > self.max_bytes:
                 return
-            self._items[key] = (value, size, time.monotonic() + ttl if ttl else 0.0)
+            self._items[key] = (value, size)
+            if ttl:
+                self._expiring[key] = now + ttl
             self.bytes += size
             while self.bytes > self.max_bytes:
                 self._drop(next(iter(self._items)))
 
+    def _purge(self, now: float) -> None:
+        # one TTL for every failure: expiries come in insertion order, the oldest first
+        while self._expiring:
+            key, expiry = next(iter(self._expiring.items()))
+            if expiry > now:
+                return
+            self._drop(key)
+
     def _drop(self, key: str) -> None:
-        _, size, _ = self._items.pop(key)
+        _, size = self._items.pop(key)
+        self._expiring.pop(key, None)
         self.bytes -= size
 
     def stats(self) -> dict[str, int]:
         with self._lock:
             return {"hits": self.hits, "misses": self.misses, "entries": len(self._items), "bytes": self.bytes}
+
+
+def _bare(exc: ConstraintError) -> ConstraintError:
+    """A copy of ``exc`` without traceback, cause or context. A cached failure is raised once per
+    hit, and raising the same object again prepends the frames it passes through to its
+    traceback (each holding that request's spec): only copies are ever raised."""
+    return copy.copy(exc)
 
 
 class ConstraintCompiler:
@@ -208,7 +229,7 @@ class ConstraintCompiler:
             if hit is not None:
                 done: Future = Future()
                 if isinstance(hit, ConstraintError):
-                    done.set_exception(hit)
+                    done.set_exception(_bare(hit))
                 else:
                     done.set_result(hit)
                 return done
@@ -228,7 +249,7 @@ class ConstraintCompiler:
             if compiled is None:
                 compiled = self._compile_to_disk(spec)
         except ConstraintError as exc:
-            self._finish(key, exc, _FAILURE_BYTES, FAILURE_TTL_S)
+            self._finish(key, _bare(exc), _FAILURE_BYTES, FAILURE_TTL_S)
             raise
         except Exception as exc:
             if self._closed:
@@ -236,7 +257,7 @@ class ConstraintCompiler:
                 raise
             # a backend bug must become a clean 400, not a crash
             err = UnsupportedConstraintError(f"constraint compilation failed: {type(exc).__name__}: {backend_message(str(exc))}")
-            self._finish(key, err, _FAILURE_BYTES, FAILURE_TTL_S)
+            self._finish(key, _bare(err), _FAILURE_BYTES, FAILURE_TTL_S)
             raise err from exc
         self._finish(key, compiled, compiled.size_bytes(), 0.0)
         return compiled

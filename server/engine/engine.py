@@ -281,6 +281,11 @@ class Engine:
         return self._admission.waiting_tokens
 
     @property
+    def admission(self) -> AdmissionControl:
+        """The waiting queue's counters and the rates it measures (:mod:`server.engine.queue_wait`)."""
+        return self._admission
+
+    @property
     def kv_usage(self) -> float:
         """Fraction of the KV cache's blocks held by running sequences."""
         return self.blocks.usage
@@ -340,6 +345,7 @@ class Engine:
     def step(self) -> None:
         """One step: schedule → launch the forward → read the previous step's tokens (in the
         overlapped loop, while the device computes) → fill the masks → sample → report, retire."""
+        started = time.perf_counter()
         self._drain_inbox()
         self._admit()
         if self._inflight is not None and self._needs_tokens_first():
@@ -350,6 +356,7 @@ class Engine:
         else:
             self._process_inflight()
         self._report_and_retire()
+        self._admission.stepped(time.perf_counter() - started, self.stats)  # the expected-wait rates
 
     def _schedule(self) -> StepPlan:
         decode_rows, extend_plan = self.bound.plan_drafts(self.drafts.plan, *self.scheduler.schedule())
@@ -767,6 +774,7 @@ class Engine:
     def _release(self, seq: Sequence) -> None:
         """Free ``seq``'s blocks (its full ones stay in the prefix cache) and sampler row."""
         self.scheduler.release(seq)
+        self._admission.finished(len(seq.output_ids))
         seq.row.release()
 
 

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import json
 import re
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from server.errors import bad_request
+from server.memory import DERIVED_TEXT
 from server.tools.plan import ToolPlan, ToolSpec
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ def _arguments_grammar(tool: ToolSpec, param: str) -> str:
         raise bad_request(f"Invalid schema for function '{tool.name}': cannot enforce it: {reason}", param) from None
 
 
-@lru_cache(maxsize=512)
+@DERIVED_TEXT.cached
 def _dumps_json_ebnf(schema: str) -> str:
     """EBNF for the JSON text of instances of ``schema`` in ``json.dumps`` layout."""
     import xgrammar as xgr  # lazy: keeps this module importable on its own

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import json
 import re
-from functools import lru_cache
 from typing import Any
+
+from server.memory import DERIVED_TEXT
 
 QUOTE = '<|"|>'
 _NUMERIC_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
@@ -65,7 +66,7 @@ def arguments_grammar(schema: dict[str, Any]) -> str:
     return _cached(json.dumps(schema))  # key order kept: it is the properties order
 
 
-@lru_cache(maxsize=256)
+@DERIVED_TEXT.cached
 def _cached(schema_text: str) -> str:
     builder = _Builder(json.loads(schema_text))
     root = builder.value(builder.root, "")
@@ -312,7 +313,7 @@ def _rename(body: str, prefix: str) -> str:
     return "".join(prefix + t if t[0].isalpha() or t[0] == "_" else t for t in _TOKEN.findall(body))
 
 
-@lru_cache(maxsize=256)
+@DERIVED_TEXT.cached
 def _json_schema_ebnf(schema: str) -> str:
     import xgrammar as xgr
 

@@ -11,6 +11,7 @@ import torch
 
 from constraints import ConstraintCompiler, ConstraintSpec
 from sampler import SamplingParams
+from server.engine.admission import WaitAdmission
 from server.engine.cuda_graphs import GraphedRunner, is_plain_decode
 from server.engine.engine import Engine
 from server.engine.model import ModelRunner, load_hf_model
@@ -194,7 +195,7 @@ def test_engine_over_the_pieces_generates_the_eager_tokens_with_jump_forward(tin
     assert eager.stats.forced_tokens > 0 and engine.stats.forced_tokens == eager.stats.forced_tokens
     assert sum(mixed) > 1  # the prefill and the jump-forward steps
     assert graphed.path_counts == {"full_graph": len(mixed) - sum(mixed), "piecewise": sum(mixed), "eager": 0}
-    gauges = ServerState._engine_gauges(SimpleNamespace(engine=engine, compiler=None))  # what /metrics shows
+    gauges = ServerState._engine_gauges(SimpleNamespace(engine=engine, compiler=None, queue_wait=_no_wait_limit(engine)))  # what /metrics shows
     assert gauges["trellis_forward_steps_piecewise"][1] == sum(mixed)
     assert gauges["trellis_forward_steps_eager"][1] == 0
 
@@ -216,3 +217,8 @@ def test_captured_pieces_give_the_eager_logits_on_cuda(tiny_hf):
         torch.testing.assert_close(graphed.kv.k, eager.kv.k, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(graphed.kv.v, eager.kv.v, atol=1e-4, rtol=1e-4)
     assert graphed.path_counts == {"full_graph": 0, "piecewise": 5, "eager": 0}
+
+
+def _no_wait_limit(engine: Engine) -> WaitAdmission:
+    """The server's queue-wait admission over ``engine``, without a limit (its gauge reads it)."""
+    return WaitAdmission(engine.admission, 0, engine.max_batch_size, lambda: engine.num_running)

@@ -12,6 +12,7 @@ import torch
 from constraints import ConstraintCompiler, ConstraintSpec
 from sampler import Sampler, SamplingParams
 from sampler.graphable import VARIANTS
+from server.engine.admission import WaitAdmission
 from server.engine.cuda_graphs import GraphedRunner, decode_buckets
 from server.engine.engine import Engine
 from server.engine.model import ModelRunner, load_hf_model
@@ -159,7 +160,7 @@ def test_engine_samples_in_graph_and_gives_the_eager_tokens(tiny_hf, default_tok
     assert eager.stats.sampled_in_graph == 0 and eager.stats.sampled_eagerly > 0
     assert engine.stats.forced_tokens == eager.stats.forced_tokens > 0  # jump-forward steps were sampled too
     assert engine.stats.sampled_in_graph == eager.stats.sampled_eagerly and engine.stats.sampled_eagerly == 0
-    gauges = ServerState._engine_gauges(SimpleNamespace(engine=engine, compiler=None))  # what /metrics shows
+    gauges = ServerState._engine_gauges(SimpleNamespace(engine=engine, compiler=None, queue_wait=_no_wait_limit(engine)))  # what /metrics shows
     assert gauges["trellis_sampler_passes_in_graph"][1] == engine.stats.sampled_in_graph
     assert gauges["trellis_sampler_passes_eager"][1] == 0
 
@@ -225,3 +226,8 @@ def test_captured_sampling_graphs_on_cuda():
              for _ in range(4)]
     assert len(set(map(tuple, draws))) == 4  # every replay draws new numbers
     assert all(token < 250 for token in (d[0] for d in draws))
+
+
+def _no_wait_limit(engine: Engine) -> WaitAdmission:
+    """The server's queue-wait admission over ``engine``, without a limit (its gauge reads it)."""
+    return WaitAdmission(engine.admission, 0, engine.max_batch_size, lambda: engine.num_running)
