@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.fp8 import FP8, FP8_MAX, MIN_SCALE
+from kernels.fp8_format import FP8, FP8_MAX, MIN_SCALE
 
 _BLOCK = 1024
 _ONE_BLOCK_MAX = 16384  # rows up to this long are quantized in one read

@@ -25,11 +25,9 @@ from types import ModuleType
 import torch
 
 from kernels._backend import select_backend
+from kernels.fp8_format import FP8, FP8_MAX, MIN_SCALE
 from kernels.gemv import median_cuda_us
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = float(torch.finfo(FP8).max)  # 448
-MIN_SCALE = 1.0 / (FP8_MAX * 512.0)  # a row of zeros still gets a usable (positive) scale
 ALIGNMENT = 16  # _scaled_mm needs K and N to be multiples of this
 
 

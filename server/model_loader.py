@@ -331,7 +331,10 @@ def _fp8_note(directory: Path, config: dict, device: torch.device, dtype: torch.
     from server.engine.model import SUPPORTED_MODEL_TYPES, runs_hand_written
 
     method = config["quantization_config"]["quant_method"]
-    scheme = fp8_weights.read_scheme(config["quantization_config"])  # raises for non-float8 compressed-tensors
+    try:
+        scheme = fp8_weights.read_scheme(config["quantization_config"])
+    except fp8_weights.Fp8FormatError as exc:  # e.g. compressed-tensors whose weights are not float8
+        raise ModelLoadError(str(exc)) from None
     try:
         hand_written = runs_hand_written(AutoConfig.from_pretrained(directory))
     except Exception as exc:  # transformers raises many types for unreadable configs

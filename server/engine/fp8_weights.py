@@ -36,7 +36,6 @@ from torch import nn
 
 from kernels.fp8 import ALIGNMENT, FP8, Fp8Choice, dequantize_weight, quantize_weight
 from server.engine.layer_weights import LayerWeights
-from server.model_loader import ModelLoadError
 
 FP8_METHODS = ("fp8", "fbgemm_fp8", "compressed-tensors")
 _SCALE_LEAVES = ("weight_scale", "weight_scale_inv", "input_scale", "input_scale_ub", "weight_zero_point",
@@ -45,8 +44,9 @@ _FUSED_GROUPS = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_p
 _PROJECTIONS = (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")), ("mlp", ("gate_proj", "up_proj", "down_proj")))
 
 
-class Fp8FormatError(ModelLoadError):
-    """A quantized checkpoint that is not one of the FP8 formats this module loads (one line)."""
+class Fp8FormatError(RuntimeError):
+    """A quantized checkpoint that is not one of the FP8 formats this module loads (one line;
+    the model loader reports it as its own load error)."""
 
 
 @dataclass(frozen=True)
