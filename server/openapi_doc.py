@@ -25,7 +25,7 @@ _ERROR_STATUSES = {
     "404": "unknown model",
     "413": "request body too large",
     "415": "Content-Type is not application/json",
-    "429": "waiting queue full; see Retry-After",
+    "429": "waiting queue full (server_overloaded) or the expected wait for a first token over --max-queue-wait (queue_wait_exceeded); see Retry-After",
     "503": "loading, draining or engine stopped",
     "504": "request exceeded the server's time limit",
 }

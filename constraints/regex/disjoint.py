@@ -47,11 +47,15 @@ def patterns_disjoint(a: str, b: str) -> bool:
         return False
 
 
-@lru_cache(maxsize=256)
 def pattern_language(pattern: str, limit: int = MAX_PATTERN_CHARS):
     """The DFA of the strings ``pattern`` accepts (search semantics), or None (also for a
     pattern longer than ``limit``)."""
-    if len(pattern) > limit or _UNSAFE.search(pattern):
+    return None if len(pattern) > limit else _pattern_language(pattern)
+
+
+@lru_cache(maxsize=256)  # keys are client patterns of at most a caller's limit (4,000 characters)
+def _pattern_language(pattern: str):
+    if _UNSAFE.search(pattern):
         return None
     body, anchored_start, anchored_end = _strip_outer_anchors(pattern)
     if body is None:

@@ -42,7 +42,7 @@ def schema_pattern(pattern: str, where: str = "pattern", pointer: str | None = N
     """The regex the backends get for a JSON Schema ``pattern`` (matched anywhere in the
     string), or None when it matches no string. Refusals name ``where`` (and carry ``pointer``)."""
     try:
-        kind, text = _resolve(pattern, True)
+        kind, text = _resolve_once(pattern, True)
     except (InvalidConstraintError, UnsupportedConstraintError) as exc:
         raise type(exc)(f"{where}: {exc.message}", pointer=pointer, keyword="pattern") from None
     if kind == "empty":
@@ -54,7 +54,7 @@ def full_regex(regex: str, where: str = "regex") -> str:
     """The regex the backends get for a regex matched against the whole text; an
     EmptyLanguageError when it matches no string."""
     try:
-        kind, text = _resolve(regex, False)
+        kind, text = _resolve_once(regex, False)
     except (InvalidConstraintError, UnsupportedConstraintError) as exc:
         raise type(exc)(f"{where}: {exc.message}") from None
     if kind == "empty":
@@ -75,7 +75,14 @@ def check_lark_terminals(grammar: str) -> None:
                 )
 
 
-@lru_cache(maxsize=1024)
+CACHED_REGEX_CHARS = 4096  # longer client regexes are resolved every time: the cache's keys stay small
+
+
+def _resolve_once(regex: str, search: bool) -> tuple[str, str | None]:
+    """:func:`_resolve`, remembered for regexes up to :data:`CACHED_REGEX_CHARS` characters."""
+    return _resolve_cached(regex, search) if len(regex) <= CACHED_REGEX_CHARS else _resolve(regex, search)
+
+
 def _resolve(regex: str, search: bool) -> tuple[str, str | None]:
     """("plain", None): go on as written; ("exact", a regex of the same language without
     assertions: a pattern when ``search``, else a whole-text regex); ("empty", None). Raises
@@ -188,3 +195,6 @@ def _has_tag(item: tuple, tags: dict[int, tuple[int, Construct]]) -> bool:
     if op in (_c.ASSERT, _c.ASSERT_NOT):
         return True
     return op is _c.AT
+
+
+_resolve_cached = lru_cache(maxsize=1024)(_resolve)

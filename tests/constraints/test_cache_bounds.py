@@ -101,3 +101,20 @@ def test_a_cached_failure_is_raised_as_a_fresh_copy(refusing_compiler):
     cached = refusing_compiler._cache.get(refusing_compiler._cache_key(spec))
     assert isinstance(cached, InvalidConstraintError) and cached.__traceback__ is None
     assert cached.__cause__ is None and cached.__context__ is None
+
+
+
+def test_long_client_regexes_are_not_kept_by_the_regex_caches():
+    """The regex front end's and the pattern-language caches are bounded by count, so their keys
+    (client text) must be short: a long pattern is worked out every time instead."""
+    from constraints.regex import disjoint, frontend
+
+    frontend._resolve_cached.cache_clear()  # room for one more entry, however many tests ran before
+    cached = frontend._resolve_cached.cache_info().currsize
+    frontend._resolve_once("q" * (frontend.CACHED_REGEX_CHARS + 1), False)
+    assert frontend._resolve_cached.cache_info().currsize == cached
+    frontend._resolve_once("cache-bounds-[0-9]+", False)  # a short one is remembered
+    assert frontend._resolve_cached.cache_info().currsize == cached + 1
+    cached = disjoint._pattern_language.cache_info().currsize
+    assert disjoint.pattern_language("b" * (disjoint.MAX_PATTERN_CHARS + 1)) is None
+    assert disjoint._pattern_language.cache_info().currsize == cached
