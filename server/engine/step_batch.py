@@ -96,7 +96,9 @@ class StepBatch:
             query_lens_host=query_lens,
             context_lens_host=context_lens,
             prompt_counts=tuple(prompt_counts) if prompt_counts is not None else None,
-            block_runs_host=block_runs(tables, context_lens, block_size) if device.type == "cpu" else None,
+            # a lone row reads a view; a batch pads its rows into one gather anyway, so no scan of its tables
+            block_runs_host=block_runs(tables, context_lens, block_size) if device.type == "cpu" and len(rows) == 1
+            else None,
         )
         return StepBatch(
             tokens=tokens_t,
