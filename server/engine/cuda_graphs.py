@@ -85,9 +85,10 @@ def bucket_for(rows: int, buckets: tuple[int, ...]) -> int | None:
 
 
 def is_plain_decode(batch: StepBatch) -> bool:
-    """Every row feeds one token and gets one logits row, all on the base model."""
+    """Every row feeds one token and gets one logits row, all on the base model, from token ids."""
     single_logits = batch.logit_counts is None or all(count == 1 for count in batch.logit_counts)
-    return batch.num_rows > 0 and batch.all_single and single_logits and batch.lora is None
+    return (batch.num_rows > 0 and batch.all_single and single_logits and batch.lora is None
+            and batch.media is None)
 
 
 class DecodeInputs:

@@ -81,6 +81,7 @@ from server.engine.scoring import ChoiceScorer
 from server.engine.sequence import GenerationRequest, Sequence, SequenceDelta, error_delta
 from server.engine.speculation import Speculator
 from server.engine.step_batch import StepBatch
+from server.engine.vision.step_inputs import StepVision
 
 __all__ = ["CONSTRAINT_LIMIT", "CONSTRAINT_TIMEOUT", "Engine", "EngineDead", "EngineOverloaded", "EngineStats",
            "EngineUnavailable"]
@@ -185,6 +186,7 @@ class Engine:
         fill_threads = mask_fill_threads if mask_fill_threads > 0 else int(runner.device.type != "cuda")
         self.masks = MaskFill(runner.vocab_size, runner.device, fill_threads, self.stats, self.bound.calls)
         self._step_staging = HostStaging(runner.device)  # the step's integer arrays (StepBatch.build)
+        self.vision = StepVision(runner) if getattr(runner, "family", None) is not None else None
         self._step_hidden: torch.Tensor | None = None  # [C, D] for this step's sampling candidates
         # None: where the forward runs asynchronously, i.e. not on the CPU (see the module docstring)
         self.overlap = runner.device.type != "cpu" if overlap is None else overlap
@@ -447,7 +449,7 @@ class Engine:
                 self.tokenizer, request.skip_special_tokens, request.spaces_between_special_tokens
             ),
             stops=StopStringMatcher(request.stop, request.include_stop_str_in_output, request.stop_regex),
-            pending=list(request.prompt_token_ids),
+            pending=_prompt_keys(request),
             matcher=request.matcher if request.reasoning is None else None,
             reasoning=request.reasoning,
             table=BlockTable(salt=request.adapter),
@@ -524,10 +526,14 @@ class Engine:
         started = time.perf_counter()
         adapters = [seq.request.adapter for seq in decode_rows] + [seq.request.adapter for seq, _ in extend_plan]
         adapters += [seq.request.adapter for seq, choices in scoring for _ in choices]
+        seqs = decode_rows + [seq for seq, _ in extend_plan] + [seq for seq, choices in scoring for _ in choices]
         batch = StepBatch.build(rows, self.runner.block_size, self.runner.device,
                                 logit_counts=counts if max(counts) > 1 else None, row_adapters=adapters,
                                 staging=self._step_staging, prompt_counts=self._prompt_counts(rows, decode_rows,
-                                                                                              extend_plan))
+                                                                                              extend_plan),
+                                position_offsets=self.vision.position_offsets(seqs) if self.vision else None)
+        if self.vision is not None:
+            batch.media = self.vision.step_media(seqs, rows, self.runner.device)
         self._gather_sampled(decode_rows, extend_plan, batch)
         if self.policy.enabled:  # the forward's device time, for the overlap policy
             self._forward_events = (device_event(self.runner, timing=True), device_event(self.runner, timing=True))
@@ -776,6 +782,13 @@ class Engine:
         self.scheduler.release(seq)
         self._admission.finished(len(seq.output_ids))
         seq.row.release()
+
+
+def _prompt_keys(request: GenerationRequest) -> list[int]:
+    """The prompt as the KV bookkeeping holds it: image positions keyed by the image's content."""
+    if request.media is None:
+        return list(request.prompt_token_ids)
+    return request.media.cache_ids(request.prompt_token_ids)
 
 
 def _send_quietly(request: GenerationRequest, delta: SequenceDelta) -> None:

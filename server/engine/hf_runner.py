@@ -138,11 +138,20 @@ def load_model(directory: Path, dtype: torch.dtype, device: torch.device) -> nn.
     return model.to(device).eval()
 
 
+def text_parts(hf_model: nn.Module) -> tuple[object, nn.Module]:
+    """(config, decoder) of the language model: the model itself, or a vision-language model's
+    ``language_model``."""
+    language = getattr(hf_model.model, "language_model", None)
+    if language is not None:
+        return hf_model.config.get_text_config(), language
+    return hf_model.config, hf_model.model
+
+
 def kv_shape(hf_model: nn.Module) -> KVShape:
     """Layers, KV heads and head size read from the attention modules themselves (so a config
     whose numbers do not describe the projections is caught before the cache is sized)."""
-    config = hf_model.config
-    layers = hf_model.model.layers
+    config, inner = text_parts(hf_model)
+    layers = inner.layers
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv_heads = config.num_key_value_heads
     for index, layer in enumerate(layers):
@@ -198,9 +207,7 @@ class TransformersRunner:
 
     def __init__(self, hf_model: nn.Module, num_blocks: int, block_size: int, lora: LoraBank | None = None) -> None:
         _register_attention()
-        check_config(hf_model.config)
-        if hf_model.config._attn_implementation != ATTN_IMPLEMENTATION:
-            hf_model.set_attn_implementation(ATTN_IMPLEMENTATION)
+        self._check(hf_model)
         self.hf = hf_model
         self.lora = lora
         self.step_lora: LoraGroups | None = None  # the running step's adapter groups (read by LoraLinear)
@@ -211,25 +218,29 @@ class TransformersRunner:
         self.block_size = block_size
         self.vocab_size = hf_model.get_output_embeddings().weight.shape[0]
         self.kv = PagedKVCache(kv_shape(hf_model), num_blocks, block_size, self.dtype, self.device)
-        self._inner = hf_model.model
-        self._final_softcap = getattr(hf_model.config, "final_logit_softcapping", None)
+        text_config, self._inner = text_parts(hf_model)
+        self._final_softcap = getattr(text_config, "final_logit_softcapping", None)
         if lora is not None:
             self._wrap_lora_targets(lora)
+
+    def _check(self, hf_model: nn.Module) -> None:
+        check_config(hf_model.config)
+        if hf_model.config._attn_implementation != ATTN_IMPLEMENTATION:
+            hf_model.set_attn_implementation(ATTN_IMPLEMENTATION)
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
         """Every row's new tokens in one pass; float32 logits [R, V] at each row's last token (or
         [sum(logit_counts), V]). The final-norm hidden states at those tokens stay in :attr:`last_hidden`."""
+        return self._run(batch, input_ids=batch.tokens.view(1, -1), position_ids=batch.positions.view(1, -1))
+
+    def _run(self, batch: StepBatch, **inputs) -> torch.Tensor:
+        """The language model over ``inputs`` (ids or embeddings, positions) for ``batch``."""
         if batch.lora is not None and self.lora is None:
             raise ValueError("the step names LoRA adapters but the runner has no LoRA bank")
         self.step_lora = batch.lora
         try:
-            out = self._inner(
-                input_ids=batch.tokens.view(1, -1),
-                position_ids=batch.positions.view(1, -1),
-                use_cache=False,
-                **{STEP_KWARG: PagedStep(batch.attn, self.kv)},
-            )
+            out = self._inner(use_cache=False, **inputs, **{STEP_KWARG: PagedStep(batch.attn, self.kv)})
         finally:
             self.step_lora = None
         hidden = out.last_hidden_state[0]

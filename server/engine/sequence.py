@@ -69,6 +69,7 @@ class GenerationRequest:
     adapter: int = 0  # LoRA adapter id (0 = the base model)
     return_hidden_states: bool = False  # report each output token's last-layer hidden state
     service_tier: str = "default"  # priority | default | flex: order of admission to the batch
+    media: Any = None  # server.engine.vision.PromptMedia: the prompt's images (vision-language models)
 
 
 @dataclass

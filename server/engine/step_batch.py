@@ -10,6 +10,7 @@ attention call per layer (:mod:`kernels.paged_attention`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -17,6 +18,9 @@ import torch
 from kernels.paged_attention import PagedAttentionMetadata, block_runs, host_layout
 from server.engine.host_buffers import HostStaging
 from server.engine.lora import LoraGroups
+
+if TYPE_CHECKING:
+    from server.engine.vision.media import StepMedia
 
 Row = tuple[list[int], list[int], int]  # (block table, new tokens, tokens already cached)
 
@@ -35,6 +39,7 @@ class StepBatch:
     logit_counts: list[int] | None = None  # None: one logits row per batch row
     lora: LoraGroups | None = None  # tokens grouped by LoRA adapter; None = all on the base model
     prompt_mask: torch.Tensor | None = None  # [N] bool: the token is a prompt token; None = none is
+    media: StepMedia | None = None  # image rows and M-RoPE positions (vision-language models)
 
     @property
     def num_rows(self) -> int:
@@ -54,6 +59,7 @@ class StepBatch:
         row_adapters: list[int] | None = None,
         staging: HostStaging | None = None,
         prompt_counts: list[int] | None = None,
+        position_offsets: list[int] | None = None,
     ) -> "StepBatch":
         """``rows`` in output order. ``logit_counts`` (optional, per row, 1 <= count <= the
         row's new tokens): how many of the row's last positions get logits; the forward then
@@ -62,6 +68,8 @@ class StepBatch:
         must already cover ``start + len(new)`` tokens. ``prompt_counts`` (optional, per row): how
         many of the row's first new tokens are prompt tokens (quantized layers route them apart,
         and attention then takes each output token alone: ``PagedAttentionMetadata.prompt_counts``).
+        ``position_offsets`` (optional, per row): added to the row's rotary positions (M-RoPE's
+        delta after an image prompt); the cache slots still follow the tokens' indices.
 
         Every integer array of the step is packed into one host buffer (``staging``'s, pinned
         on CUDA; a fresh one when None) and reaches the device in one non-blocking copy; the
@@ -73,7 +81,8 @@ class StepBatch:
         last_index: list[int] = []
         for row, (_, new, start) in enumerate(rows):
             tokens.extend(new)
-            positions.extend(range(start, start + len(new)))
+            first = start + (position_offsets[row] if position_offsets else 0)
+            positions.extend(range(first, first + len(new)))
             count = 1 if logit_counts is None else logit_counts[row]
             last_index.extend(range(len(tokens) - count, len(tokens)))
         tables = [list(table) for table, _, _ in rows]

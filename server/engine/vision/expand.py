@@ -1,0 +1,67 @@
+"""A rendered prompt plus its pictures → the prompt the language model reads, and its media.
+
+The chat template leaves one placeholder token per image; each is expanded to the family's
+token run for that image (its size depends on the processed image), and the runs are recorded
+as the spans the embedding rows go to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from server.engine.vision.families import VisionFamily
+from server.engine.vision.media import ImageInput, PromptMedia
+
+
+@dataclass(frozen=True)
+class Picture:
+    """A decoded image and how the client asked for it."""
+
+    image: object  # PIL.Image.Image, RGB
+    digest: str
+    detail: str = "auto"
+
+
+class PlaceholderMismatch(ValueError):
+    """The rendered prompt does not hold one placeholder per image (the template dropped or
+    duplicated one)."""
+
+
+def expand_prompt(family: VisionFamily, tokenizer, image_processor, config, prompt_ids: list[int],
+                  pictures: list[Picture]) -> tuple[list[int], PromptMedia]:
+    """(the expanded prompt ids, its :class:`PromptMedia`). CPU work: run it off the event loop."""
+    placeholder = tokenizer.convert_tokens_to_ids(family.image_token)
+    found = [i for i, token in enumerate(prompt_ids) if token == placeholder]
+    if len(found) != len(pictures):
+        raise PlaceholderMismatch(f"the rendered prompt holds {len(found)} image placeholders for "
+                                  f"{len(pictures)} images")
+    ids: list[int] = []
+    images: list[ImageInput] = []
+    cursor = 0
+    for where, picture in zip(found, pictures, strict=True):
+        ids.extend(prompt_ids[cursor:where])
+        pixels = family.process(image_processor, picture.image, picture.detail)
+        tokens, takes_row = family.expansion(tokenizer, pixels)
+        runs = _runs(len(ids), takes_row)
+        ids.extend(tokens)
+        images.append(ImageInput(runs=runs, pixels=pixels, digest=picture.digest))
+        cursor = where + 1
+    ids.extend(prompt_ids[cursor:])
+    rope = family.rope_positions(config, ids, images)
+    if rope is None:
+        return ids, PromptMedia(images=tuple(images))
+    positions, delta = rope
+    return ids, PromptMedia(images=tuple(images), positions=positions, rope_delta=delta)
+
+
+def _runs(offset: int, takes_row: list[bool]) -> tuple[tuple[int, int], ...]:
+    """(start, count) of each run of True in ``takes_row``, shifted by ``offset``."""
+    runs: list[tuple[int, int]] = []
+    for i, takes in enumerate(takes_row):
+        if not takes:
+            continue
+        if runs and runs[-1][0] + runs[-1][1] == offset + i:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((offset + i, 1))
+    return tuple(runs)

@@ -1,0 +1,139 @@
+"""The vision-language families Trellis serves: how each one's images become embedding rows.
+
+A family knows its placeholder token, how the image processor's output for one image expands
+that token in the prompt, how its vision tower turns the pixels into rows of the language
+model's width, and (Qwen-VL) the prompt's 3-D rotary positions. transformers runs the towers and
+the processors (their PIL back end: torchvision does not load against the CPU torch build);
+the language model runs in the engine over the paged cache.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class VisionFamily:
+    """One family of vision-language checkpoints (see :data:`FAMILIES`)."""
+
+    model_types: tuple[str, ...] = ()
+    description = ""
+    image_token = ""  # the token every embedding row is written over
+    placeholder = ""  # what a text-only chat template gets, once per image, in the message text
+    mrope = False  # 3-D rotary positions (the prompt's are computed here; later tokens' are 1-D plus a delta)
+
+    def load_image_processor(self, directory: Path):
+        from transformers import AutoImageProcessor
+
+        return AutoImageProcessor.from_pretrained(directory, backend="pil")
+
+    def process(self, image_processor, image, detail: str) -> dict[str, torch.Tensor]:
+        """The processor's tensors for one image (``detail``: OpenAI's low / high / auto)."""
+        return dict(image_processor(images=[image], return_tensors="pt"))
+
+    def expansion(self, tokenizer, pixels: dict[str, torch.Tensor]) -> tuple[list[int], list[bool]]:
+        """The token ids one placeholder token becomes, and which of them take an embedding row."""
+        raise NotImplementedError
+
+    def encode(self, hf_model: nn.Module, pixels: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The image's embedding rows [rows, hidden] in the language model's dtype."""
+        raise NotImplementedError
+
+    def rope_positions(self, config, prompt_ids: list[int], images: list[Any]) -> tuple[torch.Tensor, int] | None:
+        """([3, P] positions, delta) for an M-RoPE family; None for 1-D positions."""
+        return None
+
+    def language_model(self, hf_model: nn.Module) -> nn.Module:
+        return hf_model.model.language_model
+
+    def text_config(self, hf_model: nn.Module):
+        return hf_model.config.get_text_config()
+
+
+class QwenVL(VisionFamily):
+    """Qwen2-VL and Qwen2.5-VL: a run of ``<|image_pad|>`` per image (one per 2x2 merged patch),
+    M-RoPE over (time, height, width)."""
+
+    model_types = ("qwen2_vl", "qwen2_5_vl")
+    description = "Qwen2-VL / Qwen2.5-VL"
+    image_token = "<|image_pad|>"
+    placeholder = "<|vision_start|><|image_pad|><|vision_end|>"
+    mrope = True
+    _LOW_DETAIL_PIXELS = 256 * 28 * 28  # detail "low": at most 256 image tokens
+
+    def process(self, image_processor, image, detail: str) -> dict[str, torch.Tensor]:
+        options: dict[str, Any] = {}
+        if detail == "low":
+            size = dict(image_processor.size)
+            size["longest_edge"] = min(size.get("longest_edge", self._LOW_DETAIL_PIXELS), self._LOW_DETAIL_PIXELS)
+            size["shortest_edge"] = min(size.get("shortest_edge", 0), size["longest_edge"])
+            options["size"] = size
+        pixels = dict(image_processor(images=[image], return_tensors="pt", **options))
+        pixels["merge_size"] = torch.tensor(image_processor.merge_size)
+        return pixels
+
+    def expansion(self, tokenizer, pixels):
+        merge = _merge_size(pixels)
+        count = int(pixels["image_grid_thw"][0].prod()) // (merge * merge)
+        token = tokenizer.convert_tokens_to_ids(self.image_token)
+        return [token] * count, [True] * count
+
+    def encode(self, hf_model, pixels):
+        inner = hf_model.model
+        device = next(inner.visual.parameters()).device
+        out = inner.get_image_features(pixels["pixel_values"].to(device), pixels["image_grid_thw"].to(device))
+        rows = out.pooler_output if hasattr(out, "pooler_output") else out
+        return torch.cat(list(rows), dim=0)
+
+    def rope_positions(self, config, prompt_ids, images):
+        merge = config.vision_config.spatial_merge_size
+        pieces, cursor, position = [], 0, 0
+        for image in images:
+            text = image.start - cursor
+            pieces.append(torch.arange(text).expand(3, -1) + position)
+            position += text
+            _, height, width = (int(v) for v in image.pixels["image_grid_thw"][0])
+            h, w = height // merge, width // merge
+            rows = torch.arange(h).view(-1, 1).expand(h, w).reshape(-1)
+            cols = torch.arange(w).view(1, -1).expand(h, w).reshape(-1)
+            pieces.append(torch.stack([torch.zeros_like(rows), rows, cols]) + position)
+            position += max(h, w)
+            cursor = image.end
+        pieces.append(torch.arange(len(prompt_ids) - cursor).expand(3, -1) + position)
+        positions = torch.cat(pieces, dim=1)
+        return positions, int(positions.max()) + 1 - len(prompt_ids)
+
+
+def _merge_size(pixels: dict[str, torch.Tensor]) -> int:
+    return int(pixels["merge_size"])
+
+
+FAMILIES: tuple[VisionFamily, ...] = (QwenVL(),)
+
+# Vision-language model types refused at start-up, with the reason.
+_REFUSED: dict[str, str] = {
+    "mllama": "Llama 3.2 Vision attends to the image through cross-attention layers, which the paged cache does not hold",
+    "llama4": "Llama 4 (chunked attention, MoE, early-fusion vision) is not implemented",
+}
+
+
+def vision_model_type(config) -> str | None:
+    """The checkpoint's model type when it is a vision-language model (it has a vision config)."""
+    if getattr(config, "vision_config", None) is None:
+        return None
+    return getattr(config, "model_type", None)
+
+
+def family_for(config) -> VisionFamily:
+    """The family serving a vision-language config; ``ValueError`` (one line) when none does."""
+    model_type = vision_model_type(config)
+    for family in FAMILIES:
+        if model_type in family.model_types:
+            return family
+    if model_type in _REFUSED:
+        raise ValueError(f"vision-language model type '{model_type}' is not supported: {_REFUSED[model_type]}")
+    supported = ", ".join(t for family in FAMILIES for t in family.model_types)
+    raise ValueError(f"vision-language model type '{model_type}' is not supported (supported: {supported})")

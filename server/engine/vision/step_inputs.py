@@ -1,0 +1,92 @@
+"""Per engine step: the image embedding rows and rotary positions of the scheduled rows.
+
+An image is encoded the first time a prefill step reaches its placeholder span, once for all the
+sequences of its request (the rows are kept on the request's :class:`PromptMedia`); a span the
+prefix cache already holds is never encoded. Chunked prefill may split a span: each chunk takes
+its slice of the rows.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from server.engine.step_batch import Row
+from server.engine.vision.media import PromptMedia, StepMedia
+
+
+class StepVision:
+    """The engine's hook for a :class:`~server.engine.vision.runner.VisionRunner`."""
+
+    def __init__(self, runner) -> None:
+        self.runner = runner
+        self.mrope = runner.family.mrope
+        self.images_encoded = 0
+        self.encode_s = 0.0
+
+    def position_offsets(self, seqs: list) -> list[int] | None:
+        """Per row, the M-RoPE delta of its sequence (None when every row's is 0)."""
+        if not self.mrope:
+            return None
+        offsets = [seq.request.media.rope_delta if seq.request.media is not None else 0 for seq in seqs]
+        return offsets if any(offsets) else None
+
+    def step_media(self, seqs: list, rows: list[Row], device: torch.device) -> StepMedia | None:
+        """The step's image rows and positions; None when no row reads an image or an M-RoPE prompt
+        position (a plain text step)."""
+        index: list[torch.Tensor] = []
+        embeds: list[torch.Tensor] = []
+        reads_prompt = False
+        flat = 0
+        for seq, (_, new, start) in zip(seqs, rows, strict=True):
+            media: PromptMedia | None = seq.request.media
+            prompt_len = len(seq.request.prompt_token_ids)
+            if media is not None and start < prompt_len:
+                reads_prompt = True
+                for image, first, row, count in media.pieces_in(start, min(start + len(new), prompt_len)):
+                    rows_of_image = self._encoded(media, image)
+                    embeds.append(rows_of_image[row : row + count])
+                    index.append(torch.arange(count) + (flat + first - start))
+            flat += len(new)
+        if not reads_prompt:
+            return None
+        step = StepMedia()
+        if index:
+            step.index = torch.cat(index).to(device)
+            step.embeds = torch.cat(embeds)
+        if self.mrope:
+            step.positions = self._positions(seqs, rows).to(device)
+        return step
+
+    def _encoded(self, media: PromptMedia, image: int) -> torch.Tensor:
+        rows = media.encoded[image]
+        if rows is None:
+            started = time.perf_counter()
+            rows = self.runner.encode_image(media.images[image].pixels)
+            expected = media.images[image].length
+            if rows.shape[0] != expected:
+                raise ValueError(f"the vision tower gave {rows.shape[0]} rows for an image of {expected} tokens")
+            media.encoded[image] = rows
+            self.images_encoded += 1
+            self.encode_s += time.perf_counter() - started
+        return rows
+
+    def _positions(self, seqs: list, rows: list[Row]) -> torch.Tensor:
+        """[3, N]: prompt positions from the prompt's M-RoPE table, later ones index + delta."""
+        parts = []
+        for seq, (_, new, start) in zip(seqs, rows, strict=True):
+            media: PromptMedia | None = seq.request.media
+            indices = np.arange(start, start + len(new))
+            if media is None or media.positions is None:
+                parts.append(np.broadcast_to(indices, (3, len(new))))
+                continue
+            table = media.positions.numpy()
+            prompt_len = table.shape[1]
+            inside = indices < prompt_len
+            row = np.empty((3, len(new)), dtype=np.int64)
+            row[:, inside] = table[:, indices[inside]]
+            row[:, ~inside] = indices[~inside] + media.rope_delta
+            parts.append(row)
+        return torch.from_numpy(np.concatenate(parts, axis=1).astype(np.int64))

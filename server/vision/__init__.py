@@ -1,0 +1,1 @@
+"""Vision inputs: loading and checking the images of OpenAI ``image_url`` content parts."""
