@@ -53,8 +53,12 @@ async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
     req, wire, reasoning_format, switches = await _checked_request(state, body)
     plan, fmt, recognised = _tool_plan(state, req)
     sampling = settle_sampling(state, req)
-    rendered = await render_prompt(state, req, plan, reasoning_format, switches)
+    pictures = await load_pictures(state, req)
+    rendered = await render_prompt(state, req, plan, reasoning_format, switches, with_images=bool(pictures))
     [prompt_ids], truncated = truncate_prompts(state, req, [rendered])
+    media = None
+    if pictures:
+        prompt_ids, media = await state.vision.expand(prompt_ids, pictures)
     req, reasoning = _with_reasoning(state, req, reasoning_format, switches, prompt_ids)
     max_tokens = _max_tokens(state, req, prompt_ids)
     spec, compiled = await constraint(state, wire, plan)
@@ -65,7 +69,7 @@ async def prepare_chat(state: ServerState, body: bytes) -> ChatJob:
     req, parsed = _parsed_format(state, req, wire, fmt, plan is not None or (recognised and fmt.has_reasoning))
     request_id = new_request_id("chatcmpl")
     specs = await sequences(state, request_id, req, wire, sampling, compiled, [(prompt_ids, max_tokens)],
-                            reasoning=phase, prediction_token_ids=prediction, score_choices=scored)
+                            reasoning=phase, prediction_token_ids=prediction, score_choices=scored, media=media)
     return ChatJob(req=req, request_id=request_id, prompt_ids=prompt_ids, specs=specs, tool_plan=plan,
                    echo_prefix=_echo_prefix(req), reasoning=reasoning, truncated=truncated, tool_format=parsed,
                    prompt_tail=state.tokenizer.decode(prompt_ids[-32:]) if parsed else "", wire=wire,
@@ -181,16 +185,29 @@ async def persist_chat(state: ServerState, job: ChatJob, result: ChatCompletion)
     )
 
 
+async def load_pictures(state: ServerState, req: ChatCompletionRequest) -> list:
+    """The request's images, fetched and decoded (none for a text-only model: its template
+    rendering refuses image parts)."""
+    if state.vision is None:
+        return []
+    refs = state.vision.collect(req.messages)
+    if refs and req.truncate_prompt_tokens is not None:
+        raise bad_request("'truncate_prompt_tokens' cannot cut a prompt with images", "truncate_prompt_tokens")
+    return await state.vision.load(refs) if refs else []
+
+
 async def render_prompt(state: ServerState, req: ChatCompletionRequest, plan, reasoning_format=None,
-                        switches=None) -> list[int]:
-    """Apply the chat template (request overrides first) and tokenize, off the event loop."""
+                        switches=None, with_images: bool = False) -> list[int]:
+    """Apply the chat template (request overrides first) and tokenize, off the event loop.
+    ``with_images``: the request's image parts go to the template (a vision-language model)."""
     if not req.messages:
         raise bad_request("'messages' must contain at least one message", param="messages")
     if req.continue_final_message and req.add_generation_prompt:
         if req.messages[-1].role != "assistant":
             raise bad_request("continue_final_message needs a final assistant message", param="messages")
     supports_tools = tool_calls.template_supports_tools(state.tokenizer, req.chat_template)
-    messages, tools = tool_calls.render_messages(req.messages, plan, supports_tools)
+    slots = _image_slots(state, req) if with_images else None
+    messages, tools = tool_calls.render_messages(req.messages, plan, supports_tools, slots)
     kwargs = dict(req.chat_template_kwargs or {})
     if switches is not None:
         kwargs = reasoning_mod.template_kwargs(reasoning_format, switches, kwargs)
@@ -207,6 +224,14 @@ async def render_prompt(state: ServerState, req: ChatCompletionRequest, plan, re
         add_special_tokens=req.add_special_tokens,
     )
     return await state.renderer.render(job)
+
+
+def _image_slots(state: ServerState, req: ChatCompletionRequest) -> tool_calls.ImageSlots:
+    """Image parts for a template that renders them, else the family's placeholder in the text."""
+    source = template_source(state.tokenizer, req.chat_template)
+    if state.vision.template_takes_parts(source):
+        return tool_calls.ImageSlots()
+    return tool_calls.ImageSlots(placeholder=state.vision.family.placeholder)
 
 
 def _echo_prefix(req: ChatCompletionRequest) -> str:

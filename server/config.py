@@ -52,6 +52,11 @@ class Settings:
     request_timeout: float = 600.0
     drain_timeout: float = 30.0
     max_body_bytes: int = 8 * 1024 * 1024
+    limit_mm_per_prompt: str = "image=8"
+    allowed_media_domains: str = ""
+    max_image_mb: int = 20
+    max_image_pixels: int = 40_000_000
+    media_timeout: float = 10.0
     template_timeout: float = 2.0
     allow_client_chat_template: bool = True
     max_tokens_overflow: str = "error"
@@ -123,6 +128,11 @@ _HELP = {
     "request_timeout": "seconds a request may take from arrival to its last token (0 = no limit)",
     "drain_timeout": "seconds running requests may finish after SIGTERM before the server exits",
     "max_body_bytes": "largest request body in bytes (larger -> 413)",
+    "limit_mm_per_prompt": "vision-language models: most images in one request, as image=N, N or vLLM's JSON {\"image\": N} (more -> 400)",
+    "allowed_media_domains": "comma-separated hosts whose http(s) image URLs the server may fetch (empty: only data: URLs; a server that fetches URLs for clients must be told where)",
+    "max_image_mb": "largest encoded image in MiB (a data: URL's payload or a fetched body; larger -> 400)",
+    "max_image_pixels": "largest image in pixels, read from its header before decoding (larger -> 400)",
+    "media_timeout": "seconds one image may take to fetch, and to decode (then 400)",
     "template_timeout": "seconds a chat template may take to render (then 400)",
     "allow_client_chat_template": "accept a request's own 'chat_template' (rendered sandboxed in a worker process)",
     "max_tokens_overflow": "max_tokens beyond the context on /v1: 'error' (OpenAI's 400) or 'clamp' to what fits (always clamped on /v0)",

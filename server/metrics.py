@@ -43,6 +43,12 @@ class Metrics:
         )
         self.refusals = Counter("trellis_constraint_refusals", "constraints refused, by code and keyword",
                                 ["code", "keyword"], registry=r)
+        self.image_bytes = Counter("trellis_image_bytes", "encoded image bytes received (vision-language models)",
+                                   registry=r)
+        self.image_seconds = Histogram(
+            "trellis_image_preprocess_seconds", "image processor time per request (resize, tiling, patches)",
+            buckets=_TOKEN_TIME_BUCKETS, registry=r,
+        )
         self.tagged = Counter("trellis_tagged_requests", "generation requests per client tag", ["tag"], registry=r)
         self.keyword_labels = BoundedLabels()
         self.tag_labels = BoundedLabels()

@@ -15,6 +15,7 @@ from server.engine.admission import Ticket, WaitAdmission
 from server.engine.engine import Engine
 from server.engine.kv_cache import KVShape, plan_num_blocks
 from server.engine.model import ModelRunner, load_hf_model, resolve_dtype, runs_hand_written
+from server.engine.vision.families import vision_model_type
 from server.engine.sequence import GenerationRequest
 from server.generation import GenerationStream, GenerationTiming, TokenTexts, start_generation
 from server.memory import DERIVED_TEXT, IdleTrimmer, libc_malloc_trim
@@ -52,6 +53,7 @@ class ServerState:
     lora: object | None = None  # server.engine.lora.LoraBank of the --lora-modules adapters
     trimmer: IdleTrimmer | None = None  # --memory-trim-idle
     queue_wait: WaitAdmission = field(init=False)  # --max-queue-wait
+    vision: object | None = None  # server.vision.frontend.VisionFrontend of a vision-language model
 
     @property
     def provider_aliases(self) -> frozenset[str]:
@@ -150,6 +152,8 @@ class ServerState:
             self.renderer.close()
         if self.compiler is not None:
             self.compiler.close()
+        if self.vision is not None:
+            self.vision.close()
 
 
 def pick_device(name: str) -> torch.device:
@@ -186,9 +190,15 @@ def load_runner(settings: Settings, directory, dtype: torch.dtype, device: torch
 
     from server.engine import hf_runner
 
-    hand_written = runs_hand_written(AutoConfig.from_pretrained(directory))
+    config = AutoConfig.from_pretrained(directory)
+    hand_written = runs_hand_written(config)
     quantization = resolve_quantization(settings.quantization, device, hand_written)
-    if hand_written:
+    if vision_model_type(config) is not None:
+        from server.engine.vision.runner import VisionRunner, load_vision_model
+
+        hf_model = load_vision_model(directory, dtype, device)
+        runner_class, shape, options = VisionRunner, hf_runner.kv_shape(hf_model), {}
+    elif hand_written:
         hf_model = load_hf_model(directory, dtype, device)
         shape, options = ModelRunner.kv_shape(hf_model), {"quantization": quantization}
         runner_class = ModelRunner
@@ -293,10 +303,30 @@ def build_state(settings: Settings, source: ModelSource | None = None) -> Server
         device_dfa=settings.device_dfa == "on" or (settings.device_dfa == "auto" and device.type == "cuda"),
         trimmer=_start_trimmer(engine, settings),
     )
+    state.vision = _vision_frontend(settings, runner, tokenizer, source.directory, state.metrics)
     from server.tools.select import log_format
 
     log_format(state)  # which tool-call format the model's output is read in
     return state
+
+
+def _vision_frontend(settings: Settings, runner, tokenizer, directory, metrics):
+    """The request side of a vision-language model (None for a text model)."""
+    family = getattr(runner, "family", None)
+    if family is None:
+        return None
+    from server.vision.frontend import VisionFrontend, image_limit
+    from server.vision.images import MediaLimits
+
+    limits = MediaLimits(
+        max_image_bytes=settings.max_image_mb << 20,
+        max_image_pixels=settings.max_image_pixels,
+        decode_timeout_s=settings.media_timeout,
+        fetch_timeout_s=settings.media_timeout,
+        allowed_domains=tuple(d.strip() for d in settings.allowed_media_domains.split(",") if d.strip()),
+    )
+    return VisionFrontend(family, tokenizer, directory, runner.hf.config, limits,
+                          image_limit(settings.limit_mm_per_prompt), metrics)
 
 
 def _start_trimmer(engine: Engine, settings: Settings) -> IdleTrimmer:

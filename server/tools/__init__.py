@@ -25,12 +25,13 @@ from server.tools.format import CALL_CLOSE, CALL_OPEN, format_call
 from server.tools.grammar import tool_constraint_spec, tool_structural_tag
 from server.tools.parse import assistant_message, finish_reason, new_call_id, parse_tool_output
 from server.tools.plan import ToolPlan, ToolSpec, plan_tools
-from server.tools.render import render_messages, template_supports_tools
+from server.tools.render import ImageSlots, render_messages, template_supports_tools
 from server.tools.stream import ToolCallStreamer
 
 __all__ = [
     "CALL_CLOSE",
     "CALL_OPEN",
+    "ImageSlots",
     "ToolCallStreamer",
     "ToolPlan",
     "ToolSpec",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from server.errors import bad_request
@@ -46,13 +47,24 @@ def template_supports_tools(tokenizer: Any, chat_template: str | None) -> bool:
     return bool(source) and bool(_TOOLS_RE.search(source))
 
 
+@dataclass(frozen=True)
+class ImageSlots:
+    """How a vision-language model's template gets the images of user messages: as
+    ``{"type": "image"}`` parts between text parts (``placeholder`` None: the template renders
+    them), or as ``placeholder`` text written where each image was."""
+
+    placeholder: str | None = None
+
+
 def render_messages(
-    messages: list[ChatMessage], plan: ToolPlan | None, template_supports_tools: bool
+    messages: list[ChatMessage], plan: ToolPlan | None, template_supports_tools: bool,
+    images: ImageSlots | None = None,
 ) -> tuple[list[Msg], list[Msg] | None]:
     """Template-ready message dicts and the ``tools`` argument for ``apply_chat_template``
-    (None when not passed). Raises ``APIError`` 400 for malformed messages."""
+    (None when not passed). ``images``: where image parts go (None: the model is text-only and an
+    image part is a 400). Raises ``APIError`` 400 for malformed messages."""
     calls = _CallNames()
-    normalized = [_normalize(i, m, calls) for i, m in enumerate(messages)]
+    normalized = [_normalize(i, m, calls, images) for i, m in enumerate(messages)]
     if template_supports_tools:
         tools = [t.to_openai() for t in plan.tools] if plan and plan.mode != "none" else None
         return [_openai_shape(m) for m in normalized], tools
@@ -85,9 +97,9 @@ class _CallNames:
         return f"call_function{self.last_legacy}"
 
 
-def _normalize(i: int, message: ChatMessage, calls: _CallNames) -> Msg:
+def _normalize(i: int, message: ChatMessage, calls: _CallNames, images: ImageSlots | None = None) -> Msg:
     role = "system" if message.role == "developer" else message.role
-    content = _text_content(i, message)
+    content = _text_content(i, message, images)
     if role == "assistant":
         return _assistant(i, message, content, calls)
     if role in ("tool", "function"):
@@ -105,15 +117,27 @@ def _with_name(out: Msg, message: ChatMessage) -> Msg:
     return out
 
 
-def _text_content(i: int, message: ChatMessage) -> str | None:
+def _text_content(i: int, message: ChatMessage, images: ImageSlots | None = None) -> str | list[Msg] | None:
+    """The message's text (parts joined by newlines), or its text and image parts in order when
+    the template takes image parts."""
     content = message.content
     if content is None or isinstance(content, str):
         return content
     texts = []
+    parts: list[Msg] = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and isinstance(part.get("text"), str):
+        if kind == "image_url" and images is not None:
+            if message.role != "user":
+                raise bad_request(f"content part {j} of 'messages[{i}].content' is an image in a "
+                                  f"{message.role!r} message: images go in user messages", f"messages[{i}].content")
+            if images.placeholder is None:
+                parts.append({"type": "image"})
+            else:
+                texts.append(images.placeholder)
+        elif kind == "text" and isinstance(part.get("text"), str):
             texts.append(part["text"])
+            parts.append({"type": "text", "text": part["text"]})
         elif kind == "refusal" and message.role == "assistant" and isinstance(part.get("refusal"), str):
             texts.append(part["refusal"])
         elif kind in _MEDIA_PARTS:
@@ -129,6 +153,8 @@ def _text_content(i: int, message: ChatMessage) -> str | None:
                 f"(got type {kind!r})",
                 f"messages[{i}].content",
             )
+    if images is not None and images.placeholder is None and any(p["type"] == "image" for p in parts):
+        return parts
     return "\n".join(texts)
 
 

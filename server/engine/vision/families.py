@@ -9,11 +9,14 @@ the language model runs in the engine over the paged cache.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from server.engine.hf_runner import UnsupportedModelError
 
 
 class VisionFamily:
@@ -107,11 +110,73 @@ class QwenVL(VisionFamily):
         return positions, int(positions.max()) + 1 - len(prompt_ids)
 
 
+class Idefics3(VisionFamily):
+    """Idefics3 and SmolVLM: the image is cut into tiles plus a downscaled global view; each tile
+    becomes ``<fake_token_around_image><row_R_col_C>`` and ``image_seq_len`` ``<image>`` tokens,
+    the global view ``<fake_token_around_image><global-img>`` and its tokens (the whole image when
+    it is not split). 1-D positions (a Llama language model). Detail "low": no tiles, the global
+    view alone (``image_seq_len`` tokens)."""
+
+    model_types = ("idefics3", "smolvlm")
+    description = "Idefics3 / SmolVLM"
+    image_token = "<image>"
+    placeholder = "<image>"
+    _AROUND = "<fake_token_around_image>"
+    _GLOBAL = "<global-img>"
+
+    def load_image_processor(self, directory: Path):
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(directory)
+        vision = config.vision_config
+        side = vision.image_size // vision.patch_size
+        return TiledImages(super().load_image_processor(directory), side * side // config.scale_factor**2)
+
+    def process(self, image_processor, image, detail: str) -> dict[str, torch.Tensor]:
+        options: dict[str, Any] = {"return_row_col_info": True}
+        if detail == "low":
+            options["do_image_splitting"] = False
+        out = image_processor.processor(images=[image], return_tensors="pt", **options)
+        return {"pixel_values": out["pixel_values"], "pixel_attention_mask": out["pixel_attention_mask"],
+                "rows": torch.tensor(out["rows"][0][0]), "cols": torch.tensor(out["cols"][0][0]),
+                "image_seq_len": torch.tensor(image_processor.image_seq_len)}
+
+    def expansion(self, tokenizer, pixels):
+        rows, cols, length = int(pixels["rows"]), int(pixels["cols"]), int(pixels["image_seq_len"])
+        tokens = self.image_token * length
+        text = ""
+        if rows or cols:
+            for row in range(rows):
+                text += "".join(f"{self._AROUND}<row_{row + 1}_col_{col + 1}>{tokens}" for col in range(cols)) + "\n"
+            text += "\n"
+        text += f"{self._AROUND}{self._GLOBAL}{tokens}{self._AROUND}"
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        image = tokenizer.convert_tokens_to_ids(self.image_token)
+        return ids, [token == image for token in ids]
+
+    def encode(self, hf_model, pixels):
+        inner = hf_model.model
+        device = next(inner.vision_model.parameters()).device
+        out = inner.get_image_features(pixels["pixel_values"].to(device), pixels["pixel_attention_mask"].to(device))
+        return torch.cat(list(out.pooler_output), dim=0)
+
+    def language_model(self, hf_model):
+        return hf_model.model.text_model
+
+
+@dataclass(frozen=True)
+class TiledImages:
+    """An Idefics3 / SmolVLM image processor and the ``<image>`` tokens of one tile (the model's)."""
+
+    processor: Any
+    image_seq_len: int
+
+
 def _merge_size(pixels: dict[str, torch.Tensor]) -> int:
     return int(pixels["merge_size"])
 
 
-FAMILIES: tuple[VisionFamily, ...] = (QwenVL(),)
+FAMILIES: tuple[VisionFamily, ...] = (QwenVL(), Idefics3())
 
 # Vision-language model types refused at start-up, with the reason.
 _REFUSED: dict[str, str] = {
@@ -128,12 +193,15 @@ def vision_model_type(config) -> str | None:
 
 
 def family_for(config) -> VisionFamily:
-    """The family serving a vision-language config; ``ValueError`` (one line) when none does."""
+    """The family serving a vision-language config; :class:`UnsupportedModelError` (one line) when
+    none does."""
     model_type = vision_model_type(config)
     for family in FAMILIES:
         if model_type in family.model_types:
             return family
     if model_type in _REFUSED:
-        raise ValueError(f"vision-language model type '{model_type}' is not supported: {_REFUSED[model_type]}")
+        raise UnsupportedModelError(f"vision-language model type '{model_type}' is not supported: "
+                                    f"{_REFUSED[model_type]}")
     supported = ", ".join(t for family in FAMILIES for t in family.model_types)
-    raise ValueError(f"vision-language model type '{model_type}' is not supported (supported: {supported})")
+    raise UnsupportedModelError(f"vision-language model type '{model_type}' is not supported "
+                                f"(supported: {supported})")
