@@ -32,6 +32,7 @@ _WEIGHT_KEY = re.compile(
     r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.(" + "|".join(TARGET_MODULES) + r")\.lora_([AB])(?:\.[\w-]+)?\.weight$"
 )
 _MOE_KEY = re.compile(r"\.(?:experts|shared_experts?|gate|router|block_sparse_moe)(?:\.|$)")
+_VISION_KEY = re.compile(r"(?:^|\.)(?:visual|vision_tower|vision_model|vision_encoder|multi_modal_projector)\.")
 _ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -88,7 +89,7 @@ def load_adapter(name: str, directory: Path, model: torch.nn.Module) -> LoraAdap
     scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
     adapter = LoraAdapter(name=name, path=directory, rank=rank, scale=scale)
     param = next(model.parameters())
-    layers = model.model.layers
+    layers = getattr(model.model, "language_model", model.model).layers  # a vision-language model's LM
     for (layer, module), (a, b) in sorted(pairs.items()):
         if layer >= len(layers):
             raise LoraError(f"LoRA adapter '{name}': layer {layer} does not exist (the model has {len(layers)})")
@@ -152,6 +153,9 @@ def _pair_weights(name: str, tensors: dict[str, torch.Tensor]) -> dict[tuple[int
     halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         match = _WEIGHT_KEY.search(key)
+        if _VISION_KEY.search(key):
+            raise LoraError(f"LoRA adapter '{name}': weight {key} targets the vision tower, which this server does "
+                            "not adapt (only the language model's attention and dense MLP projections)")
         if match is None and _MOE_KEY.search(key):
             raise LoraError(
                 f"LoRA adapter '{name}': weight {key} targets the experts or router of a mixture-of-experts "
