@@ -128,3 +128,21 @@ def test_a_text_only_model_refuses_image_parts(tiny_server):
         tiny_server.client().chat.completions.create(model="tiny", messages=_user(_image(_data_url()), TEXT),
                                                      max_tokens=2)
     assert "text-only" in caught.value.body["message"]
+
+
+def test_regex_choice_and_a_forced_tool_call_over_an_image(vlm_server):
+    client = vlm_server.client()
+    messages = _user(_image(_data_url(color=(9, 9, 9))), TEXT)
+    regex = client.chat.completions.create(model="tiny-vl", messages=messages, max_tokens=12, temperature=0,
+                                           extra_body={"guided_regex": "[0-9]{3}-[a-z]{2}"})
+    assert len(regex.choices[0].message.content) == 6 and regex.choices[0].message.content[3] == "-"
+    choice = client.chat.completions.create(model="tiny-vl", messages=messages, max_tokens=8, temperature=0,
+                                            extra_body={"guided_choice": ["receipt", "invoice", "form"]})
+    assert choice.choices[0].message.content in ("receipt", "invoice", "form")
+    tool = {"type": "function", "function": {"name": "record_total", "parameters": {
+        "type": "object", "properties": {"total": {"type": "integer", "minimum": 0, "maximum": 999}},
+        "required": ["total"], "additionalProperties": False}}}
+    called = client.chat.completions.create(model="tiny-vl", messages=messages, max_tokens=40, temperature=0,
+                                            tools=[tool], tool_choice="required")
+    [call] = called.choices[0].message.tool_calls
+    assert call.function.name == "record_total" and "total" in json.loads(call.function.arguments)
