@@ -140,11 +140,13 @@ def load_model(directory: Path, dtype: torch.dtype, device: torch.device) -> nn.
 
 def text_parts(hf_model: nn.Module) -> tuple[object, nn.Module]:
     """(config, decoder) of the language model: the model itself, or a vision-language model's
-    ``language_model``."""
-    language = getattr(hf_model.model, "language_model", None)
-    if language is not None:
-        return hf_model.config.get_text_config(), language
-    return hf_model.config, hf_model.model
+    ``language_model`` (``text_model`` in Idefics3 / SmolVLM)."""
+    inner = hf_model.model
+    for name in ("language_model", "text_model"):
+        language = getattr(inner, name, None)
+        if language is not None:
+            return hf_model.config.get_text_config(), language
+    return hf_model.config, inner
 
 
 def kv_shape(hf_model: nn.Module) -> KVShape:

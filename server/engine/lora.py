@@ -89,7 +89,7 @@ def load_adapter(name: str, directory: Path, model: torch.nn.Module) -> LoraAdap
     scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
     adapter = LoraAdapter(name=name, path=directory, rank=rank, scale=scale)
     param = next(model.parameters())
-    layers = getattr(model.model, "language_model", model.model).layers  # a vision-language model's LM
+    layers = _decoder(model.model).layers
     for (layer, module), (a, b) in sorted(pairs.items()):
         if layer >= len(layers):
             raise LoraError(f"LoRA adapter '{name}': layer {layer} does not exist (the model has {len(layers)})")
@@ -105,6 +105,14 @@ def load_adapter(name: str, directory: Path, model: torch.nn.Module) -> LoraAdap
     if not adapter.weights:
         raise LoraError(f"LoRA adapter '{name}': no LoRA weights in {weights_file}")
     return adapter
+
+
+def _decoder(inner: torch.nn.Module) -> torch.nn.Module:
+    """The decoder whose layers adapters target: a vision-language model's language model."""
+    for name in ("language_model", "text_model"):
+        if getattr(inner, name, None) is not None:
+            return getattr(inner, name)
+    return inner
 
 
 def _read_config(name: str, directory: Path) -> dict:

@@ -2,6 +2,12 @@
 
 ``await Store.open(url)`` at start-up, ``await store.close()`` at shutdown; the chat flow calls
 :func:`conversation_messages` before generating and :func:`record` after.
+
+Image parts are kept, by reference: a ``data:`` image URL in a stored completion's messages or a
+conversation's items is stored as ``trellis-image:sha256:<hex>``, its bytes once in the ``images``
+table (http(s) URLs stay as sent). :func:`conversation_messages` resolves references back into
+``data:`` URLs for the prompt; the GET endpoints that list stored messages (``content_parts``) and
+conversation items return the reference URLs as stored. See :mod:`server.store.images`.
 """
 
 from server.store.flow import conversation_id_of, conversation_messages, record, without_reasoning

@@ -7,7 +7,7 @@ from typing import Any
 
 from server.errors import bad_request
 from server.store.items import message_to_items, validate_metadata, validate_tags
-from server.store.store import Store
+from server.store.store import Store, externalize_messages
 
 _REASONING_KEYS = ("reasoning_content", "reasoning")
 
@@ -26,7 +26,8 @@ def conversation_id_of(conversation: str | Mapping[str, Any] | None) -> str | No
 async def conversation_messages(store: Store, user: str, conversation: str | Mapping[str, Any]) -> list[dict[str, Any]]:
     """The conversation's items as chat messages, oldest first, to put before the request's messages.
 
-    Raises ``APIError`` 404 for an unknown conversation and 403 for another user's.
+    Stored image references come back as ``data:`` URLs. Raises ``APIError`` 404 for an unknown
+    conversation, 403 for another user's, and 400 where an image it refers to is no longer stored.
     """
     conversation_id = conversation_id_of(conversation)
     async with store.transaction(write=False) as tx:
@@ -58,13 +59,16 @@ async def record(
     request's ``metadata`` and ``tags``, and its input messages). With ``conversation_id`` the request's
     last message and the first choice's message are appended to that conversation (404/403 as
     ``APIError``, and then nothing at all is written). ``store_reasoning=False`` drops reasoning text.
+    Image data URLs are stored as references to one ``images`` row each (:mod:`server.store.images`),
+    decoded and hashed before the transaction begins.
     """
     if not store_completion and not conversation_id:
         return
     if not store_reasoning:
         response = without_reasoning(response)
-    messages = list(request_wire.get("messages") or [])
+    messages, found = await externalize_messages(list(request_wire.get("messages") or []))
     async with store.transaction() as tx:
+        await tx.save_images(found)
         if store_completion:
             model = str(response.get("model") or request_wire.get("model") or "")
             await tx.save_completion(

@@ -3,6 +3,8 @@
 Rows that list in order carry an explicit order key: ``seq`` (autoincrement) for completions and
 conversations, ``position`` within a completion or conversation for messages and items. Children
 reference their parent's public id with ``ON DELETE CASCADE``, so deleting a parent is one statement.
+Images of stored messages and items live once each in ``images``, keyed by the sha256 of their bytes
+(see :mod:`server.store.images`).
 """
 
 from __future__ import annotations
@@ -14,14 +16,19 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
     Text,
 )
 
-SCHEMA_VERSION = 1
-"""Bump with every schema change and add a step to ``server.store.store.MIGRATIONS``."""
+SCHEMA_VERSION = 2
+"""Bump with every schema change and add a step to ``server.store.store.MIGRATIONS``.
+
+1: completions, their messages and metadata; conversations and their items.
+2: ``images`` (stored image parts by content hash; messages and items hold references to them).
+"""
 
 # SQLite only autoincrements an INTEGER PRIMARY KEY; PostgreSQL gets a 64-bit identity.
 _Seq = BigInteger().with_variant(Integer(), "sqlite")
@@ -91,4 +98,13 @@ conversation_items = Table(
     Column("content", JSON, nullable=False),
     Column("reasoning", Text),
     Column("created", BigInteger, nullable=False),
+)
+
+images = Table(
+    "images",
+    metadata,
+    Column("sha256", String(64), primary_key=True),  # lowercase hex of the image bytes' sha256
+    Column("media_type", String(127), nullable=False),
+    Column("data", LargeBinary, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
 )

@@ -4,10 +4,17 @@ Every public method runs in its own transaction; :meth:`Store.transaction` gives
 one transaction (``server.store.flow.record`` writes a completion and a conversation turn that way).
 A user only reaches their own rows: another user's id answers 403 (the issue's choice: ids are
 unguessable, so saying "not yours" leaks nothing a 404 would hide, and it tells an operator why).
+
+Image parts are stored by reference (:mod:`server.store.images`): a ``data:`` URL in a stored message or
+item becomes ``trellis-image:sha256:<hex>`` and its bytes one row of ``images``. The list and get
+methods (and so the GET endpoints) return the reference URLs as stored; :meth:`Tx.all_messages`, which
+feeds a conversation into a prompt, resolves them back into ``data:`` URLs.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 import os
 import secrets
@@ -22,13 +29,16 @@ from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 from sqlalchemy import Connection, Table, delete, event, exists, func, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Row, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.sql import Select
 
 from server.errors import APIError, bad_request
+from server.store import images as image_refs
 from server.store import schema
+from server.store.images import THREAD_THRESHOLD, Externalizer, StoredImage
 from server.store.items import NewItem, items_to_messages, parse_item, validate_metadata, validate_tags
 from server.store.schema import (
     SCHEMA_VERSION,
@@ -37,6 +47,7 @@ from server.store.schema import (
     completion_metadata,
     conversation_items,
     conversations,
+    images,
 )
 
 Order = Literal["asc", "desc"]
@@ -44,7 +55,9 @@ MAX_LIMIT = 100
 _ID_MAX = 100
 T = TypeVar("T")
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {
+    2: lambda conn: images.create(conn, checkfirst=True),  # Store.open's create_all has made it already
+}
 """Schema step ``n`` upgrades a version ``n - 1`` database; run in order inside the start-up transaction."""
 
 log = logging.getLogger("trellis")
@@ -257,6 +270,7 @@ class Tx:
         meta, tag_list = validate_metadata(metadata), validate_tags(tags)
         created = int(response.get("created") or time.time())
         request_rest = {key: value for key, value in request.items() if key != "messages"}
+        messages, found = await externalize_messages(messages)
         try:
             await self.conn.execute(insert(chat_completions).values(
                 id=completion_id, user_id=user, created=created, model=model, request=request_rest,
@@ -266,6 +280,7 @@ class Tx:
             raise APIError(f"a chat completion with id '{completion_id}' is already stored", status=409,
                            code="conflict") from None
         await self._write_metadata(completion_id, meta)
+        await self.save_images(found)
         if messages:
             rows = [{"completion_id": completion_id, "position": i, "message": dict(m)} for i, m in enumerate(messages)]
             await self.conn.execute(insert(completion_messages), rows)
@@ -347,10 +362,11 @@ class Tx:
     ) -> Conversation:
         """A new conversation, optionally with its first items."""
         conversation = Conversation(new_id("conv"), user, int(time.time()), validate_metadata(metadata))
+        new, found = await externalize_items(_new_items(items))
         await self.conn.execute(insert(conversations).values(
             id=conversation.id, user_id=user, created=conversation.created, meta=conversation.metadata,
         ))
-        await self._insert_items(conversation.id, _new_items(items), 0)
+        await self._insert_items(conversation.id, new, 0, found)
         return conversation
 
     async def get_conversation(self, user: str, conversation_id: str) -> Conversation:
@@ -376,25 +392,33 @@ class Tx:
         return Page([_item(row) for row in rows], more)
 
     async def all_messages(self, user: str, conversation_id: str) -> list[dict[str, Any]]:
-        """The whole conversation as chat messages, oldest first."""
+        """The whole conversation as chat messages, oldest first, for a prompt: image references are
+        resolved into ``data:`` URLs (a 400 naming the conversation and the digest where an image is gone)."""
         await self._owned(conversations, "conversation", user, conversation_id)
         table = conversation_items
         query = select(table.c.type, table.c.role, table.c.content, table.c.reasoning).where(
             table.c.conversation_id == conversation_id).order_by(table.c.position)
-        return items_to_messages([tuple(row) for row in (await self.conn.execute(query)).all()])
+        messages = items_to_messages([tuple(row) for row in (await self.conn.execute(query)).all()])
+        return await self.resolve_images(messages, f"the stored conversation '{conversation_id}'", "conversation")
 
     async def append_items(
         self, user: str, conversation_id: str, items: Iterable[NewItem | Mapping[str, Any]]
     ) -> list[Item]:
         """Add items at the end of a conversation (the conversation row is locked while positions are taken)."""
-        new = _new_items(items)
+        new, found = await externalize_items(_new_items(items))
         await self._owned(conversations, "conversation", user, conversation_id, lock=True)
         table = conversation_items
         last = select(func.max(table.c.position)).where(table.c.conversation_id == conversation_id)
         start = (await self.conn.execute(last)).scalar()
-        return await self._insert_items(conversation_id, new, 0 if start is None else start + 1)
+        return await self._insert_items(conversation_id, new, 0 if start is None else start + 1, found)
 
-    async def _insert_items(self, conversation_id: str, new: list[NewItem], start: int) -> list[Item]:
+    async def _insert_items(
+        self, conversation_id: str, new: list[NewItem], start: int, found: Mapping[str, StoredImage] | None = None
+    ) -> list[Item]:
+        """Write ``new`` from ``start``; ``found``: the images of ``new`` already externalized (None: not yet)."""
+        if found is None:
+            new, found = await externalize_items(new)
+        await self.save_images(found)
         now = int(time.time())
         prefixes = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
         stored = [Item(new_id(prefixes[item.type]), item.type, item.role, item.content, item.reasoning, now)
@@ -411,6 +435,51 @@ class Tx:
         await self._owned(conversations, "conversation", user, conversation_id, lock=True)
         await self.conn.execute(delete(conversations).where(conversations.c.id == conversation_id))
 
+    # ----------------------------------------------------------------- images
+
+    async def save_images(self, found: Mapping[str, StoredImage]) -> None:
+        """Add the images (by sha256 digest) the table lacks; a stored one is never sent again."""
+        if not found:
+            return
+        query = select(images.c.sha256).where(images.c.sha256.in_(list(found)))
+        stored = set((await self.conn.execute(query)).scalars())
+        now = int(time.time())
+        rows = [{"sha256": digest, "media_type": image.media_type, "data": image.data, "created_at": now}
+                for digest, image in found.items() if digest not in stored]
+        if rows:
+            # a concurrent transaction may add the same image first: that row is the same bytes
+            dialect = postgresql if self.conn.dialect.name == "postgresql" else sqlite
+            await self.conn.execute(dialect.insert(images).on_conflict_do_nothing(index_elements=["sha256"]), rows)
+
+    async def load_images(self, digests: Iterable[str]) -> dict[str, StoredImage]:
+        """The stored images among ``digests``."""
+        wanted = sorted(set(digests))
+        if not wanted:
+            return {}
+        query = select(images.c.sha256, images.c.media_type, images.c.data).where(images.c.sha256.in_(wanted))
+        return {row.sha256: StoredImage(row.media_type, bytes(row.data)) for row in await self.conn.execute(query)}
+
+    async def resolve_images(self, messages: list[dict[str, Any]], owner: str, param: str) -> list[dict[str, Any]]:
+        """``messages`` with every image reference replaced by its ``data:`` URL; a 400 naming ``owner``
+        (such as "the stored conversation 'conv_…'") and the first missing digest where an image is gone."""
+        digests = image_refs.digests_in(messages)
+        if not digests:
+            return messages
+        found = await self.load_images(digests)
+        missing = sorted(digests - found.keys())
+        if missing:
+            raise bad_request(f"{owner} refers to an image that is no longer stored: "
+                              f"{image_refs.reference(missing[0])}", param, code="image_not_found")
+
+        def resolve() -> list[dict[str, Any]]:
+            urls = {digest: image.data_url() for digest, image in found.items()}
+            return [image_refs.map_message(message, lambda url: urls.get(image_refs.referenced_digest(url) or "", url))
+                    for message in messages]
+
+        if sum(len(image.data) for image in found.values()) > THREAD_THRESHOLD:
+            return await asyncio.to_thread(resolve)
+        return resolve()
+
 
 def _completion(row: Row) -> StoredCompletion:
     return StoredCompletion(row.id, row.user_id, row.created, row.model, row.request, row.response, row.meta, row.tags)
@@ -418,6 +487,32 @@ def _completion(row: Row) -> StoredCompletion:
 
 def _item(row: Row) -> Item:
     return Item(row.id, row.type, row.role, row.content, row.reasoning, row.created)
+
+
+async def externalize_messages(
+    messages: Sequence[Mapping[str, Any]],
+) -> tuple[list[dict[str, Any]], dict[str, StoredImage]]:
+    """Chat messages with their data URLs as references, and the images by digest (large payloads
+    are decoded and hashed in a worker thread)."""
+    def run() -> tuple[list[dict[str, Any]], dict[str, StoredImage]]:
+        collect = Externalizer()
+        return [image_refs.map_message(message, collect) for message in messages], collect.images
+
+    if image_refs.inline_size(list(messages), image_refs.map_message) > THREAD_THRESHOLD:
+        return await asyncio.to_thread(run)
+    return run()
+
+
+async def externalize_items(new: list[NewItem]) -> tuple[list[NewItem], dict[str, StoredImage]]:
+    """Items with their data URLs as references, and the images by digest (see :func:`externalize_messages`)."""
+    def run() -> tuple[list[NewItem], dict[str, StoredImage]]:
+        collect = Externalizer()
+        out = [dataclasses.replace(item, content=image_refs.map_content(item.content, collect)) for item in new]
+        return out, collect.images
+
+    if image_refs.inline_size([item.content for item in new]) > THREAD_THRESHOLD:
+        return await asyncio.to_thread(run)
+    return run()
 
 
 def _new_items(items: Iterable[NewItem | Mapping[str, Any]]) -> list[NewItem]:

@@ -28,6 +28,10 @@ class VisionFamily:
     placeholder = ""  # what a text-only chat template gets, once per image, in the message text
     mrope = False  # 3-D rotary positions (the prompt's are computed here; later tokens' are 1-D plus a delta)
 
+    def serves(self, config) -> bool:
+        """Whether this family serves ``config`` (of one of its model types)."""
+        return True
+
     def load_image_processor(self, directory: Path):
         from transformers import AutoImageProcessor
 
@@ -42,8 +46,15 @@ class VisionFamily:
         raise NotImplementedError
 
     def encode(self, hf_model: nn.Module, pixels: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The image's embedding rows [rows, hidden] in the language model's dtype."""
+        """The image's embedding rows [rows, hidden] (or [rows, k, hidden] for a family whose
+        :meth:`step_inputs` reads more than one vector per image token)."""
         raise NotImplementedError
+
+    def step_inputs(self, rows: torch.Tensor, index: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, dict]:
+        """(the embedding rows [M, hidden] written at ``index`` of a step of ``num_tokens`` tokens,
+        extra language-model inputs) from the slices of :meth:`encode`'s rows the step takes.
+        ``index`` ascends (the step's image positions in order)."""
+        return rows, {}
 
     def rope_positions(self, config, prompt_ids: list[int], images: list[Any]) -> tuple[torch.Tensor, int] | None:
         """([3, P] positions, delta) for an M-RoPE family; None for 1-D positions."""
@@ -65,13 +76,14 @@ class QwenVL(VisionFamily):
     image_token = "<|image_pad|>"
     placeholder = "<|vision_start|><|image_pad|><|vision_end|>"
     mrope = True
-    _LOW_DETAIL_PIXELS = 256 * 28 * 28  # detail "low": at most 256 image tokens
+    _LOW_DETAIL_TOKENS = 256  # detail "low": at most 256 image tokens
 
     def process(self, image_processor, image, detail: str) -> dict[str, torch.Tensor]:
         options: dict[str, Any] = {}
         if detail == "low":
             size = dict(image_processor.size)
-            size["longest_edge"] = min(size.get("longest_edge", self._LOW_DETAIL_PIXELS), self._LOW_DETAIL_PIXELS)
+            low = self._LOW_DETAIL_TOKENS * (image_processor.patch_size * image_processor.merge_size) ** 2  # pixels
+            size["longest_edge"] = min(size.get("longest_edge", low), low)
             size["shortest_edge"] = min(size.get("shortest_edge", 0), size["longest_edge"])
             options["size"] = size
         pixels = dict(image_processor(images=[image], return_tensors="pt", **options))
@@ -130,7 +142,8 @@ class Idefics3(VisionFamily):
         config = AutoConfig.from_pretrained(directory)
         vision = config.vision_config
         side = vision.image_size // vision.patch_size
-        return TiledImages(super().load_image_processor(directory), side * side // config.scale_factor**2)
+        return ConfiguredProcessor(super().load_image_processor(directory),
+                                   image_seq_len=side * side // config.scale_factor**2)
 
     def process(self, image_processor, image, detail: str) -> dict[str, torch.Tensor]:
         options: dict[str, Any] = {"return_row_col_info": True}
@@ -164,24 +177,102 @@ class Idefics3(VisionFamily):
         return hf_model.model.text_model
 
 
+class Pixtral(VisionFamily):
+    """Mistral 3 (Mistral Small 3.1 / 3.2) and LLaVA with a Pixtral tower (Pixtral 12B): one
+    ``[IMG]`` per token-sized square of the resized image (patch size x spatial merge: 28 pixels for
+    Mistral 3, 16 for Pixtral 12B), each row ended by ``[IMG_BREAK]``, the last by ``[IMG_END]``;
+    1-D positions. Detail "low": the longest edge at most 16 tokens (at most 256 image tokens)."""
+
+    model_types = ("mistral3", "llava")
+    description = "Mistral 3 / Pixtral"
+    image_token = "[IMG]"
+    placeholder = "[IMG]"
+    _BREAK = "[IMG_BREAK]"
+    _END = "[IMG_END]"
+    _LOW_DETAIL_SIDE = 16  # tokens
+
+    def serves(self, config) -> bool:
+        return config.model_type == "mistral3" or config.vision_config.model_type == "pixtral"
+
+    def load_image_processor(self, directory: Path):
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(directory)
+        merge = getattr(config, "spatial_merge_size", 1) if config.model_type == "mistral3" else 1
+        return ConfiguredProcessor(super().load_image_processor(directory),
+                                   patch=config.vision_config.patch_size * merge)
+
+    def process(self, image_processor, image, detail: str) -> dict[str, torch.Tensor]:
+        patch = image_processor.patch
+        options: dict[str, Any] = {"patch_size": {"height": patch, "width": patch}}
+        if detail == "low":
+            longest = image_processor.processor.size["longest_edge"]
+            options["size"] = {"longest_edge": min(longest, self._LOW_DETAIL_SIDE * patch)}
+        pixels = dict(image_processor.processor(images=[image], return_tensors="pt", **options))
+        pixels["patch"] = torch.tensor(patch)
+        return pixels
+
+    def expansion(self, tokenizer, pixels):
+        patch = int(pixels["patch"])
+        height, width = (int(v) // patch for v in pixels["image_sizes"][0])
+        image, row_break, end = tokenizer.convert_tokens_to_ids([self.image_token, self._BREAK, self._END])
+        ids = ([image] * width + [row_break]) * height
+        ids[-1] = end
+        return ids, [token == image for token in ids]
+
+    def encode(self, hf_model, pixels):
+        inner = hf_model.model
+        device = next(inner.vision_tower.parameters()).device
+        out = inner.get_image_features(pixel_values=pixels["pixel_values"].to(device),
+                                       image_sizes=pixels["image_sizes"].to(device))
+        return torch.cat(list(out.pooler_output), dim=0)
+
+
 @dataclass(frozen=True)
-class TiledImages:
-    """An Idefics3 / SmolVLM image processor and the ``<image>`` tokens of one tile (the model's)."""
+class ConfiguredProcessor:
+    """A family's image processor and what the model's config adds to it for the processing and
+    the prompt expansion (values that the image processor's own config does not hold)."""
 
     processor: Any
-    image_seq_len: int
+    image_seq_len: int = 0  # Idefics3 / SmolVLM: <image> tokens of one tile
+    patch: int = 0  # Pixtral: pixels a side of one image token (patch size x spatial merge)
+
+
+class Qwen3VL(QwenVL):
+    """Qwen3-VL: Qwen2.5-VL's prompt layout and M-RoPE positions, and "deepstack": features of a
+    few vision-tower layers are added to the hidden states of the image tokens after the language
+    model's first layers. Its rows are [rows, 1 + layers, hidden]: the embedding row, then one
+    deepstack row per layer (:meth:`step_inputs` splits them for the language model)."""
+
+    model_types = ("qwen3_vl",)
+    description = "Qwen3-VL"
+
+    def encode(self, hf_model, pixels):
+        inner = hf_model.model
+        device = next(inner.visual.parameters()).device
+        out = inner.get_image_features(pixels["pixel_values"].to(device), pixels["image_grid_thw"].to(device))
+        rows = [torch.cat(list(out.pooler_output), dim=0)]
+        rows += [torch.cat(list(layer), dim=0) for layer in out.deepstack_features]
+        return torch.stack(rows, dim=1)
+
+    def step_inputs(self, rows, index, num_tokens):
+        mask = torch.zeros(1, num_tokens, dtype=torch.bool, device=index.device)
+        mask[0, index] = True
+        deepstack = [rows[:, layer] for layer in range(1, rows.shape[1])]
+        return rows[:, 0], {"visual_pos_masks": mask, "deepstack_visual_embeds": deepstack}
 
 
 def _merge_size(pixels: dict[str, torch.Tensor]) -> int:
     return int(pixels["merge_size"])
 
 
-FAMILIES: tuple[VisionFamily, ...] = (QwenVL(), Idefics3())
+FAMILIES: tuple[VisionFamily, ...] = (QwenVL(), Qwen3VL(), Idefics3(), Pixtral())
 
 # Vision-language model types refused at start-up, with the reason.
 _REFUSED: dict[str, str] = {
     "mllama": "Llama 3.2 Vision attends to the image through cross-attention layers, which the paged cache does not hold",
     "llama4": "Llama 4 (chunked attention, MoE, early-fusion vision) is not implemented",
+    "gemma3": "Gemma 3 attends bidirectionally among one image's tokens; the paged attention is causal only",
 }
 
 
@@ -198,7 +289,11 @@ def family_for(config) -> VisionFamily:
     model_type = vision_model_type(config)
     for family in FAMILIES:
         if model_type in family.model_types:
-            return family
+            if family.serves(config):
+                return family
+            tower = getattr(config.vision_config, "model_type", None)
+            raise UnsupportedModelError(f"vision-language model type '{model_type}' with a '{tower}' vision tower "
+                                        f"is not supported (only {family.description})")
     if model_type in _REFUSED:
         raise UnsupportedModelError(f"vision-language model type '{model_type}' is not supported: "
                                     f"{_REFUSED[model_type]}")

@@ -55,7 +55,7 @@ class StepVision:
         step = StepMedia()
         if index:
             step.index = torch.cat(index).to(device)
-            step.embeds = torch.cat(embeds)
+            step.embeds, step.extra = self.runner.family.step_inputs(torch.cat(embeds), step.index, flat)
         if self.mrope:
             step.positions = self._positions(seqs, rows).to(device)
         return step

@@ -15,10 +15,15 @@ from server.engine.engine import Engine
 from server.engine.sequence import GenerationRequest
 from server.engine.vision.expand import Picture, expand_prompt
 from server.engine.vision.runner import VisionRunner, load_vision_model
-from tests.server.engine.vision.tiny_vlm import write_qwen2_vl
+from tests.server.engine.vision.tiny_vlm import write_idefics3, write_pixtral, write_qwen2_vl, write_qwen3_vl
 
-FAMILIES = {"qwen2_vl": write_qwen2_vl, "qwen2_5_vl": lambda d, t: write_qwen2_vl(d, t, "qwen2_5_vl")}
+FAMILIES = {"qwen2_vl": write_qwen2_vl, "qwen2_5_vl": lambda d, t: write_qwen2_vl(d, t, "qwen2_5_vl"),
+            "idefics3": write_idefics3, "smolvlm": lambda d, t: write_idefics3(d, t, "smolvlm"),
+            "mistral3": write_pixtral, "llava_pixtral": lambda d, t: write_pixtral(d, t, "llava"),
+            "qwen3_vl": write_qwen3_vl}
 NEW_TOKENS = 8
+TOP = 5
+REFERENCE_LOGPROBS: dict[tuple[int, ...], list[float]] = {}  # the reference's first-token top logprobs, by prompt
 
 
 def _picture(width: int, height: int, seed: int) -> Picture:
@@ -55,13 +60,39 @@ def _reference(directory, ids, media) -> list[int]:
 
     hf = AutoModelForImageTextToText.from_pretrained(directory, dtype=torch.float32).eval()
     inputs = {"input_ids": torch.tensor([ids])}
-    keys = [k for k in media.images[0].pixels if k != "merge_size"]
-    for key in keys:
-        inputs[key] = torch.cat([image.pixels[key] for image in media.images])
-    image_token = hf.config.image_token_id
-    inputs["mm_token_type_ids"] = (inputs["input_ids"] == image_token).int()
-    out = hf.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, min_new_tokens=NEW_TOKENS)
-    return out[0, len(ids):].tolist()
+    inputs.update(PIXEL_INPUTS.get(hf.config.model_type, _qwen_inputs)(hf, inputs["input_ids"], media))
+    out = hf.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, min_new_tokens=NEW_TOKENS,
+                      output_logits=True, return_dict_in_generate=True)
+    REFERENCE_LOGPROBS[tuple(ids)] = torch.log_softmax(out.logits[0][0].float(), -1).topk(TOP).values.tolist()
+    return out.sequences[0, len(ids):].tolist()
+
+
+def _qwen_inputs(hf, input_ids, media) -> dict:
+    """The images' tensors stacked (one row per patch), and which tokens are image tokens."""
+    inputs = {key: torch.cat([image.pixels[key] for image in media.images])
+              for key in media.images[0].pixels if key != "merge_size"}
+    inputs["mm_token_type_ids"] = (input_ids == hf.config.image_token_id).int()
+    return inputs
+
+
+def _tiled_inputs(hf, input_ids, media) -> dict:
+    """Idefics3 / SmolVLM: one prompt's tiles of every image in one [1, tiles, ...] batch entry."""
+    return {key: torch.cat([image.pixels[key] for image in media.images], dim=1)
+            for key in ("pixel_values", "pixel_attention_mask")}
+
+
+def _padded_inputs(hf, input_ids, media) -> dict:
+    """Mistral 3 / Pixtral: the images zero-padded to the largest, stacked, with their sizes."""
+    pixels = [image.pixels["pixel_values"] for image in media.images]
+    height, width = max(p.shape[-2] for p in pixels), max(p.shape[-1] for p in pixels)
+    padded = [torch.nn.functional.pad(p, (0, width - p.shape[-1], 0, height - p.shape[-2])) for p in pixels]
+    sizes = torch.cat([image.pixels["image_sizes"] for image in media.images])
+    return {"pixel_values": torch.cat(padded), "image_sizes": sizes}
+
+
+# how transformers takes a prompt's images, where it is not Qwen-VL's way
+PIXEL_INPUTS = {"idefics3": _tiled_inputs, "smolvlm": _tiled_inputs, "mistral3": _padded_inputs,
+                "llava": _padded_inputs}
 
 
 def _engine(hf, tokenizer, prefill_budget=1024) -> Engine:
@@ -71,21 +102,29 @@ def _engine(hf, tokenizer, prefill_budget=1024) -> Engine:
 
 
 def _generate(engine: Engine, requests: list[tuple[list[int], object]]) -> list[tuple[list[int], int]]:
-    """Greedy tokens and cached prompt tokens of each (ids, media), run together."""
+    """Greedy tokens and cached prompt tokens of each (ids, media), run together (the first
+    token's top logprobs of each go to :data:`ENGINE_LOGPROBS`, in order)."""
     out: dict[int, list] = {i: [] for i in range(len(requests))}
     for i, (ids, media) in enumerate(requests):
         engine.submit(GenerationRequest(request_id=f"r{i}", prompt_token_ids=ids, media=media, ignore_eos=True,
-                                        params=SamplingParams(temperature=0.0), max_tokens=NEW_TOKENS,
+                                        params=SamplingParams(temperature=0.0, logprobs=True, top_logprobs=TOP),
+                                        max_tokens=NEW_TOKENS,
                                         sink=out[i].append))
     for _ in range(400):
         if all(d and d[-1].finish_reason for d in out.values()):
             break
         engine.step()
     results = []
+    ENGINE_LOGPROBS.clear()
     for deltas in out.values():
         assert deltas[-1].finish_reason == "length", deltas[-1].error
         results.append(([t for d in deltas for t in d.token_ids], deltas[-1].cached_tokens))
+        first = next(d.logprobs[0] for d in deltas if d.logprobs)
+        ENGINE_LOGPROBS.append([value for _, value in first.top])
     return results
+
+
+ENGINE_LOGPROBS: list[list[float]] = []
 
 
 def test_one_and_two_images_give_transformers_greedy_tokens(family_model):
@@ -96,6 +135,10 @@ def test_one_and_two_images_give_transformers_greedy_tokens(family_model):
                   "What differs between the two?")
     got = _generate(engine, [one, two])  # batched together
     assert [tokens for tokens, _ in got] == [_reference(directory, *one), _reference(directory, *two)]
+    # the logprobs too: the tiny models' tokens hardly depend on the picture, their logprobs do
+    # (test_the_picture_decides_the_logprobs), so a wrong or misplaced image row shows here
+    for engine_top, prompt in zip(ENGINE_LOGPROBS, (one, two), strict=True):
+        assert engine_top == pytest.approx(REFERENCE_LOGPROBS[tuple(prompt[0])], abs=2e-4)
     assert one[1].num_image_tokens > 4 and len(two[1].images) == 2
 
 
@@ -128,3 +171,20 @@ def _prompt_for(hf, tokenizer, directory):
 
     runner_family.family, runner_family.hf = family_for(hf.config), hf
     return _prompt(runner_family, tokenizer, directory, [_picture(90, 90, 9)])
+
+
+def test_the_picture_decides_the_logprobs(family_model):
+    """The first token's logprobs depend on the image: other pixels, or the same image's rows in
+    reverse order, move them far more than the engine and transformers differ (2e-4 above)."""
+    directory, tokenizer, hf = family_model
+    engine = _engine(hf, tokenizer)
+    ids, media = _prompt(engine.runner, tokenizer, directory, [_picture(100, 80, 11)])
+    _, other = _prompt(engine.runner, tokenizer, directory, [_picture(100, 80, 12)])
+    _generate(engine, [(ids, media), (ids, other)])
+    first, second = ENGINE_LOGPROBS
+    flipped = _prompt(engine.runner, tokenizer, directory, [_picture(100, 80, 11)])[1]
+    flipped.encoded[0] = engine.runner.encode_image(flipped.images[0].pixels).flip(0)
+    _generate(_engine(hf, tokenizer), [(ids, flipped)])
+    [reversed_rows] = ENGINE_LOGPROBS
+    assert max(abs(a - b) for a, b in zip(first, second)) > 2e-3
+    assert max(abs(a - b) for a, b in zip(first, reversed_rows)) > 2e-3
