@@ -44,7 +44,8 @@ def expand_prompt(family: VisionFamily, tokenizer, image_processor, config, prom
         tokens, takes_row = family.expansion(tokenizer, pixels)
         runs = _runs(len(ids), takes_row)
         ids.extend(tokens)
-        images.append(ImageInput(runs=runs, pixels=pixels, digest=picture.digest))
+        # the key names the picture and how it was processed (detail)
+        images.append(ImageInput(runs=runs, pixels=pixels, digest=f"{picture.digest}/{picture.detail}"))
         cursor = where + 1
     ids.extend(prompt_ids[cursor:])
     rope = family.rope_positions(config, ids, images)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,7 @@ class ImageInput:
 
     runs: tuple[tuple[int, int], ...]
     pixels: dict[str, torch.Tensor]  # the image processor's outputs for this image
-    digest: str  # content hash of the decoded picture
+    digest: str  # the decoded picture's content hash and how it was processed (its cache key)
 
     @property
     def length(self) -> int:
@@ -60,7 +61,7 @@ class PromptMedia:
         """``prompt_ids`` with every image position replaced by its virtual id (prefix-cache keys)."""
         ids = list(prompt_ids)
         for image in self.images:
-            seed = int(image.digest[:15], 16)
+            seed = int(hashlib.sha256(image.digest.encode()).hexdigest()[:15], 16)
             row = 0
             for first, count in image.runs:
                 for offset in range(count):

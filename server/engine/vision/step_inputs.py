@@ -2,8 +2,8 @@
 
 An image is encoded the first time a prefill step reaches its placeholder span, once for all the
 sequences of its request (the rows are kept on the request's :class:`PromptMedia`); a span the
-prefix cache already holds is never encoded. Chunked prefill may split a span: each chunk takes
-its slice of the rows.
+prefix cache already holds is never encoded, and a picture encoded recently is taken from the
+:class:`EncoderCache`. Chunked prefill may split a span: each chunk takes its slice of the rows.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from server.engine.step_batch import Row
+from server.engine.vision.encoder_cache import EncoderCache
 from server.engine.vision.media import PromptMedia, StepMedia
 
 
@@ -25,6 +26,7 @@ class StepVision:
         self.mrope = runner.family.mrope
         self.images_encoded = 0
         self.encode_s = 0.0
+        self.cache = EncoderCache()
 
     def position_offsets(self, seqs: list) -> list[int] | None:
         """Per row, the M-RoPE delta of its sequence (None when every row's is 0)."""
@@ -63,14 +65,21 @@ class StepVision:
     def _encoded(self, media: PromptMedia, image: int) -> torch.Tensor:
         rows = media.encoded[image]
         if rows is None:
-            started = time.perf_counter()
-            rows = self.runner.encode_image(media.images[image].pixels)
-            expected = media.images[image].length
-            if rows.shape[0] != expected:
-                raise ValueError(f"the vision tower gave {rows.shape[0]} rows for an image of {expected} tokens")
+            picture = media.images[image]
+            rows = self.cache.get(picture.digest)
+            if rows is None:
+                rows = self._encode(picture)
+                self.cache.put(picture.digest, rows)
             media.encoded[image] = rows
-            self.images_encoded += 1
-            self.encode_s += time.perf_counter() - started
+        return rows
+
+    def _encode(self, picture) -> torch.Tensor:
+        started = time.perf_counter()
+        rows = self.runner.encode_image(picture.pixels)
+        if rows.shape[0] != picture.length:
+            raise ValueError(f"the vision tower gave {rows.shape[0]} rows for an image of {picture.length} tokens")
+        self.images_encoded += 1
+        self.encode_s += time.perf_counter() - started
         return rows
 
     def _positions(self, seqs: list, rows: list[Row]) -> torch.Tensor:

@@ -188,3 +188,27 @@ def test_the_picture_decides_the_logprobs(family_model):
     [reversed_rows] = ENGINE_LOGPROBS
     assert max(abs(a - b) for a, b in zip(first, second)) > 2e-3
     assert max(abs(a - b) for a, b in zip(first, reversed_rows)) > 2e-3
+
+
+def test_a_resent_picture_skips_the_tower_even_without_the_prefix_cache(family_model):
+    directory, tokenizer, hf = family_model
+    runner = VisionRunner(hf, num_blocks=160, block_size=4)
+    engine = Engine(runner, tokenizer, max_batch_size=4, max_model_len=512, speculation=False,
+                    enable_prefix_caching=False)
+    [(cold, _)] = _generate(engine, [_prompt(runner, tokenizer, directory, [_picture(100, 80, 21)])])
+    assert engine.vision.images_encoded == 1
+    [(warm, cached)] = _generate(engine, [_prompt(runner, tokenizer, directory, [_picture(100, 80, 21)])])
+    assert warm == cold and cached == 0 and engine.vision.images_encoded == 1 and engine.vision.cache.hits == 1
+
+
+def test_the_encoder_cache_evicts_the_least_recently_used():
+    from server.engine.vision.encoder_cache import EncoderCache
+
+    cache = EncoderCache(max_bytes=3 * 4 * 10)  # three [10] float32 rows
+    for key in "abc":
+        cache.put(key, torch.zeros(10))
+    assert cache.get("a") is not None  # a is now the most recent
+    cache.put("d", torch.zeros(10))
+    assert cache.get("b") is None and all(cache.get(k) is not None for k in "acd") and cache.bytes == 120
+    cache.put("huge", torch.zeros(100))  # larger than the whole cache: not kept
+    assert cache.get("huge") is None and cache.bytes == 120
