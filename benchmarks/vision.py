@@ -115,8 +115,10 @@ class Bench:
         self.device = device
         self.counter = 0
 
-    def prompt(self, picture: Picture | None, pad_to: int = 0) -> tuple[list[int], object]:
-        text = "<|im_start|>user\n" + ("<|vision_start|><|image_pad|><|vision_end|>" if picture else "")
+    def prompt(self, picture: Picture | None, pad_to: int = 0, salt: int = 0) -> tuple[list[int], object]:
+        """One user turn: the image (if any), a question, ``pad_to`` filler words; ``salt`` makes a
+        text prompt unique (so the prefix cache holds none of it)."""
+        text = f"<|im_start|>user\n{salt} " + ("<|vision_start|><|image_pad|><|vision_end|>" if picture else "")
         text += "Describe it." + " filler" * pad_to + "<|im_end|>\n<|im_start|>assistant\n"
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if picture is None:
@@ -150,7 +152,8 @@ class Bench:
         encode = (self.engine.vision.encode_s - encode_before) * 1e3
         _, again = self.prompt(picture)
         cached = self.first_token_ms(ids, again)
-        text_ids, _ = self.prompt(None, pad_to=max(0, len(ids) - len(self.prompt(None)[0])))
+        salt = seed + 1
+        text_ids, _ = self.prompt(None, pad_to=max(0, len(ids) - len(self.prompt(None, salt=salt)[0])), salt=salt)
         text = self.first_token_ms(text_ids, None)
         return {"tokens": len(ids), "image tokens": media.num_image_tokens, "decode": decode, "process": process,
                 "encode": encode, "prefill": total - encode, "text prefill": text, "cached": cached}

@@ -193,7 +193,7 @@ async def load_pictures(state: ServerState, req: ChatCompletionRequest) -> list:
     refs = state.vision.collect(req.messages)
     if refs and req.truncate_prompt_tokens is not None:
         raise bad_request("'truncate_prompt_tokens' cannot cut a prompt with images", "truncate_prompt_tokens")
-    return await state.vision.load(refs) if refs else []
+    return await state.vision.load(refs, req.max_dynamic_patch) if refs else []
 
 
 async def render_prompt(state: ServerState, req: ChatCompletionRequest, plan, reasoning_format=None,

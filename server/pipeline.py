@@ -68,8 +68,9 @@ def decode(state: ServerState, body: bytes, cls: type[AnyRequest]) -> tuple[AnyR
 def admit(state: ServerState, req: AnyRequest, *, reasoning_model: bool = False) -> AnyRequest:
     """``req`` without the fields this server does not implement (refused, or dropped where the
     request or route drops them), its engine-steering fields checked."""
+    tiling = None if state.vision is None else ("tiles" if state.vision.family.tiles else "")
     req = reject_unimplemented(req, custom_logit_processor_enabled=state.settings.enable_custom_logit_processor,
-                               reasoning_model=reasoning_model)
+                               reasoning_model=reasoning_model, image_tiling=tiling)
     return apply_engine_options(state, req)
 
 

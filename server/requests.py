@@ -162,15 +162,18 @@ _REFUSALS = {
 }
 
 
-def reject_unimplemented(req: T, *, custom_logit_processor_enabled: bool = False, reasoning_model: bool = False) -> T:
+def reject_unimplemented(req: T, *, custom_logit_processor_enabled: bool = False, reasoning_model: bool = False,
+                         image_tiling: str | None = None) -> T:
     """Refuse behaviour-changing fields this server does not implement (or, with ``drop_params``,
-    drop them and say so); returns the request without dropped fields."""
+    drop them and say so); returns the request without dropped fields. ``image_tiling``: None for
+    a text-only model, "" for a vision-language model that does not tile, "tiles" for one that does."""
+    tiles = image_tiling == "tiles"
     unsupported = {
         "use_beam_search": bool(req.use_beam_search),
         "length_penalty": req.length_penalty is not None,
         "custom_logit_processor": req.custom_logit_processor is not None and not custom_logit_processor_enabled,
-        "max_dynamic_patch": req.max_dynamic_patch is not None,
-        "min_dynamic_patch": req.min_dynamic_patch is not None,
+        "max_dynamic_patch": req.max_dynamic_patch is not None and not tiles,
+        "min_dynamic_patch": req.min_dynamic_patch is not None and not tiles,
         "return_routed_experts": bool(req.return_routed_experts),
     }
     if isinstance(req, ChatCompletionRequest):
@@ -196,10 +199,24 @@ def reject_unimplemented(req: T, *, custom_logit_processor_enabled: bool = False
     if present:
         name = present[0]
         message = _REFUSALS.get(name)
+        if name.endswith("_dynamic_patch") and image_tiling is not None:
+            message = f"'{name}' sets image tiling, but the loaded model does not cut images into tiles"
         if message is None:
             raise not_implemented(name)
         raise bad_request(message, param=name, code="unsupported_parameter")
+    if tiles:
+        _check_tiles(req.max_dynamic_patch, req.min_dynamic_patch)
     return req
+
+
+def _check_tiles(most: int | None, least: int | None) -> None:
+    """SGLang's tile counts on a tiling vision model: ``max_dynamic_patch`` at least 1; the tiles
+    follow from the image's size, so ``min_dynamic_patch`` can only be 1."""
+    if most is not None and most < 1:
+        raise bad_request("'max_dynamic_patch' must be at least 1", param="max_dynamic_patch")
+    if least is not None and least != 1:
+        raise bad_request("'min_dynamic_patch' can only be 1 on this model: it cuts an image into as many tiles as "
+                          "its size needs (up to 'max_dynamic_patch'), never more", param="min_dynamic_patch")
 
 
 def prediction_text(prediction: Any) -> str | None:

@@ -78,12 +78,14 @@ class VisionFrontend:
                               "per prompt (--limit-mm-per-prompt)", "messages", code="too_many_images")
         return refs
 
-    async def load(self, refs: list[ImageRef]) -> list[Picture]:
-        """Every image fetched and decoded (concurrently, bounded by the loader)."""
+    async def load(self, refs: list[ImageRef], max_tiles: int | None = None) -> list[Picture]:
+        """Every image fetched and decoded (concurrently, bounded by the loader); ``max_tiles``:
+        SGLang's ``max_dynamic_patch``."""
         loaded = await asyncio.gather(*(self.loader.load(ref.url, param=f"{ref.param}.image_url.url") for ref in refs))
         if self.metrics is not None:
             self.metrics.image_bytes.inc(sum(image.num_bytes for image in loaded))
-        return [Picture(image=image.image, digest=image.digest, detail=ref.detail) for ref, image in zip(refs, loaded)]
+        return [Picture(image=image.image, digest=image.digest, detail=ref.detail, max_tiles=max_tiles)
+                for ref, image in zip(refs, loaded, strict=True)]
 
     async def expand(self, prompt_ids: list[int], pictures: list[Picture]) -> tuple[list[int], PromptMedia]:
         """The prompt with every placeholder expanded, and its media (image processor off the loop)."""

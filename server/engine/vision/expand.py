@@ -20,6 +20,7 @@ class Picture:
     image: object  # PIL.Image.Image, RGB
     digest: str
     detail: str = "auto"
+    max_tiles: int | None = None  # SGLang's max_dynamic_patch (tiling families)
 
 
 class PlaceholderMismatch(ValueError):
@@ -40,12 +41,12 @@ def expand_prompt(family: VisionFamily, tokenizer, image_processor, config, prom
     cursor = 0
     for where, picture in zip(found, pictures, strict=True):
         ids.extend(prompt_ids[cursor:where])
-        pixels = family.process(image_processor, picture.image, picture.detail)
+        pixels = family.process(image_processor, picture.image, picture.detail, picture.max_tiles)
         tokens, takes_row = family.expansion(tokenizer, pixels)
         runs = _runs(len(ids), takes_row)
         ids.extend(tokens)
-        # the key names the picture and how it was processed (detail)
-        images.append(ImageInput(runs=runs, pixels=pixels, digest=f"{picture.digest}/{picture.detail}"))
+        # the key names the picture and how it was processed (detail, tiles)
+        images.append(ImageInput(runs=runs, pixels=pixels, digest=f"{picture.digest}/{picture.detail}/{picture.max_tiles}"))
         cursor = where + 1
     ids.extend(prompt_ids[cursor:])
     rope = family.rope_positions(config, ids, images)

@@ -10,6 +10,7 @@ the language model runs in the engine over the paged cache.
 from __future__ import annotations
 
 from dataclasses import dataclass
+import math
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ class VisionFamily:
     description = ""
     image_token = ""  # the token every embedding row is written over
     placeholder = ""  # what a text-only chat template gets, once per image, in the message text
+    tiles = False  # cuts an image into tiles (SGLang's max_dynamic_patch caps how many)
     mrope = False  # 3-D rotary positions (the prompt's are computed here; later tokens' are 1-D plus a delta)
 
     def serves(self, config) -> bool:
@@ -37,8 +39,9 @@ class VisionFamily:
 
         return AutoImageProcessor.from_pretrained(directory, backend="pil")
 
-    def process(self, image_processor, image, detail: str) -> dict[str, torch.Tensor]:
-        """The processor's tensors for one image (``detail``: OpenAI's low / high / auto)."""
+    def process(self, image_processor, image, detail: str, max_tiles: int | None = None) -> dict[str, torch.Tensor]:
+        """The processor's tensors for one image (``detail``: OpenAI's low / high / auto;
+        ``max_tiles``: a tiling family's most tiles)."""
         return dict(image_processor(images=[image], return_tensors="pt"))
 
     def expansion(self, tokenizer, pixels: dict[str, torch.Tensor]) -> tuple[list[int], list[bool]]:
@@ -78,7 +81,7 @@ class QwenVL(VisionFamily):
     mrope = True
     _LOW_DETAIL_TOKENS = 256  # detail "low": at most 256 image tokens
 
-    def process(self, image_processor, image, detail: str) -> dict[str, torch.Tensor]:
+    def process(self, image_processor, image, detail: str, max_tiles: int | None = None) -> dict[str, torch.Tensor]:
         options: dict[str, Any] = {}
         if detail == "low":
             size = dict(image_processor.size)
@@ -131,6 +134,7 @@ class Idefics3(VisionFamily):
 
     model_types = ("idefics3", "smolvlm")
     description = "Idefics3 / SmolVLM"
+    tiles = True
     image_token = "<image>"
     placeholder = "<image>"
     _AROUND = "<fake_token_around_image>"
@@ -145,10 +149,14 @@ class Idefics3(VisionFamily):
         return ConfiguredProcessor(super().load_image_processor(directory),
                                    image_seq_len=side * side // config.scale_factor**2)
 
-    def process(self, image_processor, image, detail: str) -> dict[str, torch.Tensor]:
+    def process(self, image_processor, image, detail: str, max_tiles: int | None = None) -> dict[str, torch.Tensor]:
         options: dict[str, Any] = {"return_row_col_info": True}
-        if detail == "low":
+        if detail == "low" or max_tiles == 1:
             options["do_image_splitting"] = False
+        elif max_tiles is not None:  # k tiles a side at most, k*k <= max_tiles
+            processor = image_processor.processor
+            side = math.isqrt(max_tiles) * processor.max_image_size["longest_edge"]
+            options["size"] = {"longest_edge": min(processor.size["longest_edge"], side)}
         out = image_processor.processor(images=[image], return_tensors="pt", **options)
         return {"pixel_values": out["pixel_values"], "pixel_attention_mask": out["pixel_attention_mask"],
                 "rows": torch.tensor(out["rows"][0][0]), "cols": torch.tensor(out["cols"][0][0]),
@@ -202,7 +210,7 @@ class Pixtral(VisionFamily):
         return ConfiguredProcessor(super().load_image_processor(directory),
                                    patch=config.vision_config.patch_size * merge)
 
-    def process(self, image_processor, image, detail: str) -> dict[str, torch.Tensor]:
+    def process(self, image_processor, image, detail: str, max_tiles: int | None = None) -> dict[str, torch.Tensor]:
         patch = image_processor.patch
         options: dict[str, Any] = {"patch_size": {"height": patch, "width": patch}}
         if detail == "low":

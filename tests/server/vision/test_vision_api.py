@@ -146,3 +146,40 @@ def test_regex_choice_and_a_forced_tool_call_over_an_image(vlm_server):
                                             tools=[tool], tool_choice="required")
     [call] = called.choices[0].message.tool_calls
     assert call.function.name == "record_total" and "total" in json.loads(call.function.arguments)
+
+
+@pytest.mark.parametrize("field", ["max_dynamic_patch", "min_dynamic_patch"])
+def test_tile_counts_on_a_model_that_does_not_tile_are_a_400(vlm_server, field):
+    with pytest.raises(openai.BadRequestError) as caught:
+        vlm_server.client().chat.completions.create(model="tiny-vl", messages=_user(_image(_data_url()), TEXT),
+                                                    max_tokens=2, extra_body={field: 4})
+    assert caught.value.body["param"] == field and "does not cut images into tiles" in caught.value.body["message"]
+
+
+@pytest.fixture(scope="module")
+def tiling_server(tmp_path_factory, default_tokenizer):
+    """A tiny SmolVLM: its processor cuts images into tiles."""
+    from tests.server.engine.vision.tiny_vlm import write_idefics3
+
+    directory = write_idefics3(tmp_path_factory.mktemp("smolvlm"), default_tokenizer, "smolvlm")
+    settings = Settings(model=str(directory), served_model_name="tiny-smol", max_batch_size=4, max_model_len=2048)
+    running, stop = start_server(settings, ModelSource(directory, name="tiny-smol"))
+    yield running
+    stop()
+
+
+def test_a_tiling_model_takes_max_dynamic_patch_and_detail(tiling_server):
+    client = tiling_server.client()
+    messages = _user(_image(_data_url(200, 150)), TEXT)
+
+    def prompt_tokens(**extra) -> int:
+        reply = client.chat.completions.create(model="tiny-smol", messages=messages, max_tokens=2, temperature=0,
+                                               extra_body=extra)
+        return reply.usage.prompt_tokens
+
+    tiled, capped, global_only = prompt_tokens(), prompt_tokens(max_dynamic_patch=1), prompt_tokens(
+        messages=[{"role": "user", "content": [_image(_data_url(200, 150), detail="low"), TEXT]}])
+    assert tiled > capped and capped == global_only
+    with pytest.raises(openai.BadRequestError) as caught:
+        prompt_tokens(min_dynamic_patch=2)
+    assert caught.value.body["param"] == "min_dynamic_patch"

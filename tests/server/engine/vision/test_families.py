@@ -133,3 +133,17 @@ def test_llava_is_served_with_a_pixtral_tower_only():
 def test_gemma3_is_refused_for_its_bidirectional_image_attention():
     with pytest.raises(UnsupportedModelError, match="'gemma3' is not supported: .*bidirectionally"):
         _family("gemma3")
+
+
+@pytest.mark.parametrize(("max_tiles", "grid"), [(None, (3, 3)), (9, (3, 3)), (8, (2, 2)), (4, (2, 2)), (3, (0, 0)),
+                                                 (1, (0, 0))])
+def test_max_dynamic_patch_caps_the_tiles(max_tiles, grid):
+    """SGLang's max_dynamic_patch on a tiling family: at most that many tiles (k x k with k*k <= N,
+    the image fitting one tile then gives the global view alone), besides the global view."""
+    from transformers.models.smolvlm import SmolVLMImageProcessorPil
+
+    processor = ConfiguredProcessor(SmolVLMImageProcessorPil(size={"longest_edge": 96},
+                                                             max_image_size={"longest_edge": 32}), image_seq_len=4)
+    pixels = _family("smolvlm").process(processor, _image(120, 90), "auto", max_tiles)
+    rows, cols = int(pixels["rows"]), int(pixels["cols"])
+    assert (rows, cols) == grid and rows * cols <= (max_tiles or 9)
