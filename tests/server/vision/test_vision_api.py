@@ -183,3 +183,31 @@ def test_a_tiling_model_takes_max_dynamic_patch_and_detail(tiling_server):
     with pytest.raises(openai.BadRequestError) as caught:
         prompt_tokens(min_dynamic_patch=2)
     assert caught.value.body["param"] == "min_dynamic_patch"
+
+
+def test_the_router_dialect_keeps_image_parts(vlm_server):
+    import httpx
+
+    body = {"model": "tiny-vl@trellis", "messages": _user(_image(_data_url(color=(5, 6, 7))), TEXT), "max_tokens": 3,
+            "temperature": 0, "unknown_knob": 1}
+    v0 = httpx.post(vlm_server.base_url + "/v0/chat/completions", json=body, timeout=60)
+    assert v0.status_code == 200, v0.text
+    assert v0.headers["x-trellis-dropped-params"] == "unknown_knob"
+    v1 = vlm_server.client().chat.completions.create(model="tiny-vl", messages=body["messages"], max_tokens=3,
+                                                     temperature=0)
+    assert v0.json()["usage"]["prompt_tokens"] == v1.usage.prompt_tokens
+    assert v0.json()["choices"][0]["message"]["content"] == v1.choices[0].message.content
+
+
+def test_a_stored_completion_keeps_its_image_as_a_reference(vlm_server):
+    import httpx
+
+    url = _data_url(40, 40, (77, 66, 55))
+    reply = vlm_server.client().chat.completions.create(model="tiny-vl", messages=_user(_image(url), TEXT),
+                                                        max_tokens=2, temperature=0, store=True)
+    stored = httpx.get(f"{vlm_server.base_url}/v1/chat/completions/{reply.id}/messages", timeout=30)
+    assert stored.status_code == 200, stored.text
+    [message] = stored.json()["data"]
+    [image, text] = message["content_parts"]
+    assert image["image_url"]["url"].startswith("trellis-image:sha256:") and text["text"] == TEXT["text"]
+    assert "base64" not in stored.text
