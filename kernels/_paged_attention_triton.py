@@ -10,6 +10,10 @@ walked ``TILE_N`` positions at a time with an online softmax; loop bounds come f
 ``context_lens`` inside the kernel, so the launch depends only on tensor shapes and can be
 captured in a CUDA graph. The same tiling is used by vLLM's unified Triton attention.
 
+With ``HAS_LIMITS`` each query also reads its last visible key position (``visible_until``, at
+least its own): the tile's key loop runs to the largest of its queries' limits (within the row's
+context) and each query masks the keys past its own. Without it, nothing of this is compiled in.
+
 Small decode-only steps also split each tile's keys over ``NUM_SPLITS`` programs (grid axis 2;
 flash-decoding): each stores its unnormalised partial state and ``_merge_splits_kernel``
 rescales them to one maximum, adds the sink and normalises.
@@ -69,6 +73,7 @@ def _paged_attention_kernel(
     block_tables_ptr,
     context_lens_ptr,
     query_start_ptr,
+    visible_until_ptr,
     num_rows,
     num_heads,
     head_dim,
@@ -98,6 +103,7 @@ def _paged_attention_kernel(
     IEEE_DOT: tl.constexpr,
     FP32_OPERANDS: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    HAS_LIMITS: tl.constexpr = False,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -134,6 +140,12 @@ def _paged_attention_kernel(
 
     last_local = tl.minimum(local_tile * BLOCK_Q + BLOCK_Q, q_len) - 1
     key_end = first_pos + last_local + 1  # exclusive: the tile's last query sees keys < key_end
+    q_last = q_pos  # the last key each query sees
+    if HAS_LIMITS:
+        limit = tl.load(visible_until_ptr + q_token, mask=m_valid, other=0).to(tl.int32)
+        q_last = tl.maximum(q_pos, limit)
+        farthest = tl.max(tl.where(m_valid, q_last + 1, 0), axis=0)
+        key_end = tl.minimum(tl.maximum(key_end, farthest), ctx_len)
     key_begin = 0
     if HAS_WINDOW:
         key_begin = tl.maximum(first_pos + local_tile * BLOCK_Q - sliding_window + 1, 0)
@@ -168,7 +180,7 @@ def _paged_attention_kernel(
         if HAS_SOFTCAP:
             s = softcap * _tanh(s / softcap)
         s = s * 1.4426950408889634  # exp2 below
-        visible = m_valid[:, None] & n_valid[None, :] & (k_pos[None, :] <= q_pos[:, None])
+        visible = m_valid[:, None] & n_valid[None, :] & (k_pos[None, :] <= q_last[:, None])
         if HAS_WINDOW:
             visible = visible & (k_pos[None, :] > q_pos[:, None] - sliding_window)
         s = tl.where(visible, s, float("-inf"))
@@ -246,8 +258,12 @@ def paged_attention(
     sinks: torch.Tensor | None,
     softcap: float | None,
     num_kv_splits: int | None = None,
+    visible_until: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launch the kernel; the grid depends only on shapes (CUDA-graph capturable).
+
+    ``visible_until`` [N] (int32 or int64; None: causal): each query's last visible key position
+    (see :attr:`kernels.paged_attention.PagedAttentionMetadata.visible_until`).
 
     When every row is a decode row by shape (``N == R``), or a kv head has 16+ query heads,
     a tile holds one token and needs no spare tile per row. ``num_kv_splits`` (a power of two;
@@ -292,6 +308,7 @@ def paged_attention(
         block_tables,
         context_lens,
         query_start,
+        visible_until if visible_until is not None else query_start,
         num_rows,
         num_heads,
         head_dim,
@@ -322,6 +339,7 @@ def paged_attention(
         # Triton's interpreter multiplies bfloat16 tiles as raw bits (3.9): feed it float32.
         FP32_OPERANDS=INTERPRETED and query.dtype == torch.bfloat16,
         NUM_SPLITS=splits,
+        HAS_LIMITS=visible_until is not None,
     )
     if splits > 1:
         _merge_splits_kernel[(num_tokens, num_heads)](

@@ -6,7 +6,8 @@ blocks listed in its block-table row; its ``q_len`` new tokens are written into 
 first (:func:`write_kv`), then attend causally over the row's whole context: query ``j`` of
 row ``r`` sits at position ``context_lens[r] - q_len + j`` and sees keys ``0..`` that position
 (or only the last ``sliding_window`` of them). Decode rows (``q_len == 1``), prefill chunks and
-multi-token continuations mix freely in one call.
+multi-token continuations mix freely in one call. A step may let some queries see further ahead
+(``PagedAttentionMetadata.visible_until``: Gemma 3's image tokens attend to their whole image).
 
 :func:`paged_attention_reference` is the oracle: plain torch, one row at a time, float32
 softmax. The Triton kernel and the CPU fast path are tested against it.
@@ -50,6 +51,11 @@ class PagedAttentionMetadata:
     # per row, its first block when the blocks holding its context are consecutive ids (-1: not):
     # the torch path then reads the keys and values as a view of the cache instead of a gather
     block_runs_host: list[int] | None = None
+    # [N] int (int32 or int64, on the cache's device), per query: the last key position it sees
+    # (its own position or later; the sliding window still starts from its own position). Keys
+    # past a row's context do not exist: a limit beyond it is cut to the row's last key. None:
+    # causal, each query sees up to its own position (and no extra work is done).
+    visible_until: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -146,6 +152,7 @@ def paged_attention_reference(
     ``sliding_window``: a query at position p sees keys ``p - sliding_window + 1 .. p``.
     ``sinks`` [heads]: one extra logit per head in the softmax denominator (gpt-oss).
     ``softcap``: scores become ``softcap * tanh(scores / softcap)`` before masking (Gemma 2).
+    ``meta.visible_until``: a query sees keys up to ``max(p, visible_until[q])``.
     """
     heads = query.shape[1]
     kv_heads, head_dim = k_cache.shape[-2:]
@@ -167,7 +174,11 @@ def paged_attention_reference(
             scores = softcap * torch.tanh(scores / softcap)
         q_pos = torch.arange(ctx - q_len, ctx, device=query.device).view(-1, 1)
         k_pos = torch.arange(ctx, device=query.device).view(1, -1)
-        visible = k_pos <= q_pos
+        last = q_pos
+        if meta.visible_until is not None:
+            limits = meta.visible_until[start : start + q_len].to(query.device, torch.long).view(-1, 1)
+            last = torch.maximum(q_pos, limits)
+        visible = k_pos <= last
         if sliding_window is not None:
             visible &= k_pos > q_pos - sliding_window
         scores = scores.masked_fill(~visible, float("-inf"))
@@ -228,6 +239,7 @@ def paged_attention(
                 sinks=sinks,
                 softcap=softcap,
                 num_kv_splits=num_kv_splits,
+                visible_until=meta.visible_until,
             )
     return paged_attention_torch(
         query, k_cache, v_cache, meta, scale=scale, sliding_window=sliding_window, sinks=sinks, softcap=softcap
@@ -258,6 +270,8 @@ def _check_shapes(
     rows = meta.context_lens.shape[0]
     if meta.block_tables.shape[0] != rows or meta.query_start.shape[0] != rows + 1:
         raise ValueError("metadata rows disagree: block_tables [R, B], context_lens [R], query_start [R + 1]")
+    if meta.visible_until is not None and meta.visible_until.shape != (query.shape[0],):
+        raise ValueError(f"visible_until must be [{query.shape[0]}], got {tuple(meta.visible_until.shape)}")
 
 
 def paged_attention_torch(
@@ -279,6 +293,8 @@ def paged_attention_torch(
     together the same way, their queries padded to the longest, with each row's causal offset
     mask; each longer row (a prefill chunk) is one SDPA call with its own. Sinks ride along as
     an extra key; a softcap (which SDPA cannot apply) takes a masked float32 matmul instead.
+    ``meta.visible_until`` widens the multi-token rows' masks (a decode row's limit cannot reach
+    past its own position, the last key of its context).
     """
     if meta.prompt_counts is not None:
         return _attend_token_by_token(query, k_cache, v_cache, meta, scale, sliding_window, sinks, softcap)
@@ -302,7 +318,8 @@ def paged_attention_torch(
     for row in multi:
         begin, q_len = starts[row], meta.query_lens_host[row]
         out[begin : begin + q_len] = _attend_one_row(
-            query[begin : begin + q_len], k_cache, v_cache, meta, row, scale, sliding_window, sinks, softcap
+            query[begin : begin + q_len], k_cache, v_cache, meta, row, scale, sliding_window, sinks, softcap,
+            limits=_limits(meta, begin, q_len),
         )
     return out
 
@@ -328,7 +345,8 @@ def _attend_token_by_token(
         if prompt:
             out[begin : begin + prompt] = _attend_one_row(query[begin : begin + prompt], k_cache, v_cache, meta, row,
                                                           scale, sliding_window, sinks, softcap,
-                                                          ctx=ctx - (q_len - prompt))
+                                                          ctx=ctx - (q_len - prompt),
+                                                          limits=_limits(meta, begin, prompt))
         if prompt == q_len:
             continue
         keys = _gather_kv(k_cache, meta, row, ctx, "k")  # [ctx, kv, d]
@@ -336,9 +354,16 @@ def _attend_token_by_token(
         for j in range(prompt, q_len):
             seen = ctx - q_len + 1 + j
             low = max(0, seen - sliding_window) if sliding_window is not None else 0
+            if meta.visible_until is not None:  # a later limit (read back: this path is the CPU's)
+                seen = min(ctx, max(seen, int(meta.visible_until[begin + j]) + 1))
             q = query[begin + j].view(1, 1, *query.shape[1:])
             out[begin + j] = _attend(q, keys[None, low:seen], values[None, low:seen], None, scale, sinks, softcap)[0, 0]
     return out
+
+
+def _limits(meta: PagedAttentionMetadata, begin: int, count: int) -> torch.Tensor | None:
+    """The ``visible_until`` of queries ``begin .. begin + count``, or None (causal)."""
+    return None if meta.visible_until is None else meta.visible_until[begin : begin + count]
 
 
 def _query_starts(meta: PagedAttentionMetadata) -> list[int]:
@@ -544,7 +569,13 @@ def _attend_short_rows(
     first = torch.tensor([c - n for c, n in zip(contexts, q_lens)], device=query.device).view(-1, 1, 1)
     q_pos = first + torch.arange(width, device=query.device).view(1, -1, 1)  # [B, W, 1]
     k_pos = torch.arange(longest, device=query.device).view(1, 1, -1)
-    visible = k_pos <= q_pos
+    last = q_pos
+    if meta.visible_until is not None:
+        limits = torch.full((len(rows) * width,), -1, dtype=torch.long, device=query.device)
+        limits[padded] = meta.visible_until[tokens].to(query.device, torch.long)
+        last_key = torch.tensor(contexts, device=query.device).view(-1, 1, 1) - 1  # not the padding keys
+        last = torch.minimum(torch.maximum(q_pos, limits.view(len(rows), width, 1)), last_key)
+    visible = k_pos <= last
     if sliding_window is not None:
         visible &= k_pos > q_pos - sliding_window
     out = _attend(q.view(len(rows), width, *heads_dims), keys, values, visible, scale, sinks, softcap)
@@ -562,17 +593,20 @@ def _attend_one_row(
     sinks: torch.Tensor | None,
     softcap: float | None,
     ctx: int | None = None,
+    limits: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A multi-token row [q, h, d] over its context (plain causal when it is a whole prefill);
-    ``ctx``: the context its last query sees, when the row goes on beyond these queries."""
+    ``ctx``: the context its last query sees, when the row goes on beyond these queries;
+    ``limits`` [q]: the queries' ``visible_until`` (None: causal)."""
     q_len, ctx = q.shape[0], ctx if ctx is not None else meta.context_lens_host[row]
     keys = _gather_kv(k_cache, meta, row, ctx, "k").unsqueeze(0)  # [1, ctx, kv, d]
     values = _gather_kv(v_cache, meta, row, ctx, "v").unsqueeze(0)
     visible = None
-    if sliding_window is not None or q_len != ctx:
+    if sliding_window is not None or q_len != ctx or limits is not None:
         q_pos = torch.arange(ctx - q_len, ctx, device=q.device).view(-1, 1)
         k_pos = torch.arange(ctx, device=q.device).view(1, -1)
-        visible = k_pos <= q_pos
+        last = q_pos if limits is None else torch.maximum(q_pos, limits.to(q.device, torch.long).view(-1, 1))
+        visible = k_pos <= last
         if sliding_window is not None:
             visible &= k_pos > q_pos - sliding_window
         visible = visible.unsqueeze(0)

@@ -75,6 +75,8 @@ class Scheduler:
                 take = 1
             elif budget > 0 or not extend_plan:
                 take = min(len(seq.pending), max(budget, 1))
+                if take < len(seq.pending) and seq.request.media is not None:
+                    take = seq.request.media.whole_runs(seq.cached_len, take)  # Gemma 3: whole images
             else:
                 continue
             if not self._make_room(seq, seq.cached_len + take):

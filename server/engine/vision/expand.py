@@ -1,8 +1,8 @@
 """A rendered prompt plus its pictures → the prompt the language model reads, and its media.
 
-The chat template leaves one placeholder token per image; each is expanded to the family's
-token run for that image (its size depends on the processed image), and the runs are recorded
-as the spans the embedding rows go to.
+The chat template leaves one placeholder token per image (the family's ``prompt_token``); each is
+expanded to the family's token run for that image (its size depends on the processed image), and
+the runs of image tokens are recorded as the spans the embedding rows go to.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class PlaceholderMismatch(ValueError):
 def expand_prompt(family: VisionFamily, tokenizer, image_processor, config, prompt_ids: list[int],
                   pictures: list[Picture]) -> tuple[list[int], PromptMedia]:
     """(the expanded prompt ids, its :class:`PromptMedia`). CPU work: run it off the event loop."""
-    placeholder = tokenizer.convert_tokens_to_ids(family.image_token)
+    placeholder = tokenizer.convert_tokens_to_ids(family.prompt_token)
     found = [i for i, token in enumerate(prompt_ids) if token == placeholder]
     if len(found) != len(pictures):
         raise PlaceholderMismatch(f"the rendered prompt holds {len(found)} image placeholders for "
@@ -40,20 +40,22 @@ def expand_prompt(family: VisionFamily, tokenizer, image_processor, config, prom
     images: list[ImageInput] = []
     cursor = 0
     for where, picture in zip(found, pictures, strict=True):
-        ids.extend(prompt_ids[cursor:where])
+        family.extend_ids(tokenizer, ids, prompt_ids[cursor:where])
         pixels = family.process(image_processor, picture.image, picture.detail, picture.max_tiles)
         tokens, takes_row = family.expansion(tokenizer, pixels)
-        runs = _runs(len(ids), takes_row)
-        ids.extend(tokens)
+        family.extend_ids(tokenizer, ids, tokens)
+        # the expansion's tokens end the ids (a merge at the seam may only rewrite leading text tokens)
+        runs = _runs(len(ids) - len(tokens), takes_row)
         # the key names the picture and how it was processed (detail, tiles)
         images.append(ImageInput(runs=runs, pixels=pixels, digest=f"{picture.digest}/{picture.detail}/{picture.max_tiles}"))
         cursor = where + 1
-    ids.extend(prompt_ids[cursor:])
+    family.extend_ids(tokenizer, ids, prompt_ids[cursor:])
     rope = family.rope_positions(config, ids, images)
+    bidirectional = family.bidirectional_images
     if rope is None:
-        return ids, PromptMedia(images=tuple(images))
+        return ids, PromptMedia(images=tuple(images), bidirectional=bidirectional)
     positions, delta = rope
-    return ids, PromptMedia(images=tuple(images), positions=positions, rope_delta=delta)
+    return ids, PromptMedia(images=tuple(images), positions=positions, rope_delta=delta, bidirectional=bidirectional)
 
 
 def _runs(offset: int, takes_row: list[bool]) -> tuple[tuple[int, int], ...]:

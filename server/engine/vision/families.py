@@ -2,7 +2,8 @@
 
 A family knows its placeholder token, how the image processor's output for one image expands
 that token in the prompt, how its vision tower turns the pixels into rows of the language
-model's width, and (Qwen-VL) the prompt's 3-D rotary positions. transformers runs the towers and
+model's width, (Qwen-VL) the prompt's 3-D rotary positions, and (Gemma 3) whether an image's
+tokens attend to each other bidirectionally. transformers runs the towers and
 the processors (their PIL back end: torchvision does not load against the CPU torch build);
 the language model runs in the engine over the paged cache.
 """
@@ -29,6 +30,13 @@ class VisionFamily:
     placeholder = ""  # what a text-only chat template gets, once per image, in the message text
     tiles = False  # cuts an image into tiles (SGLang's max_dynamic_patch caps how many)
     mrope = False  # 3-D rotary positions (the prompt's are computed here; later tokens' are 1-D plus a delta)
+    # each run of image tokens attends bidirectionally within itself during prefill (Gemma 3)
+    bidirectional_images = False
+
+    @property
+    def prompt_token(self) -> str:
+        """The token the rendered prompt holds once per image (expanded by :meth:`expansion`)."""
+        return self.image_token
 
     def serves(self, config) -> bool:
         """Whether this family serves ``config`` (of one of its model types)."""
@@ -38,6 +46,11 @@ class VisionFamily:
         from transformers import AutoImageProcessor
 
         return AutoImageProcessor.from_pretrained(directory, backend="pil")
+
+    def extend_ids(self, tokenizer, ids: list[int], more: list[int]) -> None:
+        """Append ``more`` to the prompt ids being expanded (a family whose processor expands the
+        prompt as text may re-tokenize the seam; never the tokens that take embedding rows)."""
+        ids.extend(more)
 
     def process(self, image_processor, image, detail: str, max_tiles: int | None = None) -> dict[str, torch.Tensor]:
         """The processor's tensors for one image (``detail``: OpenAI's low / high / auto;
@@ -274,13 +287,86 @@ def _merge_size(pixels: dict[str, torch.Tensor]) -> int:
     return int(pixels["merge_size"])
 
 
-FAMILIES: tuple[VisionFamily, ...] = (QwenVL(), Qwen3VL(), Idefics3(), Pixtral())
+class Gemma3(VisionFamily):
+    """Gemma 3 (4B / 12B / 27B): the prompt holds ``<start_of_image>`` once per image, which
+    becomes two newlines, ``<start_of_image>``, ``mm_tokens_per_image`` (256) ``<image_soft_token>``,
+    ``<end_of_image>`` and two newlines (Gemma3Processor's ``full_image_sequence``); SigLIP at a fixed size,
+    pooled and projected (the rows are not scaled by the embedding scale: transformers writes them
+    over the scaled text embeddings as they are). The soft tokens of one image attend to each other
+    bidirectionally (transformers' ``token_type_ids``); 1-D positions, sliding-window layers.
+    Pan-and-scan crops are not taken (the processor's default); detail is ignored (one size).
+
+    Gemma3Processor expands the prompt as text, so the expansion's newlines join the newlines
+    beside the placeholder (the newline after the chat template's ``user``) into one token, as
+    Gemma's tokenizer reads a run of newlines: :meth:`extend_ids` re-tokenizes the newline-only
+    tokens across each seam (with the token after them)."""
+
+    model_types = ("gemma3",)
+    description = "Gemma 3"
+    image_token = "<image_soft_token>"
+    prompt_token = "<start_of_image>"
+    placeholder = "<start_of_image>"
+    bidirectional_images = True
+    _END = "<end_of_image>"
+
+    def load_image_processor(self, directory: Path):
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(directory)
+        return ConfiguredProcessor(super().load_image_processor(directory), image_seq_len=config.mm_tokens_per_image)
+
+    def process(self, image_processor, image, detail: str, max_tiles: int | None = None) -> dict[str, torch.Tensor]:
+        out = image_processor.processor(images=[image], return_tensors="pt", do_pan_and_scan=False)
+        return {"pixel_values": out["pixel_values"], "image_seq_len": torch.tensor(image_processor.image_seq_len)}
+
+    def expansion(self, tokenizer, pixels):
+        text = f"\n\n{self.prompt_token}{self.image_token * int(pixels['image_seq_len'])}{self._END}\n\n"
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        image = tokenizer.convert_tokens_to_ids(self.image_token)
+        return ids, [token == image for token in ids]
+
+    def encode(self, hf_model, pixels):
+        inner = hf_model.model
+        device = next(inner.vision_tower.parameters()).device
+        out = inner.get_image_features(pixels["pixel_values"].to(device))
+        return torch.cat(list(out.pooler_output), dim=0)
+
+    def extend_ids(self, tokenizer, ids, more):
+        tail, tail_newlines = _newline_run(tokenizer, reversed(ids))
+        if not tail or not more:
+            ids.extend(more)
+            return
+        head, head_newlines = _newline_run(tokenizer, more)
+        newlines = "\n" * (tail_newlines + head_newlines)
+        context = more[head : head + 1]  # the token after the seam's newlines, read with them (none at the end)
+        merged = tokenizer(newlines + tokenizer.decode(context), add_special_tokens=False)["input_ids"]
+        joined = merged[: len(merged) - len(context)]
+        # only the newline tokens change; anything else (a space prefixed, the next token re-split) is left alone
+        if merged[len(joined) :] == context and tokenizer.decode(joined) == newlines:
+            del ids[len(ids) - tail :]
+            ids.extend(joined)
+            ids.extend(more[head:])
+        else:
+            ids.extend(more)
+
+
+def _newline_run(tokenizer, ids) -> tuple[int, int]:
+    """(tokens, newlines) of the newline-only tokens that ``ids`` starts with."""
+    tokens = newlines = 0
+    for token in ids:
+        text = tokenizer.decode([token])
+        if not text or text.strip("\n"):
+            break
+        tokens, newlines = tokens + 1, newlines + len(text)
+    return tokens, newlines
+
+
+FAMILIES: tuple[VisionFamily, ...] = (QwenVL(), Qwen3VL(), Idefics3(), Pixtral(), Gemma3())
 
 # Vision-language model types refused at start-up, with the reason.
 _REFUSED: dict[str, str] = {
     "mllama": "Llama 3.2 Vision attends to the image through cross-attention layers, which the paged cache does not hold",
     "llama4": "Llama 4 (chunked attention, MoE, early-fusion vision) is not implemented",
-    "gemma3": "Gemma 3 attends bidirectionally among one image's tokens; the paged attention is causal only",
 }
 
 

@@ -3,6 +3,7 @@ cache, with image embedding rows written over the placeholder tokens of prefill 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -54,6 +55,8 @@ class VisionRunner(TransformersRunner):
         if media.index is not None:
             embeds[0, media.index] = media.embeds.to(embeds.dtype)
         positions = media.positions.unsqueeze(1) if media.positions is not None else batch.positions.view(1, -1)
+        if media.visible_until is not None:  # image tokens that see their whole image (Gemma 3)
+            batch = replace(batch, attn=replace(batch.attn, visible_until=media.visible_until))
         return self._run(batch, inputs_embeds=embeds, position_ids=positions, **media.extra)
 
     @torch.inference_mode()

@@ -3,7 +3,9 @@
 An image is encoded the first time a prefill step reaches its placeholder span, once for all the
 sequences of its request (the rows are kept on the request's :class:`PromptMedia`); a span the
 prefix cache already holds is never encoded, and a picture encoded recently is taken from the
-:class:`EncoderCache`. Chunked prefill may split a span: each chunk takes its slice of the rows.
+:class:`EncoderCache`. Chunked prefill may split a span: each chunk takes its slice of the rows
+(not a bidirectional family's: the scheduler keeps its runs whole, and the step tells attention
+how far each image token sees).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class StepVision:
     def __init__(self, runner) -> None:
         self.runner = runner
         self.mrope = runner.family.mrope
+        self.bidirectional = runner.family.bidirectional_images
         self.images_encoded = 0
         self.encode_s = 0.0
         self.cache = EncoderCache()
@@ -40,27 +43,42 @@ class StepVision:
         position (a plain text step)."""
         index: list[torch.Tensor] = []
         embeds: list[torch.Tensor] = []
+        limits: list[list[int] | None] = []  # per row, its tokens' last visible positions (None: causal)
         reads_prompt = False
         flat = 0
         for seq, (_, new, start) in zip(seqs, rows, strict=True):
             media: PromptMedia | None = seq.request.media
             prompt_len = len(seq.request.prompt_token_ids)
+            row_limits = None
             if media is not None and start < prompt_len:
                 reads_prompt = True
                 for image, first, row, count in media.pieces_in(start, min(start + len(new), prompt_len)):
                     rows_of_image = self._encoded(media, image)
                     embeds.append(rows_of_image[row : row + count])
                     index.append(torch.arange(count) + (flat + first - start))
+                if self.bidirectional:
+                    row_limits = media.visible_until(start, start + len(new))
+            limits.append(row_limits)
             flat += len(new)
         if not reads_prompt:
             return None
         step = StepMedia()
+        if any(row_limits is not None for row_limits in limits):
+            step.visible_until = self._visible_until(rows, limits).to(device)
         if index:
             step.index = torch.cat(index).to(device)
             step.embeds, step.extra = self.runner.family.step_inputs(torch.cat(embeds), step.index, flat)
         if self.mrope:
             step.positions = self._positions(seqs, rows).to(device)
         return step
+
+    @staticmethod
+    def _visible_until(rows: list[Row], limits: list[list[int] | None]) -> torch.Tensor:
+        """[N] int32: each token's last visible key position (its own unless ``limits`` says)."""
+        flat: list[int] = []
+        for (_, new, start), row_limits in zip(rows, limits, strict=True):
+            flat.extend(row_limits if row_limits is not None else range(start, start + len(new)))
+        return torch.tensor(flat, dtype=torch.int32)
 
     def _encoded(self, media: PromptMedia, image: int) -> torch.Tensor:
         rows = media.encoded[image]

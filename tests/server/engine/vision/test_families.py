@@ -130,9 +130,13 @@ def test_llava_is_served_with_a_pixtral_tower_only():
         family_for(LlavaConfig())
 
 
-def test_gemma3_is_refused_for_its_bidirectional_image_attention():
-    with pytest.raises(UnsupportedModelError, match="'gemma3' is not supported: .*bidirectionally"):
-        _family("gemma3")
+def test_gemma3_is_served_with_bidirectional_images():
+    """Gemma 3's image tokens attend to each other both ways: the paged attention's per-query
+    limits serve it (test_gemma3_images.py)."""
+    family = _family("gemma3")
+    assert family.description == "Gemma 3" and family.bidirectional_images
+    assert (family.prompt_token, family.image_token) == ("<start_of_image>", "<image_soft_token>")
+    assert _family("qwen2_vl").prompt_token == "<|image_pad|>"  # the image token, where a family names no other
 
 
 @pytest.mark.parametrize(("max_tiles", "grid"), [(None, (3, 3)), (9, (3, 3)), (8, (2, 2)), (4, (2, 2)), (3, (0, 0)),

@@ -15,12 +15,13 @@ from server.engine.engine import Engine
 from server.engine.sequence import GenerationRequest
 from server.engine.vision.expand import Picture, expand_prompt
 from server.engine.vision.runner import VisionRunner, load_vision_model
-from tests.server.engine.vision.tiny_vlm import write_idefics3, write_pixtral, write_qwen2_vl, write_qwen3_vl
+from tests.server.engine.vision.tiny_vlm import write_gemma3, write_idefics3, write_pixtral, write_qwen2_vl
+from tests.server.engine.vision.tiny_vlm import write_qwen3_vl
 
 FAMILIES = {"qwen2_vl": write_qwen2_vl, "qwen2_5_vl": lambda d, t: write_qwen2_vl(d, t, "qwen2_5_vl"),
             "idefics3": write_idefics3, "smolvlm": lambda d, t: write_idefics3(d, t, "smolvlm"),
             "mistral3": write_pixtral, "llava_pixtral": lambda d, t: write_pixtral(d, t, "llava"),
-            "qwen3_vl": write_qwen3_vl}
+            "qwen3_vl": write_qwen3_vl, "gemma3": write_gemma3}
 NEW_TOKENS = 8
 TOP = 5
 REFERENCE_LOGPROBS: dict[tuple[int, ...], list[float]] = {}  # the reference's first-token top logprobs, by prompt
@@ -90,9 +91,16 @@ def _padded_inputs(hf, input_ids, media) -> dict:
     return {"pixel_values": torch.cat(padded), "image_sizes": sizes}
 
 
+def _gemma3_inputs(hf, input_ids, media) -> dict:
+    """Gemma 3: the images stacked, and token_type_ids (1 on image tokens: each image's tokens
+    attend to each other bidirectionally)."""
+    return {"pixel_values": torch.cat([image.pixels["pixel_values"] for image in media.images]),
+            "token_type_ids": (input_ids == hf.config.image_token_id).long()}
+
+
 # how transformers takes a prompt's images, where it is not Qwen-VL's way
 PIXEL_INPUTS = {"idefics3": _tiled_inputs, "smolvlm": _tiled_inputs, "mistral3": _padded_inputs,
-                "llava": _padded_inputs}
+                "llava": _padded_inputs, "gemma3": _gemma3_inputs}
 
 
 def _engine(hf, tokenizer, prefill_budget=1024) -> Engine:

@@ -178,3 +178,46 @@ def write_pixtral(directory: Path, base_tokenizer, model_type: str = "mistral3")
     tokenizer.save_pretrained(directory)
     PixtralImageProcessorPil(size={"longest_edge": 64}, patch_size={"height": 4, "width": 4}).save_pretrained(directory)
     return directory
+
+
+GEMMA3_TOKENS = ["<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>", "<image_soft_token>"]
+# Gemma 3's own template, cut to what the tests use: an image part as "<start_of_image>", text parts trimmed.
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}"
+    "{{ '<start_of_turn>' + role + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] | trim }}{% else %}"
+    "{% for item in message['content'] %}{% if item['type'] == 'image' %}{{ '<start_of_image>' }}"
+    "{% elif item['type'] == 'text' %}{{ item['text'] | trim }}{% endif %}{% endfor %}{% endif %}"
+    "{{ '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+GEMMA3_WINDOW = 10  # shorter than an image's 16 tokens and than the prompts
+
+
+def write_gemma3(directory: Path, base_tokenizer) -> Path:
+    """A 2-layer Gemma 3 language model (a sliding-window layer of 10 tokens, then a global one)
+    under a 1-layer SigLIP tower of 4-pixel patches on 32-pixel images, pooled to 16 tokens an image."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+    from transformers.models.gemma3 import Gemma3ImageProcessorPil
+
+    tokenizer = _tokenizer(base_tokenizer, GEMMA3_TOKENS, GEMMA3_TEMPLATE)
+    boi, eoi, soft = tokenizer.convert_tokens_to_ids(["<start_of_image>", "<end_of_image>", "<image_soft_token>"])
+    text = dict(model_type="gemma3_text", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                query_pre_attn_scalar=16, sliding_window=GEMMA3_WINDOW,
+                layer_types=["sliding_attention", "full_attention"], max_position_embeddings=4096,
+                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id)
+    vision = dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=32, patch_size=4)
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=16, boi_token_index=boi,
+                          eoi_token_index=eoi, image_token_index=soft)
+    torch.manual_seed(0)
+    model = Gemma3ForConditionalGeneration(config)
+    with torch.no_grad():  # the projection starts at zero: random, so the picture shows in the logits
+        projection = model.model.multi_modal_projector.mm_input_projection_weight
+        projection.normal_(0.0, 0.5)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    Gemma3ImageProcessorPil(size={"height": 32, "width": 32}).save_pretrained(directory)
+    return directory
