@@ -526,13 +526,14 @@ class Engine:
         started = time.perf_counter()
         adapters = [seq.request.adapter for seq in decode_rows] + [seq.request.adapter for seq, _ in extend_plan]
         adapters += [seq.request.adapter for seq, choices in scoring for _ in choices]
-        seqs = decode_rows + [seq for seq, _ in extend_plan] + [seq for seq, choices in scoring for _ in choices]
+        seqs = None if self.vision is None else (
+            decode_rows + [seq for seq, _ in extend_plan] + [seq for seq, choices in scoring for _ in choices])
         batch = StepBatch.build(rows, self.runner.block_size, self.runner.device,
                                 logit_counts=counts if max(counts) > 1 else None, row_adapters=adapters,
                                 staging=self._step_staging, prompt_counts=self._prompt_counts(rows, decode_rows,
                                                                                               extend_plan),
-                                position_offsets=self.vision.position_offsets(seqs) if self.vision else None)
-        if self.vision is not None:
+                                position_offsets=self.vision.position_offsets(seqs) if seqs else None)
+        if seqs:
             batch.media = self.vision.step_media(seqs, rows, self.runner.device)
         self._gather_sampled(decode_rows, extend_plan, batch)
         if self.policy.enabled:  # the forward's device time, for the overlap policy
