@@ -211,3 +211,20 @@ def test_a_stored_completion_keeps_its_image_as_a_reference(vlm_server):
     [image, text] = message["content_parts"]
     assert image["image_url"]["url"].startswith("trellis-image:sha256:") and text["text"] == TEXT["text"]
     assert "base64" not in stored.text
+
+
+def test_metrics_count_image_bytes_and_preprocessing_time(vlm_server):
+    import httpx
+
+    def scrape() -> dict[str, float]:
+        text = httpx.get(vlm_server.base_url + "/metrics", timeout=30).text
+        wanted = ("trellis_image_bytes_total", "trellis_image_preprocess_seconds_count")
+        return {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith(wanted)}
+
+    before = scrape()
+    url = _data_url(64, 64, (1, 1, 1))
+    vlm_server.client().chat.completions.create(model="tiny-vl", messages=_user(_image(url), TEXT), max_tokens=1)
+    after = scrape()
+    encoded = len(base64.b64decode(url.split(",", 1)[1]))
+    assert after["trellis_image_bytes_total"] - before.get("trellis_image_bytes_total", 0) == encoded
+    assert after["trellis_image_preprocess_seconds_count"] == before.get("trellis_image_preprocess_seconds_count", 0) + 1
