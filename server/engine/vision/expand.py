@@ -46,8 +46,8 @@ def expand_prompt(family: VisionFamily, tokenizer, image_processor, config, prom
         family.extend_ids(tokenizer, ids, tokens)
         # the expansion's tokens end the ids (a merge at the seam may only rewrite leading text tokens)
         runs = _runs(len(ids) - len(tokens), takes_row)
-        # the key names the picture and how it was processed (detail, tiles)
-        images.append(ImageInput(runs=runs, pixels=pixels, digest=f"{picture.digest}/{picture.detail}/{picture.max_tiles}"))
+        key = f"{picture.digest}/{picture.detail}/{picture.max_tiles}"  # the picture, and how it was processed
+        images.append(ImageInput(runs=runs, pixels=pixels, digest=key))
         cursor = where + 1
     family.extend_ids(tokenizer, ids, prompt_ids[cursor:])
     rope = family.rope_positions(config, ids, images)

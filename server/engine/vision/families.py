@@ -61,6 +61,12 @@ class VisionFamily:
         """The token ids one placeholder token becomes, and which of them take an embedding row."""
         raise NotImplementedError
 
+    def _tokenized(self, tokenizer, text: str) -> tuple[list[int], list[bool]]:
+        """An expansion written as text: its ids, and which are the image token."""
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        image = tokenizer.convert_tokens_to_ids(self.image_token)
+        return ids, [token == image for token in ids]
+
     def encode(self, hf_model: nn.Module, pixels: dict[str, torch.Tensor]) -> torch.Tensor:
         """The image's embedding rows [rows, hidden] (or [rows, k, hidden] for a family whose
         :meth:`step_inputs` reads more than one vector per image token)."""
@@ -184,9 +190,7 @@ class Idefics3(VisionFamily):
                 text += "".join(f"{self._AROUND}<row_{row + 1}_col_{col + 1}>{tokens}" for col in range(cols)) + "\n"
             text += "\n"
         text += f"{self._AROUND}{self._GLOBAL}{tokens}{self._AROUND}"
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        image = tokenizer.convert_tokens_to_ids(self.image_token)
-        return ids, [token == image for token in ids]
+        return self._tokenized(tokenizer, text)
 
     def encode(self, hf_model, pixels):
         inner = hf_model.model
@@ -321,9 +325,7 @@ class Gemma3(VisionFamily):
 
     def expansion(self, tokenizer, pixels):
         text = f"\n\n{self.prompt_token}{self.image_token * int(pixels['image_seq_len'])}{self._END}\n\n"
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        image = tokenizer.convert_tokens_to_ids(self.image_token)
-        return ids, [token == image for token in ids]
+        return self._tokenized(tokenizer, text)
 
     def encode(self, hf_model, pixels):
         inner = hf_model.model
