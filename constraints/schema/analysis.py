@@ -429,11 +429,14 @@ class _Rewriter:
         if not isinstance(branches, list):
             return node
         live = [b for b in branches if b is not False]
-        if len(live) <= 1 or pairwise_disjoint(live, self.root):
+        # the instances in question satisfy the keywords beside the oneOf too: branches need
+        # be exclusive only among those (a discriminating property required beside them)
+        context = {k: node[k] for k in ("type", "required", "properties") if k in node}
+        if len(live) <= 1 or pairwise_disjoint(live, self.root, context):
             return conjoin(node, {"anyOf": live} if live else False, ("oneOf",))
-        if objects_only_disjoint(live, self.root):
+        if objects_only_disjoint(live, self.root, context):
             return conjoin(node, {"type": "object", "anyOf": live}, ("oneOf",))
-        if strings_only_disjoint(live, self.root):
+        if strings_only_disjoint(live, self.root, context):
             return conjoin(node, {"type": "string", "anyOf": live}, ("oneOf",))
         exclusive = exactly_one(live, self.root)
         if exclusive is not None:

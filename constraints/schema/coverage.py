@@ -39,7 +39,7 @@ def rewrite_coverage(node: dict, root: dict, negate: Callable[[Any, dict], Any])
     node = _finite_domain(node, root)
     if not isinstance(node, dict):
         return node
-    for step in (_unique_items, _property_names, _property_count):
+    for step in (_unique_items, lambda n: _property_names(n, root), _property_count):
         node = step(node)
         if node is False:
             return False
@@ -294,22 +294,34 @@ def _positional(root: dict) -> str:
     return "items" if legacy else "prefixItems"
 
 
-def _property_names(node: dict) -> Any:
-    names = node.get("propertyNames")
-    if not isinstance(names, dict) or "patternProperties" in node:
+def _property_names(node: dict, root: dict) -> Any:
+    """``propertyNames`` as closed ``properties`` (an ``enum`` / ``const`` of names) or as a
+    ``patternProperties`` pattern (a lone ``pattern``, possibly behind a ``$ref``) with
+    ``additionalProperties: false``. The pattern takes the ``additionalProperties`` schema
+    (unlisted names get it there), so a listed name the pattern matches is left alone unless
+    that schema says nothing."""
+    names = resolve(node.get("propertyNames"), root)
+    if not isinstance(names, dict):
         return node
     extra = node.get("additionalProperties", True)
     props = node.get("properties", {})
-    if not isinstance(props, dict) or extra not in (True, {}) and not isinstance(extra, dict):
+    if not isinstance(props, dict) or not isinstance(extra, (bool, dict)):
         return node
-    valid = instance_validator(names)
+    valid = instance_validator(names, root)
     if valid is None:
         return node
     keys = _name_values(names)
+    pattern = names.get("pattern") if set(names) - _NAME_KEYS == {"pattern"} \
+        and names.get("type", "string") == "string" and isinstance(names.get("pattern"), str) else None
+    if "patternProperties" in node:
+        return node
     if keys is not None:
         props = {**props, **{k: extra for k in keys if k not in props}}
-    elif set(names) - _NAME_KEYS == {"pattern"} and extra in (True, {}) and names.get("type", "string") == "string":
-        node["patternProperties"] = {names["pattern"]: {}}
+    elif pattern is not None:
+        if extra not in (True, {}, False) and any(valid(k) for k in props):
+            return node  # a listed name would take the pattern's schema too
+        if extra is not False:  # (closed: the unlisted names are refused already)
+            node["patternProperties"] = {pattern: {} if extra is True else extra}
     else:
         return node
     node["properties"] = {k: (v if valid(k) else False) for k, v in props.items()}

@@ -86,26 +86,121 @@ def _canon(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-def _disjoint(a: Any, b: Any, root: dict) -> bool:
+MAX_DISJOINT_DEPTH = 4  # property values compared inside property values, at most
+MAX_PARTS = 32  # subschemas an instance must satisfy together, gathered from allOf / $ref
+MAX_LITERALS = 256  # listed values checked one by one against the other schema
+MAX_ALTERNATIVES = 16  # anyOf / oneOf branches compared one by one with the other schema
+
+
+def _disjoint(a: Any, b: Any, root: dict, depth: int = 0) -> bool:
     ta, tb = possible_types(a, root), possible_types(b, root)
     if not ta & tb:
         return True
     ra, rb = resolve(a, root), resolve(b, root)
-    if isinstance(ra, dict) and isinstance(rb, dict):
-        la, lb = _literal_values(ra), _literal_values(rb)
-        if la is not None and lb is not None and not ({_canon(v) for v in la} & {_canon(v) for v in lb}):
+    if not (isinstance(ra, dict) and isinstance(rb, dict)):
+        return False
+    pa, pb = _parts(ra, root), _parts(rb, root)
+    la, lb = _first_literals(pa), _first_literals(pb)
+    if la is not None and lb is not None and not ({_canon(v) for v in la} & {_canon(v) for v in lb}):
+        return True
+    if ta & tb <= {"string"} and any(_patterns_exclude(x, y) for x in pa for y in pb):
+        return True
+    if ta & tb <= {"object"}:
+        da, db = _discriminators(ra, root), _discriminators(rb, root)
+        for name in set(da) & set(db):
+            (va, ra_), (vb, rb_) = da[name], db[name]
+            if (ra_ or rb_) and not ({_canon(v) for v in va} & {_canon(v) for v in vb}):
+                return True
+        if _closed_exclusion(ra, rb, root) or _closed_exclusion(rb, ra, root):
             return True
-        if ta & tb <= {"string"} and _patterns_exclude(ra, rb):
+        if depth < MAX_DISJOINT_DEPTH and _property_values_disjoint(pa, pb, root, depth):
             return True
-        if ta & tb <= {"object"}:
-            da, db = _discriminators(ra, root), _discriminators(rb, root)
-            for name in set(da) & set(db):
-                (va, ra_), (vb, rb_) = da[name], db[name]
-                if (ra_ or rb_) and not ({_canon(v) for v in va} & {_canon(v) for v in vb}):
-                    return True
-            if _closed_exclusion(ra, rb, root) or _closed_exclusion(rb, ra, root):
+    if _literals_fail(la, rb, root) or _literals_fail(lb, ra, root):
+        return True
+    return depth < MAX_DISJOINT_DEPTH and (_alternatives_disjoint(pa, rb, root, depth)
+                                           or _alternatives_disjoint(pb, ra, root, depth))
+
+
+def _alternatives_disjoint(parts: list[dict], other: dict, root: dict, depth: int) -> bool:
+    """A part is an ``anyOf`` / ``oneOf`` none of whose branches ``other`` shares an instance
+    with: every instance of the part's schema matches some branch, so none is ``other``'s."""
+    for part in parts:
+        for key in ("anyOf", "oneOf"):
+            branches = part.get(key)
+            if isinstance(branches, list) and 0 < len(branches) <= MAX_ALTERNATIVES \
+                    and all(_disjoint(b, other, root, depth + 1) for b in branches):
                 return True
     return False
+
+
+def _parts(node: dict, root: dict) -> list[dict]:
+    """``node`` and the subschemas every instance of it also satisfies: its ``allOf`` members
+    and a ``$ref`` beside other keywords, followed (references resolved) to at most
+    :data:`MAX_PARTS`."""
+    out: list[dict] = []
+    seen: set[int] = set()
+    stack = [node]
+    while stack and len(out) < MAX_PARTS:
+        cur = resolve(stack.pop(), root)
+        if not isinstance(cur, dict) or id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        out.append(cur)
+        if isinstance(cur.get("$ref"), str) and len(cur) > 1:
+            stack.append({"$ref": cur["$ref"]})
+        if isinstance(cur.get("allOf"), list):
+            stack.extend(reversed(cur["allOf"]))
+    return out
+
+
+def _first_literals(parts: list[dict]) -> list[Any] | None:
+    """The values listed by the first part that lists some (every instance is one of them)."""
+    for part in parts:
+        lits = _literal_values(part)
+        if lits is not None:
+            return lits
+    return None
+
+
+def _literals_fail(literals: list[Any] | None, other: dict, root: dict) -> bool:
+    """Every one of the (few) ``literals`` fails ``other``, checked with jsonschema (in the
+    root's draft, references into its definitions allowed). A keyword jsonschema does not
+    assert (``format``) only lets more values through: never a wrong "disjoint"."""
+    if literals is None or len(literals) > MAX_LITERALS:
+        return False
+    from .coverage import instance_validator
+
+    draft = root.get("$schema") if isinstance(root.get("$schema"), str) else None
+    schema = {**other, "$schema": draft} if draft and "$schema" not in other else other
+    valid = instance_validator(schema, root)
+    if valid is None:
+        return False
+    try:
+        return not any(valid(v) for v in literals)
+    except Exception:  # e.g. an overflow in multipleOf: nothing is proven
+        return False
+
+
+def _property_values_disjoint(pa: list[dict], pb: list[dict], root: dict, depth: int) -> bool:
+    """A property one side requires has values the two sides' schemas for it never share: no
+    object satisfies both (the value would have to satisfy both)."""
+    required = {n for part in pa + pb for n in (part.get("required") or []) if isinstance(n, str)}
+    values_a = _property_schemas(pa)
+    values_b = _property_schemas(pb)
+    for name in required & set(values_a) & set(values_b):
+        if _disjoint({"allOf": values_a[name]}, {"allOf": values_b[name]}, root, depth + 1):
+            return True
+    return False
+
+
+def _property_schemas(parts: list[dict]) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for part in parts:
+        props = part.get("properties")
+        if isinstance(props, dict):
+            for name, sub in props.items():
+                out.setdefault(name, []).append(sub)
+    return out
 
 
 def _patterns_exclude(a: dict, b: dict) -> bool:
@@ -130,35 +225,47 @@ OBJECT_KEYWORDS = frozenset(
 )
 
 
-def objects_only_disjoint(branches: list[Any], root: dict) -> bool:
-    """True when every branch (two or more) constrains objects only, with no ``type``, and no
-    object can match two of them: a non-object then matches every branch, so ``oneOf`` means
-    "an object matching one branch" (a discriminated union written without ``type``)."""
-    typed = []
-    for branch in branches:
-        if not isinstance(branch, dict) or not set(meaningful(branch)) <= OBJECT_KEYWORDS:
-            return False
-        typed.append({**branch, "type": "object"})
-    return len(typed) >= 2 and pairwise_disjoint(typed, root)
+def objects_only_disjoint(branches: list[Any], root: dict, context: dict | None = None) -> bool:
+    """True when two or more branches constrain objects only, with no ``type`` (so every
+    non-object matches them, and a ``oneOf`` over them rejects it), and no object can match two
+    of the branches: ``oneOf`` then means "an object matching one branch" (a discriminated union
+    written without ``type``, with some branches typed or not)."""
+    return _one_type_disjoint(branches, root, context, "object", OBJECT_KEYWORDS)
 
 
 STRING_KEYWORDS = frozenset({"pattern", "minLength", "maxLength", "format"})
 
 
-def strings_only_disjoint(branches: list[Any], root: dict) -> bool:
-    """True when every branch (two or more) constrains strings only, with no ``type``, and no
-    string can match two of them: a non-string then matches every branch, so ``oneOf`` means
-    "a string matching one branch" (``oneOf`` of patterns under ``type: string``)."""
-    typed = []
+def strings_only_disjoint(branches: list[Any], root: dict, context: dict | None = None) -> bool:
+    """True when two or more branches constrain strings only, with no ``type`` (every non-string
+    matches them, and a ``oneOf`` over them rejects it), and no string can match two of the
+    branches: ``oneOf`` then means "a string matching one branch" (``oneOf`` of patterns under
+    ``type: string``)."""
+    return _one_type_disjoint(branches, root, context, "string", STRING_KEYWORDS)
+
+
+def _one_type_disjoint(branches: list[Any], root: dict, context: dict | None, type_: str,
+                       keywords: frozenset[str]) -> bool:
+    typed, untyped = [], 0
     for branch in branches:
-        if not isinstance(branch, dict) or not set(meaningful(branch)) <= STRING_KEYWORDS:
+        branch = resolve(branch, root)
+        if not isinstance(branch, dict):
             return False
-        typed.append({**branch, "type": "string"})
-    return len(typed) >= 2 and pairwise_disjoint(typed, root)
+        if set(meaningful(branch)) <= keywords:
+            untyped += 1  # a value of another type matches this branch
+            typed.append({**branch, "type": type_})
+        else:
+            typed.append({"allOf": [{"type": type_}, branch]})
+    return untyped >= 2 and pairwise_disjoint(typed, root, context)
 
 
-def pairwise_disjoint(branches: list[Any], root: dict) -> bool:
-    """True when no instance can match two of the branches (so oneOf == anyOf)."""
+def pairwise_disjoint(branches: list[Any], root: dict, context: dict | None = None) -> bool:
+    """True when no instance can match two of the branches (so oneOf == anyOf). With
+    ``context`` (keywords every instance in question also satisfies: the ``type``,
+    ``required`` and ``properties`` beside the ``oneOf``), only instances satisfying it are
+    considered."""
+    if context:
+        branches = [{"allOf": [context, b]} for b in branches]
     return all(
         _disjoint(branches[i], branches[j], root)
         for i in range(len(branches))

@@ -49,6 +49,18 @@ CASES = [
         [{}, {"red": 1}, {"red": 3, "green": 2}],
         [{"blue": 1}, {"red": "x"}],
     ),
+    (  # the pattern takes the additionalProperties schema (MaskBench fabric.mod, sourcehut-build)
+        {"type": "object", "propertyNames": {"pattern": "^[1-9][0-9]*$"}, "additionalProperties": {"type": "string"}},
+        [{}, {"16": "a.png"}, {"1": "x", "32": ""}],
+        [{"0": "x"}, {"16": 1}, {"a": "x"}, {"16": "x", "016": "y"}],
+    ),
+    (  # behind a $ref, beside listed names the pattern does not match
+        {"type": "object", "$defs": {"key": {"type": "string", "pattern": "^[a-z]+$"}},
+         "properties": {"ID": {"type": "integer"}, "Nb": {"type": "boolean"}},
+         "propertyNames": {"$ref": "#/$defs/key"}, "additionalProperties": {"type": "integer"}},
+        [{}, {"abc": 1}, {"abc": 1, "x": 2}],
+        [{"ID": 1}, {"Nb": True}, {"abc": "1"}, {"Abc": 1}],
+    ),
     (
         {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}},
          "additionalProperties": False, "minProperties": 2, "maxProperties": 2},
@@ -66,7 +78,9 @@ CASES = [
 
 @pytest.mark.parametrize(("schema", "valid", "invalid"), CASES,
                          ids=["unique-enum", "unique-bool", "contains", "min-max-contains", "names-pattern",
-                              "names-pattern-known", "names-enum", "min-max-properties", "min-pattern-names"])
+                              "names-pattern-known", "names-enum", "names-pattern-additional",
+                              "names-pattern-ref", "min-max-properties",
+                              "min-pattern-names"])
 def test_rewritten_keyword_is_enforced(compiler, tok, schema, valid, invalid):
     compiled = compiler.compile(ConstraintSpec("json_schema", schema))
     for value in valid:
@@ -87,6 +101,9 @@ def test_rewritten_keyword_is_enforced(compiler, tok, schema, valid, invalid):
         # inside an object property (the grammar path starts from the root)
         ({"type": "object", "properties": {"a": {"contains": {"const": 3}}}}, "contains"),
         ({"type": "object", "propertyNames": {"pattern": "^a", "maxLength": 3}}, "propertyNames"),
+        # a listed name the pattern matches would take additionalProperties' schema too
+        ({"type": "object", "properties": {"ab": {"type": "string"}}, "propertyNames": {"pattern": "^a"},
+          "additionalProperties": {"type": "integer"}}, "propertyNames"),
         # keys beyond the listed ones: llguidance would count a repeated key toward the minimum
         ({"type": "object", "minProperties": 2}, "minProperties"),
         ({"type": "object", "patternProperties": {"^x": {}}, "additionalProperties": False, "minProperties": 2},

@@ -1,0 +1,180 @@
+"""oneOf proven exclusive in more places (constraints/schema/disjoint.py), so it is enforced as
+anyOf: listed values checked against the other branch, a discriminating property that the
+keywords beside the oneOf require (or another allOf part of the branch), property values of
+disjoint types, alternatives (anyOf) each disjoint from the other branch, and discriminated
+unions where only some branches leave out ``type: object``. Each case also has a neighbour
+where the branches do overlap, whose shared instances must still be rejected (MaskBench
+JsonSchemaStore testenvironments, plagiarize-me, bundleconfig, vtestunit, cityjson,
+mason-registry, zapp)."""
+
+from __future__ import annotations
+
+import jsonschema
+
+from constraints import UnsupportedConstraintError
+from constraints.schema.analysis import rewrite_schema
+from constraints.schema.disjoint import objects_only_disjoint, pairwise_disjoint
+
+from .conftest import assert_classified
+
+
+def _one_of_left(schema: dict) -> bool:
+    from constraints.schema.tree import subschemas
+
+    return any(isinstance(n, dict) and "oneOf" in n for _, n in subschemas(rewrite_schema(schema)))
+
+
+def _same_language(schema: dict, values: list) -> None:
+    """The rewrite accepts exactly what the schema accepts, on ``values``."""
+    out = rewrite_schema(schema)
+    check, got = jsonschema.Draft202012Validator(schema), jsonschema.Draft202012Validator(out)
+    for value in values:
+        assert got.is_valid(value) == check.is_valid(value), value
+
+
+LITERAL_VS_PATTERN = {"type": "string", "oneOf": [{"enum": ["Roof"]}, {"enum": ["Door"]},
+                                                  {"type": "string", "pattern": "^\\+[a-z]+$"}]}
+
+
+def test_listed_values_no_other_branch_takes(compiler, tok):
+    assert not _one_of_left(LITERAL_VS_PATTERN)
+    assert_classified(compiler, tok, LITERAL_VS_PATTERN, valid=["Roof", "Door", "+abc"],
+                      invalid=["Roofx", "+Roof", "", "roof", 3])
+
+
+def test_a_listed_value_the_other_branch_takes_is_not_exclusive(compiler, tok):
+    schema = {"type": "string", "oneOf": [{"enum": ["+ab", "x"]}, {"pattern": "^\\+[a-z]+$"}]}
+    assert not pairwise_disjoint(schema["oneOf"], schema, {"type": "string"})
+    _same_language(schema, ["+ab", "x", "+abc", "y", "+"])
+    try:
+        assert_classified(compiler, tok, schema, valid=["x", "+abc"], invalid=["+ab", "y"])
+    except UnsupportedConstraintError as exc:  # refused by name is fine; accepting "+ab" is not
+        assert "oneOf" in str(exc), exc
+
+
+REQUIRED_BESIDE = {
+    "type": "object",
+    "required": ["kind"],
+    "oneOf": [{"properties": {"kind": {"const": "a"}, "x": {"type": "string"}}},
+              {"properties": {"kind": {"const": "b"}}}],
+}
+
+
+def test_discriminator_required_beside_the_one_of(compiler, tok):
+    assert pairwise_disjoint(REQUIRED_BESIDE["oneOf"], REQUIRED_BESIDE, {"type": "object", "required": ["kind"]})
+    assert not _one_of_left(REQUIRED_BESIDE)
+    assert_classified(compiler, tok, REQUIRED_BESIDE, valid=[{"kind": "a"}, {"kind": "b", "x": 1}, {"kind": "a", "x": "s"}],
+                      invalid=[{}, {"kind": "c"}, {"x": "s"}, {"kind": "a", "x": 1}, "a"])
+
+
+def test_without_the_required_discriminator_an_object_matches_both():
+    """{"x": "s"} has no kind: it matches both branches, so oneOf rejects it."""
+    schema = {k: v for k, v in REQUIRED_BESIDE.items() if k != "required"}
+    assert not pairwise_disjoint(schema["oneOf"], schema, {"type": "object"})
+    _same_language(schema, [{"x": "s"}, {"kind": "a"}, {"kind": "b"}, {}, {"kind": "c"}])
+
+
+VERSIONED = {
+    "type": "object",
+    "$defs": {"v1": {"type": "object", "required": ["v"], "properties": {"v": {"type": "string"}, "a": {}}},
+              "v2": {"type": "object", "required": ["v"], "properties": {"v": {"type": "string"}, "b": {}}}},
+    "oneOf": [{"allOf": [{"properties": {"v": {"const": "1"}}}, {"$ref": "#/$defs/v1"}]},
+              {"allOf": [{"properties": {"v": {"const": "2"}}}, {"$ref": "#/$defs/v2"}]}],
+}
+
+
+def test_discriminator_required_in_another_all_of_part(compiler, tok):
+    assert not _one_of_left(VERSIONED)
+    assert_classified(compiler, tok, VERSIONED, valid=[{"v": "1"}, {"v": "2", "b": 0}, {"v": "1", "a": [], "b": 1}],
+                      invalid=[{}, {"v": "3"}, {"a": 1}, {"v": 1}])
+
+
+MACHINE = {"oneOf": [{"type": "object", "required": ["m"], "properties": {"m": {"type": "object"}}},
+                     {"type": "object", "required": ["m"], "properties": {"m": {"type": "boolean"}}}]}
+
+
+def test_required_property_values_of_disjoint_types(compiler, tok):
+    assert not _one_of_left(MACHINE)
+    assert_classified(compiler, tok, MACHINE, valid=[{"m": {}}, {"m": True}, {"m": {"a": 1}}],
+                      invalid=[{"m": 1}, {}, {"m": None}, [], "m"])
+
+
+def test_an_optional_property_does_not_separate_branches():
+    """Without ``required``, {} matches both branches."""
+    schema = {"oneOf": [{"type": "object", "properties": {"m": {"type": "object"}}},
+                        {"type": "object", "properties": {"m": {"type": "boolean"}}}]}
+    assert not pairwise_disjoint(schema["oneOf"], schema)
+    _same_language(schema, [{}, {"m": {}}, {"m": True}, {"m": 1}])
+
+
+BUNDLE = {
+    "required": ["f"],
+    "properties": {"f": {"type": "string"}},
+    "oneOf": [{"properties": {"f": {"pattern": "\\.js$"}}}, {"properties": {"f": {"pattern": "\\.css$"}}}],
+}
+
+
+def test_property_type_beside_the_one_of_makes_patterns_exclusive(compiler, tok):
+    assert not _one_of_left(BUNDLE)
+    assert_classified(compiler, tok, BUNDLE, valid=[{"f": "a.js"}, {"f": "b.css"}, {"f": ".js", "g": 1}],
+                      invalid=[{"f": "a.txt"}, {"f": 1}, {}, 5, "a.js"])
+
+
+def test_patterns_alone_do_not_exclude_a_non_string_value():
+    """Without ``type: string`` beside, {"f": 1} matches both branches."""
+    schema = {k: v for k, v in BUNDLE.items() if k != "properties"}
+    assert not objects_only_disjoint(schema["oneOf"], schema, {"required": ["f"]})
+    _same_language(schema, [{"f": 1}, {"f": "a.js"}, {"f": "a.css"}, {}, 5])
+
+
+SOME_UNTYPED = {"oneOf": [{"required": ["t"], "properties": {"t": {"enum": ["a"]}}},
+                          {"required": ["t"], "properties": {"t": {"enum": ["b"]}}},
+                          {"type": "object", "required": ["t"], "properties": {"t": {"enum": ["c"]}}}]}
+
+
+def test_two_untyped_branches_reject_every_non_object(compiler, tok):
+    assert not _one_of_left(SOME_UNTYPED)
+    assert_classified(compiler, tok, SOME_UNTYPED, valid=[{"t": "a"}, {"t": "b"}, {"t": "c", "u": 1}],
+                      invalid=[5, "s", None, [], {"t": "d"}, {}])
+
+
+def test_one_untyped_branch_takes_every_non_object(compiler, tok):
+    """5 matches the untyped branch only: it is valid, so no ``type: object`` may be added."""
+    schema = {"oneOf": [SOME_UNTYPED["oneOf"][0], SOME_UNTYPED["oneOf"][2]]}
+    assert not objects_only_disjoint(schema["oneOf"], schema)
+    _same_language(schema, [5, "s", {"t": "a"}, {"t": "c"}, {"t": "b"}, {}])
+    assert_classified(compiler, tok, schema, valid=[5, "s", {"t": "a"}, {"t": "c"}], invalid=[{"t": "b"}, {}])
+
+
+ALTERNATIVES = {"oneOf": [{"type": "object", "required": ["id"], "properties": {"id": {"const": "x"}}},
+                          {"anyOf": [{"type": "object", "required": ["id"], "properties": {"id": {"const": "y"}}},
+                                     {"type": "string"}]}]}
+
+
+def test_each_alternative_disjoint_from_the_other_branch(compiler, tok):
+    assert not _one_of_left(ALTERNATIVES)
+    assert_classified(compiler, tok, ALTERNATIVES, valid=[{"id": "x"}, {"id": "y"}, "s"],
+                      invalid=[{"id": "z"}, 1, {}, None])
+
+
+def test_an_alternative_overlapping_the_other_branch():
+    schema = {"oneOf": [ALTERNATIVES["oneOf"][0],
+                        {"anyOf": [ALTERNATIVES["oneOf"][1]["anyOf"][0], {"type": "object"}]}]}
+    assert not pairwise_disjoint(schema["oneOf"], schema)
+    _same_language(schema, [{"id": "x"}, {"id": "y"}, {}, {"id": "z"}, "s"])
+
+
+def test_format_branch_and_a_listed_value(compiler, tok):
+    """zapp: ``oneOf: [{format: uri}, {enum: ["."]}]``: "." is no URI."""
+    from constraints import ConstraintSpec
+
+    from .conftest import walk_json
+
+    schema = {"type": "string", "oneOf": [{"format": "uri"}, {"enum": ["."]}]}
+    assert not _one_of_left(schema)
+    check = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).is_valid
+    compiled = compiler.compile(ConstraintSpec("json_schema", schema))
+    for value in ["https://example.com/a", "."]:
+        assert check(value) and walk_json(compiled, tok, value), value
+    for value in ["a b", 1, ".."]:
+        assert not walk_json(compiled, tok, value), value
