@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import maskbench  # the benchmark machinery: workers, scoring, tables
 from smoke import parse_with_smoke
 
-ENGINES = ("trellis", "llguidance", "xgrammar")
+ENGINES = ("trellis", "llguidance", "xgrammar")  # and "trellis-any" by name (json_numbers "any")
 
 
 class _Number(str):

@@ -22,8 +22,13 @@ MAX_SOURCE_DEPTH = 512
 # is json.dumps(obj, separators=(",", ":")), "flexible" allows bounded whitespace between tokens
 JSON_LAYOUTS = ("dumps", "compact", "flexible")
 DEFAULT_JSON_LAYOUT = "dumps"
+# How numbers may be spelled under the one-line layouts: "bounded" (the default: at most 17
+# significant digits, a 3-digit exponent, constraints.schema.number_form) or "any" JSON number.
+# The flexible layout always takes any number.
+JSON_NUMBERS = ("bounded", "any")
 _OPTION_DEFAULTS: dict[str, Any] = {
     "strict": True, "backend": "auto", "disable_any_whitespace": False, "json_layout": DEFAULT_JSON_LAYOUT,
+    "json_numbers": "bounded",
 }
 _OPTION_TYPES: dict[str, type] = {
     "strict": bool,
@@ -31,6 +36,7 @@ _OPTION_TYPES: dict[str, type] = {
     "disable_any_whitespace": bool,
     "whitespace_pattern": str,
     "json_layout": str,
+    "json_numbers": str,
 }
 
 
@@ -47,6 +53,9 @@ def _normalise_options(options: Mapping[str, Any] | None) -> Mapping[str, Any]:
             )
         if name == "backend":
             value = _normalise_backend(value, name)
+        if name == "json_numbers" and value not in JSON_NUMBERS:
+            raise InvalidConstraintError(f"json_numbers must be one of {', '.join(JSON_NUMBERS)}, got {value!r}",
+                                         param=name)
         out[name] = value
     _resolve_layout(out)
     out = {k: v for k, v in out.items() if v != _OPTION_DEFAULTS.get(k, object())}
@@ -133,6 +142,14 @@ class ConstraintSpec:
         if self.options.get("whitespace_pattern") is not None:
             return "flexible"
         return str(self.options.get("json_layout", DEFAULT_JSON_LAYOUT))
+
+    @property
+    def json_numbers(self) -> str:
+        """How numbers may be spelled: ``"bounded"`` (the default under the one-line layouts) or
+        ``"any"`` (asked for, or the flexible layout)."""
+        if self.json_layout == "flexible":
+            return "any"
+        return str(self.options.get("json_numbers", "bounded"))
 
     @property
     def backend(self) -> str:
@@ -332,14 +349,15 @@ def _from_sglang(fields: Mapping[str, Any], found: _Found) -> None:
         found.append(("json_schema", "json_schema", _schema(fields["json_schema"], "json_schema")))
 
 
-def _json_layout(fields: Mapping[str, Any], so: Any) -> tuple[str, Any] | None:
-    """(param, value) of the requested json_layout: structured_outputs', else response_format's."""
-    if isinstance(so, Mapping) and so.get("json_layout") is not None:
-        return "structured_outputs.json_layout", so["json_layout"]
+def _json_layout(fields: Mapping[str, Any], so: Any, name: str = "json_layout") -> tuple[str, Any] | None:
+    """(param, value) of the requested json_layout (or ``name``): structured_outputs', else
+    response_format's."""
+    if isinstance(so, Mapping) and so.get(name) is not None:
+        return f"structured_outputs.{name}", so[name]
     rf = fields.get("response_format")
     js = rf.get("json_schema") if isinstance(rf, Mapping) else None
-    if isinstance(js, Mapping) and js.get("json_layout") is not None:
-        return "response_format.json_schema.json_layout", js["json_layout"]
+    if isinstance(js, Mapping) and js.get(name) is not None:
+        return f"response_format.json_schema.{name}", js[name]
     return None
 
 
@@ -354,6 +372,13 @@ def _options(fields: Mapping[str, Any], kind: str, strict: Any) -> dict[str, Any
                 f"json_layout must be one of {', '.join(JSON_LAYOUTS)}, got {value!r}", param=param
             )
         opts["json_layout"] = value
+    numbers = _json_layout(fields, so, "json_numbers")
+    if numbers is not None:
+        param, value = numbers
+        if value not in JSON_NUMBERS:
+            raise InvalidConstraintError(f"json_numbers must be one of {', '.join(JSON_NUMBERS)}, got {value!r}",
+                                         param=param)
+        opts["json_numbers"] = value
     wsp = so.get("whitespace_pattern") if isinstance(so, Mapping) else None
     wsp = wsp if wsp is not None else fields.get("guided_whitespace_pattern")
     if wsp is not None:
@@ -370,7 +395,7 @@ def _options(fields: Mapping[str, Any], kind: str, strict: Any) -> dict[str, Any
     if strict is False:
         opts["strict"] = False
     if kind not in ("json_schema", "json_object"):
-        for name in ("whitespace_pattern", "disable_any_whitespace", "json_layout"):
+        for name in ("whitespace_pattern", "disable_any_whitespace", "json_layout", "json_numbers"):
             opts.pop(name, None)
     try:
         _resolve_layout(dict(opts))

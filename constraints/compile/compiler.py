@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Sequence
 
 from ..backends.base import CompiledConstraint
+from ..backends.number_bound import bound_numbers
 from ..backends.messages import backend_message
 from ..backends.registry import make_backend
 from ..backends.vocabulary import TokenizerContext
@@ -248,6 +249,7 @@ class ConstraintCompiler:
             compiled = self._load_from_disk(spec)
             if compiled is None:
                 compiled = self._compile_to_disk(spec)
+            compiled = bound_numbers(spec, compiled, self._ctx)
         except ConstraintError as exc:
             self._finish(key, _bare(exc), _FAILURE_BYTES, FAILURE_TTL_S)
             raise

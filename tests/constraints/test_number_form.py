@@ -111,8 +111,6 @@ def test_flexible_keeps_any_json_number(compiler, tok, backend):
         assert walk(f'{{"price": {text}}}'), text
 
 
-@pytest.mark.xfail(strict=True, reason="not wired yet: llguidance's and xgrammar's own JSON compilers write the"
-                                       " number grammar, and neither takes a number form (issue #30 item 5)")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_default_layout_refuses_long_numbers(compiler, tok, backend):
     walk = _walker(compiler, tok, INVOICE, backend)
