@@ -438,10 +438,41 @@ class _Rewriter:
             return conjoin(node, {"type": "object", "anyOf": live}, ("oneOf",))
         if strings_only_disjoint(live, self.root, context):
             return conjoin(node, {"type": "string", "anyOf": live}, ("oneOf",))
+        # closed objects listing no name in common share {} alone: oneOf is anyOf without it
+        # when two branches or more accept it
+        if pairwise_disjoint(live, self.root, context, empty_object=True):
+            form = self._without_shared_empty({"anyOf": live}, live, context)
+            if form is not None:
+                return conjoin(node, form, ("oneOf",))
+        if objects_only_disjoint(live, self.root, context, empty_object=True):
+            form = self._without_shared_empty({"type": "object", "anyOf": live}, live, context)
+            if form is not None:
+                return conjoin(node, form, ("oneOf",))
         exclusive = exactly_one(live, self.root)
         if exclusive is not None:
             return conjoin(node, exclusive, ("oneOf",))
         return node
+
+    def _without_shared_empty(self, form: dict, branches: list[Any], context: dict) -> dict | None:
+        """``form`` (the branches as an ``anyOf``), with ``minProperties: 1`` when two branches
+        or more accept ``{}`` (beside ``context``): {} then matches more than one branch, and any
+        other object at most one. None when a branch cannot be checked against {}."""
+        from .coverage import instance_validator
+
+        draft = self.root.get("$schema") if isinstance(self.root.get("$schema"), str) else None
+        accepting = 0
+        for branch in branches:
+            schema: dict = {"allOf": [context, branch]}
+            if draft:
+                schema["$schema"] = draft
+            valid = instance_validator(schema, self.root)
+            if valid is None:
+                return None
+            try:
+                accepting += bool(valid({}))
+            except Exception:  # nothing is proven
+                return None
+        return {**form, "minProperties": 1} if accepting >= 2 else form
 
     @staticmethod
     def _dependencies(node: dict) -> Any:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..regex.disjoint import patterns_disjoint
-from .keywords import ALL_TYPES, meaningful, type_list
+from .keywords import ALL_TYPES, SPEC_KEYWORDS, meaningful, type_list
 from .tree import resolve
 
 def _literal_values(node: dict) -> list[Any] | None:
@@ -64,7 +64,8 @@ def _discriminators(node: Any, root: dict, depth: int = 0) -> dict[str, tuple[li
     if not isinstance(node, dict) or depth > 8:
         return {}
     out: dict[str, tuple[list[Any], bool]] = {}
-    req = set(node.get("required") or [])
+    req = {n for n in node.get("required") or [] if isinstance(n, str)} \
+        if isinstance(node.get("required"), list) else set()
     for name, sub in (node.get("properties") or {}).items():
         sub = resolve(sub, root)
         if isinstance(sub, dict):
@@ -111,7 +112,7 @@ def _disjoint(a: Any, b: Any, root: dict, depth: int = 0) -> bool:
             (va, ra_), (vb, rb_) = da[name], db[name]
             if (ra_ or rb_) and not ({_canon(v) for v in va} & {_canon(v) for v in vb}):
                 return True
-        if _closed_exclusion(ra, rb, root) or _closed_exclusion(rb, ra, root):
+        if _closed_exclusion(pa, pb) or _closed_exclusion(pb, pa):
             return True
         if depth < MAX_DISJOINT_DEPTH and _property_values_disjoint(pa, pb, root, depth):
             return True
@@ -184,7 +185,8 @@ def _literals_fail(literals: list[Any] | None, other: dict, root: dict) -> bool:
 def _property_values_disjoint(pa: list[dict], pb: list[dict], root: dict, depth: int) -> bool:
     """A property one side requires has values the two sides' schemas for it never share: no
     object satisfies both (the value would have to satisfy both)."""
-    required = {n for part in pa + pb for n in (part.get("required") or []) if isinstance(n, str)}
+    required = {n for part in pa + pb if isinstance(part.get("required"), list) for n in part["required"]
+                if isinstance(n, str)}
     values_a = _property_schemas(pa)
     values_b = _property_schemas(pb)
     for name in required & set(values_a) & set(values_b):
@@ -211,12 +213,22 @@ def _patterns_exclude(a: dict, b: dict) -> bool:
     return patterns_disjoint(pa, pb)
 
 
-def _closed_exclusion(a: dict, b: dict, root: dict) -> bool:
-    """a requires a property that b forbids (b closed via additionalProperties: false)."""
-    if b.get("additionalProperties") is not False or b.get("patternProperties"):
+def _closed_exclusion(pa: list[dict], pb: list[dict]) -> bool:
+    """A part of ``a`` requires a property that a part of ``b`` forbids (closed via
+    ``additionalProperties: false``, with no ``patternProperties``): every object ``b`` accepts
+    satisfies that part too (the parts of a branch wrapped with the keywords beside its
+    ``oneOf``, or gathered from its ``allOf`` and ``$ref``), so none has the property."""
+    required = {n for part in pa if isinstance(part.get("required"), list) for n in part["required"]
+                if isinstance(n, str)}
+    if not required:
         return False
-    allowed = set((b.get("properties") or {}).keys())
-    return any(name not in allowed for name in a.get("required") or [])
+    for part in pb:
+        if part.get("additionalProperties") is not False or part.get("patternProperties"):
+            continue
+        props = part.get("properties") or {}
+        if isinstance(props, dict) and any(name not in props for name in required):
+            return True
+    return False
 
 
 OBJECT_KEYWORDS = frozenset(
@@ -225,12 +237,14 @@ OBJECT_KEYWORDS = frozenset(
 )
 
 
-def objects_only_disjoint(branches: list[Any], root: dict, context: dict | None = None) -> bool:
+def objects_only_disjoint(branches: list[Any], root: dict, context: dict | None = None,
+                          empty_object: bool = False) -> bool:
     """True when two or more branches constrain objects only, with no ``type`` (so every
     non-object matches them, and a ``oneOf`` over them rejects it), and no object can match two
     of the branches: ``oneOf`` then means "an object matching one branch" (a discriminated union
-    written without ``type``, with some branches typed or not)."""
-    return _one_type_disjoint(branches, root, context, "object", OBJECT_KEYWORDS)
+    written without ``type``, with some branches typed or not). ``empty_object``: as in
+    :func:`pairwise_disjoint`."""
+    return _one_type_disjoint(branches, root, context, "object", OBJECT_KEYWORDS, empty_object)
 
 
 STRING_KEYWORDS = frozenset({"pattern", "minLength", "maxLength", "format"})
@@ -245,29 +259,60 @@ def strings_only_disjoint(branches: list[Any], root: dict, context: dict | None 
 
 
 def _one_type_disjoint(branches: list[Any], root: dict, context: dict | None, type_: str,
-                       keywords: frozenset[str]) -> bool:
+                       keywords: frozenset[str], empty_object: bool = False) -> bool:
     typed, untyped = [], 0
     for branch in branches:
         branch = resolve(branch, root)
         if not isinstance(branch, dict):
             return False
-        if set(meaningful(branch)) <= keywords:
+        # a key no draft defines (``name``, ``x-go-type``) asserts nothing: a value of another
+        # type still matches the branch
+        if {k for k in meaningful(branch) if k in SPEC_KEYWORDS} <= keywords:
             untyped += 1  # a value of another type matches this branch
             typed.append({**branch, "type": type_})
         else:
             typed.append({"allOf": [{"type": type_}, branch]})
-    return untyped >= 2 and pairwise_disjoint(typed, root, context)
+    return untyped >= 2 and pairwise_disjoint(typed, root, context, empty_object)
 
 
-def pairwise_disjoint(branches: list[Any], root: dict, context: dict | None = None) -> bool:
+def pairwise_disjoint(branches: list[Any], root: dict, context: dict | None = None,
+                      empty_object: bool = False) -> bool:
     """True when no instance can match two of the branches (so oneOf == anyOf). With
     ``context`` (keywords every instance in question also satisfies: the ``type``,
     ``required`` and ``properties`` beside the ``oneOf``), only instances satisfying it are
-    considered."""
+    considered. With ``empty_object``, two branches may also share the empty object ``{}``,
+    and nothing else (:func:`share_only_empty_object`)."""
     if context:
         branches = [{"allOf": [context, b]} for b in branches]
     return all(
         _disjoint(branches[i], branches[j], root)
+        or empty_object and share_only_empty_object(branches[i], branches[j], root)
         for i in range(len(branches))
         for j in range(i + 1, len(branches))
     )
+
+
+def share_only_empty_object(a: Any, b: Any, root: dict) -> bool:
+    """True when the only instance ``a`` and ``b`` can share is ``{}``: both accept objects
+    only (of the types they share), and each has a part (itself, an ``allOf`` member, a
+    ``$ref``) closed by ``additionalProperties: false`` with no ``patternProperties``, the two
+    listing no property name in common: an object matching both has none of its names."""
+    if not possible_types(a, root) & possible_types(b, root) <= {"object"}:
+        return False
+    ra, rb = resolve(a, root), resolve(b, root)
+    if not (isinstance(ra, dict) and isinstance(rb, dict)):
+        return False
+    closed_a, closed_b = _closed_names(_parts(ra, root)), _closed_names(_parts(rb, root))
+    return any(not (x & y) for x in closed_a for y in closed_b)
+
+
+def _closed_names(parts: list[dict]) -> list[set[str]]:
+    """For each part closed by ``additionalProperties: false`` (no ``patternProperties``), the
+    names it lists: an object satisfying the part has no other."""
+    out = []
+    for part in parts:
+        props = part.get("properties") or {}
+        if part.get("additionalProperties") is False and not part.get("patternProperties") \
+                and isinstance(props, dict):
+            out.append(set(props))
+    return out

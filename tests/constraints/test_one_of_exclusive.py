@@ -178,3 +178,94 @@ def test_format_branch_and_a_listed_value(compiler, tok):
         assert check(value) and walk_json(compiled, tok, value), value
     for value in ["a b", 1, ".."]:
         assert not walk_json(compiled, tok, value), value
+
+
+# closed branches behind $ref, wrapped with the type beside the oneOf: the closed part of one
+# branch forbids a property the other requires (MaskBench Github_hard o14390, o39210)
+CHANGELOG = {
+    "type": "object",
+    "definitions": {
+        "added": {"type": "object", "additionalProperties": False, "required": ["p", "new"],
+                  "properties": {"p": {"type": "string"}, "new": {"type": "string"}}},
+        "deleted": {"type": "object", "additionalProperties": False, "required": ["p", "old"],
+                    "properties": {"p": {"type": "string"}, "old": {"type": "string"}}},
+        "modified": {"type": "object", "additionalProperties": False, "required": ["p", "old", "new"],
+                     "properties": {"p": {"type": "string"}, "old": {"type": "string"}, "new": {"type": "string"}}},
+    },
+    "oneOf": [{"$ref": "#/definitions/added"}, {"$ref": "#/definitions/deleted"}, {"$ref": "#/definitions/modified"}],
+}
+
+
+def test_closed_branch_behind_a_ref_forbids_what_the_other_requires(compiler, tok):
+    assert pairwise_disjoint(CHANGELOG["oneOf"], CHANGELOG, {"type": "object"})
+    assert not _one_of_left(CHANGELOG)
+    assert_classified(compiler, tok, CHANGELOG,
+                      valid=[{"p": "a", "new": "b"}, {"p": "a", "old": "b"}, {"p": "a", "old": "b", "new": "c"}],
+                      invalid=[{}, {"p": "a"}, {"new": "b"}, {"p": "a", "new": "b", "x": 1}, {"p": 1, "new": "b"}])
+
+
+def test_an_open_branch_does_not_forbid():
+    """Without additionalProperties: false on ``added``, {"p", "old", "new"} matches two branches."""
+    defs = {**CHANGELOG["definitions"], "added": {k: v for k, v in CHANGELOG["definitions"]["added"].items()
+                                                  if k != "additionalProperties"}}
+    schema = {**CHANGELOG, "definitions": defs}
+    assert not pairwise_disjoint(schema["oneOf"], schema, {"type": "object"})
+    _same_language(schema, [{"p": "a", "new": "b"}, {"p": "a", "old": "b", "new": "c"}, {"p": "a", "old": "b"}])
+
+
+# closed objects with no property name in common share {} alone (Github_hard o3905, o23555)
+OVERRIDES = {"oneOf": [{"type": "object", "additionalProperties": False,
+                        "properties": {"e.domain": {"type": "string"}, "e.port": {"type": "string"}}},
+                       {"type": "object", "additionalProperties": False,
+                        "properties": {"p.encoded": {"type": "string"}}}]}
+
+
+def test_closed_objects_sharing_only_the_empty_object(compiler, tok):
+    """{} matches both branches, so oneOf rejects it; every other object matches one at most."""
+    assert not pairwise_disjoint(OVERRIDES["oneOf"], OVERRIDES)
+    assert pairwise_disjoint(OVERRIDES["oneOf"], OVERRIDES, empty_object=True)
+    assert not _one_of_left(OVERRIDES)
+    values = [{}, {"e.domain": "x"}, {"e.domain": "x", "e.port": "1"}, {"p.encoded": "y"},
+              {"e.domain": "x", "p.encoded": "y"}, {"q": 1}, "s", None, {"e.port": 1}]
+    _same_language(OVERRIDES, values)
+    assert_classified(compiler, tok, OVERRIDES,
+                      valid=[{"e.domain": "x"}, {"e.domain": "x", "e.port": "1"}, {"p.encoded": "y"}],
+                      invalid=[{}, {"e.domain": "x", "p.encoded": "y"}, {"q": 1}, "s", None, {"e.port": 1}])
+
+
+def test_the_empty_object_one_branch_accepts_stays_valid(compiler, tok):
+    """When only one branch accepts {} (the other requires a name), {} is valid."""
+    schema = {"oneOf": [OVERRIDES["oneOf"][0], {**OVERRIDES["oneOf"][1], "required": ["p.encoded"]}]}
+    assert not _one_of_left(schema)
+    _same_language(schema, [{}, {"e.domain": "x"}, {"p.encoded": "y"}, {"e.domain": "x", "p.encoded": "y"}])
+    assert_classified(compiler, tok, schema, valid=[{}, {"e.domain": "x"}, {"p.encoded": "y"}],
+                      invalid=[{"e.domain": "x", "p.encoded": "y"}, {"q": 1}, 1])
+
+
+# untyped closed branches (objects only): every non-object matches both and is rejected; {} too
+UNTYPED_CLOSED = {"oneOf": [{"additionalProperties": False, "properties": {"value": {"type": "number"}, "sym": {}}},
+                            {"additionalProperties": False, "properties": {"string": {"type": "string"}}}]}
+
+
+def test_untyped_closed_branches_sharing_only_the_empty_object(compiler, tok):
+    assert not _one_of_left(UNTYPED_CLOSED)
+    _same_language(UNTYPED_CLOSED, [{}, {"value": 1}, {"string": "s"}, {"value": 1, "string": "s"}, 3, "s", []])
+    assert_classified(compiler, tok, UNTYPED_CLOSED, valid=[{"value": 1}, {"value": 1, "sym": "$"}, {"string": "s"}],
+                      invalid=[{}, {"value": 1, "string": "s"}, 3, "s", [], None, {"value": "1"}])
+
+
+def test_a_name_in_common_is_more_than_the_empty_object():
+    """Both list ``id``: {"id": 1} matches both branches, and is not the only shared object."""
+    schema = {"oneOf": [{"type": "object", "additionalProperties": False, "properties": {"id": {}, "a": {}}},
+                        {"type": "object", "additionalProperties": False, "properties": {"id": {}, "b": {}}}]}
+    assert not pairwise_disjoint(schema["oneOf"], schema, empty_object=True)
+    _same_language(schema, [{}, {"id": 1}, {"a": 1}, {"b": 1}, {"id": 1, "a": 1}])
+
+
+def test_a_branch_with_unknown_keywords_still_lets_every_non_object_through():
+    """``name`` is no keyword: the branch constrains objects only, like the other."""
+    schema = {"oneOf": [{"name": "x", "required": ["a"], "properties": {"a": {"const": 1}}},
+                        {"name": "y", "required": ["a"], "properties": {"a": {"const": 2}}}]}
+    assert objects_only_disjoint(schema["oneOf"], schema)
+    assert not _one_of_left(schema)
+    _same_language(schema, [{"a": 1}, {"a": 2}, {"a": 3}, {}, "s", 1, None])
