@@ -271,15 +271,16 @@ class BoundedNumbers(Matcher):
         return ids[: len(self._form_states(ids, relax=True))]
 
     def accept_forced(self, ids: Sequence[int]) -> int:
-        states = self._form_states(ids, relax=True)
-        taken = self.inner.accept_forced(list(ids[: len(states)]))
-        self._states.extend(states[:taken])
-        self._free_at = None
-        return taken
+        return self._take_run(ids, self.inner.accept_forced)
 
     def _accept_prefix(self, ids: Sequence[int]) -> int:
+        return self._take_run(ids, self.inner._accept_prefix)
+
+    def _take_run(self, ids: Sequence[int], take) -> int:
+        """Hand the part of a forced run the form takes to the backend's ``take``; keep the
+        form's states of what it took."""
         states = self._form_states(ids, relax=True)
-        taken = self.inner._accept_prefix(list(ids[: len(states)]))
+        taken = take(list(ids[: len(states)]))
         self._states.extend(states[:taken])
         self._free_at = None
         return taken
