@@ -167,9 +167,11 @@ class BoundedNumbers(Matcher):
             return self._free_at[1]
         import torch
 
-        mask = torch.zeros((1, self.table.allowed.shape[1]), dtype=torch.int32)
-        self.inner.fill_bitmask(mask, 0)
-        nothing = not np.any(mask[0].numpy() & self.table.allowed[self._state])
+        # a numpy buffer seen as a tensor: no torch op runs here (this is the bounded-call
+        # worker thread, where a torch op would start an OpenMP team of its own)
+        words = np.zeros((1, self.table.allowed.shape[1]), dtype=np.int32)
+        self.inner.fill_bitmask(torch.from_numpy(words), 0)
+        nothing = not np.any(words[0] & self.table.allowed[self._state])
         self._free_at = (depth, nothing)
         return nothing
 
