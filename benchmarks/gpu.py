@@ -59,6 +59,7 @@ import torch  # noqa: E402
 from benchmarks.decode import PEOPLE, PROMPT, Workload, _snapshot  # noqa: E402
 from benchmarks.serve import run_level  # noqa: E402
 from constraints import ConstraintCompiler, ConstraintSpec  # noqa: E402
+from kernels.fp8 import row_bucket  # noqa: E402
 from sampler import SamplingParams  # noqa: E402
 from server.engine.engine import Engine  # noqa: E402
 from server.engine.sequence import GenerationRequest  # noqa: E402
@@ -257,10 +258,28 @@ def decode_batch(hf_model, tokenizer, compiled, plan: Plan, shape: str, floor_ms
                                                 f"overlap {'on' if engine.overlap else 'off'}",
                                                 path_note(engine, paths_before)]))
         print(format_row(rows[-1]), flush=True)
+    for line in fp8_choice_lines(engine, batch):
+        print(f"{shape} {what} batch {batch}: {line}", flush=True)
     retire(engine)
     del engine
     free_memory(plan.device)
     return rows
+
+
+def fp8_choice_lines(engine: Engine, batch: int, shown: int = 5) -> list[str]:
+    """Per FP8 projection shape timed at ``batch`` rows: the winner and the fastest candidates (µs)."""
+    runner = getattr(engine.runner, "runner", engine.runner)
+    fp8 = getattr(runner, "fp8", None)
+    if fp8 is None:
+        return []
+    lines = []
+    for (bucket, n, k, _dtype), (winner, times) in sorted(fp8.choice.table.items(), key=lambda item: item[0][:3]):
+        if bucket != row_bucket(batch):
+            continue
+        best = sorted(times.items(), key=lambda item: item[1])[:shown]
+        listed = ", ".join(f"{name} {us:.1f}" for name, us in best)
+        lines.append(f"FP8 [{n} x {k}] -> {winner}; µs: {listed}; rowwise {times.get('rowwise', float('nan')):.1f}")
+    return lines
 
 
 def speedup_note(row: Row, baseline: list[Row]) -> str:

@@ -7,7 +7,7 @@ output channel.
   ``torch._scaled_mm`` (sm89 and newer) multiplies the FP8 rows by the FP8 weight (column-major:
   ``W [N, K]`` row-major, transposed): "rowwise" with the ``[M, 1]`` and ``[1, N]`` scales in its
   epilogue, or "tensorwise" (cuBLASLt, unit scales) with the scales applied after.
-- :func:`fp8_gemv` (W8A16, at most 16 rows: decode): a split-K Triton kernel that reads the FP8
+- :func:`fp8_gemv` (W8A16, at most 64 rows: decode): a split-K Triton kernel that reads the FP8
   weight once and multiplies it by the unquantized activations in float32, as
   :mod:`kernels.gemv` does for bf16 weights. At decode the step is bound by reading weights,
   and ``_scaled_mm``'s kernels are built for many rows.
@@ -139,25 +139,43 @@ GEMV_CANDIDATES: dict[int, tuple[tuple[tuple[int, int], ...], tuple[int, ...]]] 
     32: (_DOT_BLOCKS, (1, 2, 4, 8)),
     64: (_DOT_BLOCKS, (1, 2, 4, 8)),
 }
+# At one row the small projections (q/k/v, o) were latency-bound on an H100 (~1.4 TB/s): more
+# bytes in flight per program (wider blocks, 8-16 warps, deeper pipelines) are timed too.
+_ONE_ROW_EXTRA = ((16, 1024, 8, None), (8, 2048, 8, None), (32, 512, 8, None), (8, 1024, 8, None),
+                  (16, 2048, 16, None), (8, 1024, None, 1), (8, 1024, None, 4), (16, 512, None, 4))
+# Up to 4 rows, FP8 x FP8 tl.dot on a 16-row tile with the rows quantized inside the kernel: no
+# FP8-to-float conversion of the weight and no quantization launch (the MMA's padding is free).
+_FEW_ROW_DOT_BLOCKS = ((64, 128), (32, 128), (32, 256), (64, 256), (16, 256))
 _MAX_DEFAULT_SPLIT = 16
 
 
 @dataclass(frozen=True)
 class GemvConfig:
     """One launch shape of the kernel; ``a8``: the activations quantized per token first and
-    multiplied FP8 x FP8 by ``tl.dot`` (16+ row tiles, CUDA sm89+)."""
+    multiplied FP8 x FP8 by ``tl.dot`` (16+ row tiles, CUDA sm89+); ``fused``: the same with the
+    quantization inside the kernel (few rows padded to a 16-row tile). ``num_warps`` and
+    ``num_stages`` None: the defaults (:meth:`warps`, Triton's stages)."""
 
     block_n: int
     block_k: int
     split_k: int
     a8: bool = False
+    fused: bool = False
+    num_warps: int | None = None
+    num_stages: int | None = None
 
     @property
     def name(self) -> str:
-        return f"{'a8' if self.a8 else 'gemv'}_n{self.block_n}_k{self.block_k}_s{self.split_k}"
+        kind = "fq" if self.fused else "a8" if self.a8 else "gemv"
+        extra = (f"_w{self.num_warps}" if self.num_warps else "") + (f"_st{self.num_stages}" if self.num_stages else "")
+        return f"{kind}_n{self.block_n}_k{self.block_k}_s{self.split_k}{extra}"
 
     def warps(self, tile: int) -> int:
         """4 warps; 8 or 16 for the largest tiles (register lanes past 8K, or 64 x 64+ dot tiles)."""
+        if self.num_warps:
+            return self.num_warps
+        if self.fused:
+            tile = max(tile, 16)
         if tile <= 4:
             lanes = tile * self.block_n * self.block_k
             return 4 if lanes <= 8192 else 8 if lanes <= 16384 else 16
@@ -167,10 +185,16 @@ class GemvConfig:
 def gemv_configs(rows: int, fp8_dot: bool = False) -> list[GemvConfig]:
     """The configurations :class:`Fp8Choice` times for ``rows`` rows (``fp8_dot``: with the
     FP8 x FP8 ones)."""
-    blocks, splits = GEMV_CANDIDATES[_row_tile(rows)]
+    tile = _row_tile(rows)
+    blocks, splits = GEMV_CANDIDATES[tile]
     configs = [GemvConfig(n, k, s) for n, k in blocks for s in splits]
-    if fp8_dot and _row_tile(rows) >= 16:
+    if tile == 1:
+        configs += [GemvConfig(n, k, 1, num_warps=w, num_stages=st) for n, k, w, st in _ONE_ROW_EXTRA]
+    if fp8_dot and tile >= 16:
         configs += [GemvConfig(n, k, s, a8=True) for n, k in blocks for s in splits]
+        configs += [GemvConfig(n, k, s, fused=True) for n, k in blocks for s in splits]
+    elif fp8_dot:
+        configs += [GemvConfig(n, k, s, fused=True) for n, k in _FEW_ROW_DOT_BLOCKS for s in (1, 2)]
     return configs
 
 
@@ -192,11 +216,13 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     x = x if x.stride(-1) == 1 else x.contiguous()
     config = config or default_gemv_config(x, weight)
     operand, x_scale = x, None
-    if config.a8:
+    if config.a8 and not config.fused:
         operand, x_scale = quantize_rows(x, input_scale, scale_ub, use_triton=use_triton)
         x_scale = x_scale.reshape(-1)
     out = mod.fp8_gemv(operand, weight, weight_scale.reshape(-1), config.split_k, config.block_n, config.block_k,
-                       num_warps=config.warps(_row_tile(x.shape[0])), x_scale=x_scale, out_dtype=x.dtype)
+                       num_warps=config.warps(_row_tile(x.shape[0])), x_scale=x_scale, out_dtype=x.dtype,
+                       num_stages=config.num_stages, fused_quant=config.fused,
+                       input_scale=input_scale if config.fused else None, scale_ub=scale_ub if config.fused else None)
     return out if bias is None else out.add_(bias)
 
 

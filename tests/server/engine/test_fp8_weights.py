@@ -21,6 +21,7 @@ from kernels.fp8 import (
     GemvConfig,
     fp8_gemv,
     fp8_gemv_reference,
+    gemv_configs,
     quantize_rows,
     quantize_rows_reference,
     quantize_weight,
@@ -365,6 +366,32 @@ def test_the_w8a16_kernel_computes_its_reference(rows):
         got = fp8_gemv(x, q, scale.reshape(1, -1), config=config, use_triton=True).float()
         torch.testing.assert_close(got, want, atol=2e-2 if dtype == torch.bfloat16 else 1e-4, rtol=2e-2)
     assert Fp8Choice().linear(x, q, scale.reshape(1, -1), use_triton=True).shape == (rows, 48)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 20])
+def test_quantizing_inside_the_kernel_equals_quantizing_first(rows):
+    """The fused configurations (few rows padded to a dot tile) give the a8 path's exact numbers:
+    dynamic, static and capped activation scales."""
+    torch.manual_seed(4)
+    device = torch.device("cuda") if torch.cuda.is_available() else CPU
+    x, weight = torch.randn(rows, 512, device=device), torch.randn(96, 512, device=device) * 0.1
+    q, scale = quantize_weight(weight)
+    for options in ({}, {"input_scale": torch.tensor([0.01], device=device)}, {"scale_ub": 1.5}):
+        for n, k, split in ((32, 128, 1), (16, 256, 2)):
+            first = fp8_gemv(x, q, scale.reshape(1, -1), config=GemvConfig(n, k, split, a8=True), use_triton=True,
+                             **options)
+            got = fp8_gemv(x, q, scale.reshape(1, -1), config=GemvConfig(n, k, split, fused=True), use_triton=True,
+                           **options)
+            assert torch.equal(got, first), (n, k, split, options)
+        if device.type == "cuda":  # the interpreter's FP8 dot is inexact
+            _close(first, scaled_linear_reference(x, q, scale.reshape(1, -1), **options), 0.02)
+
+
+def test_one_row_times_wider_blocks_and_the_fused_dot():
+    names = [config.name for config in gemv_configs(1, fp8_dot=True)]
+    assert "gemv_n8_k1024_s1" in names and "gemv_n16_k1024_s1_w8" in names and "fq_n64_k128_s1" in names
+    assert not any(name.startswith("fq") for name in (c.name for c in gemv_configs(1, fp8_dot=False)))
+    assert len(set(names)) == len(names)
 
 
 def test_row_counts_share_a_choice_within_their_kernel_tile():
