@@ -97,9 +97,10 @@ def scaled_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
     if weight.shape[0] % ALIGNMENT or weight.shape[1] % ALIGNMENT:
         raise ValueError(f"_scaled_mm needs N and K to be multiples of {ALIGNMENT}, got {tuple(weight.shape)}")
     q, scale = quantize_rows(x, input_scale, scale_ub, use_triton=use_triton)
-    # rowwise scaling writes bf16 only on CUDA; the CPU's kernel writes any float type
+    # rowwise scaling writes bf16 only on CUDA; the CPU's kernel writes any float type, and before
+    # torch 2.13 took only per-tensor scales there: the CPU multiplies with unit scales
     out_dtype = torch.bfloat16 if x.is_cuda else x.dtype
-    if tensorwise:
+    if tensorwise or not x.is_cuda:
         one = _unit_scale(x.device)
         out = torch._scaled_mm(q, weight.t(), scale_a=one, scale_b=one, out_dtype=out_dtype)
         out = out.mul_(scale.to(out.dtype)).mul_(weight_scale.to(out.dtype))

@@ -109,8 +109,9 @@ def test_choice_on_cuda_picks_and_matches_linear(gen) -> None:
     device = torch.device("cuda")
     for rows in (1, 4, 8):
         x, weight, bias = _operands(rows, torch.bfloat16, rows == 4, gen, device)
-        got = choice.linear(x, weight, bias)
-        torch.testing.assert_close(got, F.linear(x, weight, bias), rtol=1.6e-2, atol=1e-2)
+        got = choice.linear(x, weight, bias).float()
+        exact = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+        assert float((got - exact).abs().max()) <= 2e-2 * float(exact.abs().max())
         winner, times = choice.table[(rows, N, K, torch.bfloat16)]
         assert winner in times and "cublas" in times and any(n.startswith("triton_split") for n in times)
         assert all(us > 0 for us in times.values())
