@@ -113,20 +113,11 @@ def _fp8_gemv_kernel(
     SPLIT_K: tl.constexpr,
     USE_DOT: tl.constexpr,
     X_SCALE: tl.constexpr,
-    FUSED_QUANT: tl.constexpr = False,
-    STATIC: tl.constexpr = False,
-    HAS_UB: tl.constexpr = False,
-    scale_ub=0.0,
-    fp8_max=448.0,
-    min_scale=1e-12,
 ):
     """Program (n, s): rows of x times the FP8 rows of N block n over K share s, times the
     weight's scales; stored (SPLIT_K 1) or as float32 partial sums [SPLIT_K, M, N]. Without
     ``tl.dot`` the products accumulate per K lane and are summed once after the loop. With
-    ``X_SCALE`` x is FP8 too (quantized rows, scales in x_scale): an FP8 x FP8 ``tl.dot``. With
-    ``FUSED_QUANT`` x is unquantized and each program quantizes its rows as
-    ``_quantize_rows_kernel`` does (the row's scale from its whole K, or the static one in
-    x_scale), saving that kernel's launch: an FP8 x FP8 ``tl.dot`` too."""
+    ``X_SCALE`` x is FP8 too (quantized rows, scales in x_scale): an FP8 x FP8 ``tl.dot``."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -137,19 +128,7 @@ def _fp8_gemv_kernel(
     k_end = tl.minimum(k_begin + k_per_split, k_dim)
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
-    if FUSED_QUANT:
-        if STATIC:
-            row_scale = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(x_scale_ptr).to(tl.float32)
-        else:
-            peak = tl.zeros([BLOCK_M], dtype=tl.float32)
-            for k_start in range(0, k_dim, BLOCK_K):
-                offs_k = k_start + tl.arange(0, BLOCK_K)
-                x = tl.load(x_rows + offs_k[None, :], mask=m_valid[:, None] & (offs_k < k_dim)[None, :], other=0.0)
-                peak = tl.maximum(peak, tl.max(tl.abs(x.to(tl.float32)), axis=1))
-            if HAS_UB:
-                peak = tl.minimum(peak, scale_ub)
-            row_scale = tl.maximum(peak / fp8_max, min_scale)
-    if USE_DOT or X_SCALE or FUSED_QUANT:
+    if USE_DOT or X_SCALE:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     else:
         lanes = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -158,21 +137,16 @@ def _fp8_gemv_kernel(
         k_valid = offs_k < k_end
         x = tl.load(x_rows + offs_k[None, :], mask=m_valid[:, None] & k_valid[None, :], other=0.0)
         w = tl.load(w_rows + offs_k[None, :], mask=n_valid[:, None] & k_valid[None, :], other=0.0)
-        if FUSED_QUANT:
-            scaled = tl.minimum(tl.maximum(x.to(tl.float32) / row_scale[:, None], -fp8_max), fp8_max)
-            acc += tl.dot(scaled.to(w.dtype), tl.trans(w))
-        elif X_SCALE:
+        if X_SCALE:
             acc += tl.dot(x, tl.trans(w))
         elif USE_DOT:
             acc += tl.dot(x, tl.trans(w.to(x.dtype)))
         else:
             lanes += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-    if not (USE_DOT or X_SCALE or FUSED_QUANT):
+    if not (USE_DOT or X_SCALE):
         acc = tl.sum(lanes, axis=2)
     acc *= tl.load(scale_ptr + offs_n, mask=n_valid, other=0.0)[None, :]
-    if FUSED_QUANT:
-        acc *= row_scale[:, None]
-    elif X_SCALE:
+    if X_SCALE:
         acc *= tl.load(x_scale_ptr + offs_m, mask=m_valid, other=0.0)[:, None]
     o_ptrs = out_ptr + (pid_k * num_rows + offs_m[:, None]).to(tl.int64) * stride_om + offs_n[None, :]
     tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_valid[:, None] & n_valid[None, :])
@@ -205,18 +179,15 @@ def gemv_block_m(rows: int) -> int:
 
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, split_k: int, block_n: int,
              block_k: int, num_warps: int = 4, x_scale: torch.Tensor | None = None,
-             out_dtype: torch.dtype | None = None, *, num_stages: int | None = None, fused_quant: bool = False, input_scale: torch.Tensor | None = None,
-             scale_ub: float | None = None) -> torch.Tensor:
+             out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """``x [M, K] @ (weight [N, K] * scale [N])^T`` in ``out_dtype`` (default x's; x bf16/fp16/fp32,
     weight FP8, M <= 64): the weight read once, in FP8; ``split_k`` K shares summed in float32.
-    ``x_scale`` [M]: x holds FP8 rows with these scales (an FP8 ``tl.dot``, 16+ row tiles).
-    ``fused_quant``: x quantized per row inside the kernel (``input_scale`` static, ``scale_ub``
-    as :func:`quantize_rows`) for an FP8 ``tl.dot`` (few rows padded to a 16-row tile)."""
+    ``x_scale`` [M]: x holds FP8 rows with these scales (an FP8 ``tl.dot``, rows padded to 16)."""
     out_dtype = out_dtype or x.dtype
     rows, k = x.shape
     n = weight.shape[0]
     tile = gemv_block_m(rows)
-    if fused_quant or x_scale is not None:  # an FP8 tl.dot: at least 16 rows
+    if x_scale is not None:  # an FP8 tl.dot: at least 16 rows
         tile = max(tile, 16)
     splits = max(1, min(split_k, triton.cdiv(k, block_k)))
     k_per_split = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
@@ -224,19 +195,13 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, split_k
     target = torch.empty((splits, rows, n), dtype=out_dtype if splits == 1 else torch.float32, device=x.device)
     if rows:
         _fp8_gemv_kernel[(triton.cdiv(n, block_n), splits)](
-            x, weight, scale, x_scale if x_scale is not None else (input_scale if input_scale is not None else scale),
-            target,
+            x, weight, scale, x_scale if x_scale is not None else scale, target,
             rows, n, k, k_per_split,
             x.stride(0), weight.stride(0), target.stride(1),
             BLOCK_M=tile, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=splits,
             USE_DOT=tile > DOT_ROWS and x.dtype != torch.float32,
             X_SCALE=x_scale is not None,
-            FUSED_QUANT=fused_quant,
-            STATIC=fused_quant and input_scale is not None,
-            HAS_UB=fused_quant and scale_ub is not None,
-            scale_ub=float(scale_ub or 0.0), fp8_max=FP8_MAX, min_scale=MIN_SCALE,
             num_warps=num_warps,
-            **({"num_stages": num_stages} if num_stages else {}),
         )
     if splits == 1:
         return target[0]

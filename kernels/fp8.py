@@ -140,42 +140,32 @@ GEMV_CANDIDATES: dict[int, tuple[tuple[tuple[int, int], ...], tuple[int, ...]]] 
     32: (_DOT_BLOCKS, (1, 2, 4, 8)),
     64: (_DOT_BLOCKS, (1, 2, 4, 8)),
 }
-# At one row the small projections (q/k/v, o) were latency-bound on an H100 (~1.4 TB/s): more
-# bytes in flight per program (wider blocks, 8-16 warps, deeper pipelines) are timed too.
-_ONE_ROW_EXTRA = ((16, 1024, 8, None), (8, 2048, 8, None), (32, 512, 8, None), (8, 1024, 8, None),
-                  (16, 2048, 16, None), (8, 1024, None, 1), (8, 1024, None, 4), (16, 512, None, 4))
-# Up to 4 rows, FP8 x FP8 tl.dot on a 16-row tile with the rows quantized inside the kernel: no
-# FP8-to-float conversion of the weight and no quantization launch (the MMA's padding is free).
-_FEW_ROW_DOT_BLOCKS = ((64, 128), (32, 128), (32, 256), (64, 256), (16, 256))
+# Up to 4 rows, also FP8 x FP8 tl.dot on the rows quantized first and padded to a 16-row tile: no
+# FP8-to-float conversion of the weight (at one row on an H100 the conversions, not the reads,
+# held the W8A16 kernel to ~2.2 TB/s on the 8B MLP). Measured there and dropped: wider one-row
+# blocks, 8-16 warps and pipeline depths (within 0.1 µs), and the quantization fused into the
+# dot kernel (each program re-quantizing the rows cost more than the launch it saves).
+_FEW_ROW_DOT_BLOCKS = ((64, 128), (32, 128), (128, 128), (32, 256), (64, 256))
 _MAX_DEFAULT_SPLIT = 16
 
 
 @dataclass(frozen=True)
 class GemvConfig:
     """One launch shape of the kernel; ``a8``: the activations quantized per token first and
-    multiplied FP8 x FP8 by ``tl.dot`` (16+ row tiles, CUDA sm89+); ``fused``: the same with the
-    quantization inside the kernel (few rows padded to a 16-row tile). ``num_warps`` and
-    ``num_stages`` None: the defaults (:meth:`warps`, Triton's stages)."""
+    multiplied FP8 x FP8 by ``tl.dot`` (rows padded to a 16-row tile, CUDA sm89+)."""
 
     block_n: int
     block_k: int
     split_k: int
     a8: bool = False
-    fused: bool = False
-    num_warps: int | None = None
-    num_stages: int | None = None
 
     @property
     def name(self) -> str:
-        kind = "fq" if self.fused else "a8" if self.a8 else "gemv"
-        extra = (f"_w{self.num_warps}" if self.num_warps else "") + (f"_st{self.num_stages}" if self.num_stages else "")
-        return f"{kind}_n{self.block_n}_k{self.block_k}_s{self.split_k}{extra}"
+        return f"{'a8' if self.a8 else 'gemv'}_n{self.block_n}_k{self.block_k}_s{self.split_k}"
 
     def warps(self, tile: int) -> int:
         """4 warps; 8 or 16 for the largest tiles (register lanes past 8K, or 64 x 64+ dot tiles)."""
-        if self.num_warps:
-            return self.num_warps
-        if self.fused:
+        if self.a8:
             tile = max(tile, 16)
         if tile <= 4:
             lanes = tile * self.block_n * self.block_k
@@ -189,13 +179,9 @@ def gemv_configs(rows: int, fp8_dot: bool = False) -> list[GemvConfig]:
     tile = _row_tile(rows)
     blocks, splits = GEMV_CANDIDATES[tile]
     configs = [GemvConfig(n, k, s) for n, k in blocks for s in splits]
-    if tile == 1:
-        configs += [GemvConfig(n, k, 1, num_warps=w, num_stages=st) for n, k, w, st in _ONE_ROW_EXTRA]
-    if fp8_dot and tile >= 16:
-        configs += [GemvConfig(n, k, s, a8=True) for n, k in blocks for s in splits]
-        configs += [GemvConfig(n, k, s, fused=True) for n, k in blocks for s in splits]
-    elif fp8_dot:
-        configs += [GemvConfig(n, k, s, fused=True) for n, k in _FEW_ROW_DOT_BLOCKS for s in (1, 2)]
+    if fp8_dot:
+        dot_blocks, dot_splits = (blocks, splits) if tile >= 16 else (_FEW_ROW_DOT_BLOCKS, (1, 2))
+        configs += [GemvConfig(n, k, s, a8=True) for n, k in dot_blocks for s in dot_splits]
     return configs
 
 
@@ -217,13 +203,11 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     x = x if x.stride(-1) == 1 else x.contiguous()
     config = config or default_gemv_config(x, weight)
     operand, x_scale = x, None
-    if config.a8 and not config.fused:
+    if config.a8:
         operand, x_scale = quantize_rows(x, input_scale, scale_ub, use_triton=use_triton)
         x_scale = x_scale.reshape(-1)
     out = mod.fp8_gemv(operand, weight, weight_scale.reshape(-1), config.split_k, config.block_n, config.block_k,
-                       num_warps=config.warps(_row_tile(x.shape[0])), x_scale=x_scale, out_dtype=x.dtype,
-                       num_stages=config.num_stages, fused_quant=config.fused,
-                       input_scale=input_scale if config.fused else None, scale_ub=scale_ub if config.fused else None)
+                       num_warps=config.warps(_row_tile(x.shape[0])), x_scale=x_scale, out_dtype=x.dtype)
     return out if bias is None else out.add_(bias)
 
 

@@ -27,7 +27,13 @@ _MAX_AUTO_SPLIT = 16
 # BLOCK_M x BLOCK_N x BLOCK_K product at 8K elements (64 registers a thread at 4 warps); 16 rows: tl.dot.
 _BLOCKS = {1: (32, 256), 2: (32, 128), 4: (32, 64), 16: (64, 128)}
 
-ShapeKey = tuple[int, int, int, torch.dtype]  # (M, N, K, dtype of x)
+ShapeKey = tuple[int, int, int, torch.dtype]  # (row bucket, N, K, dtype of x)
+
+
+def row_bucket(rows: int) -> int:
+    """The rows' timing bucket: 1, 2, 4 or 8 (the kernel's row tiles: 5-8 rows share one). Row
+    counts change every step with drafts and jump-forward; one choice per tile, timed once."""
+    return 1 << max(rows - 1, 0).bit_length()
 
 
 @functools.cache
@@ -132,7 +138,7 @@ def median_cuda_us(run: Callable[[int], object], iters: int = 20, warmup: int = 
 class GemvChoice:
     """Per shape, the faster of cuBLAS (``F.linear``) and the split-K Triton kernel.
 
-    The first call of a CUDA shape ``(M, N, K, dtype)`` with ``M <= 8`` times ``F.linear``
+    The first call of a CUDA shape ``(M, N, K, dtype)`` with ``M <= 8`` (M by :func:`row_bucket`) times ``F.linear``
     and the kernel at each split in ``split_candidates`` (CUDA events: ``warmup`` calls, then
     the median of ``iters``; device time, see :func:`median_cuda_us`) on the call's own tensors
     and remembers the fastest; later calls run it. ``table`` maps each timed shape to ``(winner, {candidate: µs})``, candidates being
@@ -155,7 +161,7 @@ class GemvChoice:
         rows = x.shape[:-1].numel()
         if not self._tunable(x, rows):
             return "cublas"
-        key: ShapeKey = (rows, weight.shape[0], weight.shape[1], x.dtype)
+        key: ShapeKey = (row_bucket(rows), weight.shape[0], weight.shape[1], x.dtype)
         if key not in self.table:
             if torch.cuda.is_current_stream_capturing():
                 return "cublas"  # no timing inside a graph capture

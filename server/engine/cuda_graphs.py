@@ -385,5 +385,8 @@ def graph_decode_steps(runner, *, max_batch_size: int, max_model_len: int, enfor
     max_blocks_per_seq = -(-max_model_len // runner.block_size)
     graphed = GraphedRunner(runner, max_batch_size, max_blocks_per_seq, enforce_eager,
                             max_graph_tokens=max_graph_tokens)
+    prime = getattr(runner, "prime_linear_choices", None)
+    if prime is not None:
+        prime()
     graphed.capture()
     return graphed

@@ -270,6 +270,27 @@ class ModelRunner:
             return add_rmsnorm(residual, None, norm.weight, norm.eps, use_triton=self.use_triton)
         return add_rmsnorm(delta, residual, norm.weight, norm.eps, use_triton=self.use_triton)
 
+    def prime_linear_choices(self, max_rows: int = 64) -> None:
+        """Time now, before serving, the per-shape kernel choices (:class:`GemvChoice` at 1-8 rows,
+        the FP8 layers' at up to 64) for every row bucket up to ``max_rows``: a first sight while
+        serving (a draft's or a jump-forward's row count) would otherwise compile and time the
+        candidates inside a request's step. A no-op where nothing is timed (off CUDA)."""
+        if self.device.type != "cuda" or (self.gemv is None and self.fp8 is None):
+            return
+        head = self.hf.lm_head
+        linears = {}
+        for layer in self.layers:
+            for weight, bias in ((layer.qkv_weight, layer.qkv_bias), (layer.o_proj.weight, layer.o_proj.bias),
+                                 (layer.gate_up_weight, layer.gate_up_bias),
+                                 (layer.down_proj.weight, layer.down_proj.bias)):
+                linears.setdefault((tuple(weight.shape), weight.dtype), (weight, bias))
+        linears.setdefault((tuple(head.weight.shape), head.weight.dtype), (head.weight, head.bias))
+        with torch.inference_mode():
+            for count in (r for r in (1, 2, 4, 8, 16, 32, 64) if r <= max_rows):
+                for weight, bias in linears.values():
+                    self._linear(torch.randn(count, weight.shape[1], dtype=self.dtype, device=self.device),
+                                 weight, bias)
+
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``F.linear``, or on CUDA the faster per shape of cuBLAS and the split-K kernel at 1-8 rows;
         a quantized layer by each row's route (:class:`TokenRoutes`); an FP8 layer by :mod:`kernels.fp8`."""

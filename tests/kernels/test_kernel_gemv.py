@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import kernels
 from kernels import GemvChoice, skinny_linear, skinny_linear_reference
 from kernels import gemv as gemv_module
+from kernels.gemv import row_bucket
 
 N, K = 200, 333  # not multiples of any block size
 
@@ -97,6 +98,10 @@ def test_choice_on_cpu_is_linear_and_times_nothing(gen, monkeypatch) -> None:
         assert torch.equal(choice.linear(x, weight, bias), F.linear(x, weight, bias))
         assert choice.choose(x, weight, bias) == "cublas"
     assert choice.table == {}
+
+
+def test_row_counts_share_a_choice_within_the_kernels_row_tile() -> None:
+    assert [row_bucket(rows) for rows in (1, 2, 3, 4, 5, 8)] == [1, 2, 4, 4, 8, 8]
 
 
 @pytest.mark.gpu
