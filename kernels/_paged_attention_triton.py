@@ -60,7 +60,9 @@ def _find_row(query_start_ptr, tile, num_rows, BLOCK_Q: tl.constexpr):
     return lo - 1
 
 
-@triton.jit
+# The step's row count and block-table width change from step to step; specialised (equal to
+# 1, a multiple of 16) they compiled new variants inside served steps, for nothing measurable.
+@triton.jit(do_not_specialize=["num_rows", "stride_bt"])
 def _paged_attention_kernel(
     out_ptr,
     query_ptr,

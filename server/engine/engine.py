@@ -71,6 +71,7 @@ from server.engine.failures import CONSTRAINT_LIMIT, CONSTRAINT_TIMEOUT, describ
 from server.engine.host_buffers import HostStaging
 from server.engine.inflight import SAMPLED, InFlight, device_event, resolve
 from server.engine.intake import TokenIntake
+from server.engine.kernel_warmup import warm_up_kernels
 from server.engine.mask_fill import MaskFill
 from server.engine.model import ModelRunner
 from server.engine.overlap_policy import OverlapPolicy
@@ -152,6 +153,7 @@ class Engine:
         overlap: bool | None = None,
         speculation: bool = True,
         constraint_call_timeout: float = DEFAULT_CONSTRAINT_CALL_TIMEOUT,
+        warm_up: bool | None = None,
     ) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
@@ -196,6 +198,9 @@ class Engine:
         self._inflight: InFlight | None = None  # the last sampler pass, not yet read by the host
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        # None: where Triton compiles kernels (CUDA), every kind of step once before serving
+        if runner.device.type == "cuda" if warm_up is None else warm_up:
+            warm_up_kernels(self)
 
     @property
     def jump_forward(self) -> bool:

@@ -66,9 +66,9 @@ class MaskFill:
         groups = self._groups([sampled[i].matcher for i in masked])
         rows = [masked[j] for group in groups for j in group]  # a batched group's rows side by side
         matchers = [sampled[i].matcher for i in rows]
-        host = self._staging.buffer(8 * len(rows) + 4 * len(rows) * self.words)
+        host = self._staging.buffer(_head(len(rows)) + 4 * len(rows) * self.words)
         host[: 8 * len(rows)].view(torch.int64).copy_(torch.tensor(rows, dtype=torch.int64))
-        bitmask = host[8 * len(rows) :].view(torch.int32).view(len(rows), self.words)
+        bitmask = host[_head(len(rows)) :].view(torch.int32).view(len(rows), self.words)
         failures: dict[int, str] = {}
         clock: list[float] = []  # when the worker took the fill up (not when it was queued)
         calls: list[tuple[Unit | None, Callable[[], None]]] = [(None, lambda: clock.append(time.perf_counter()))]
@@ -95,9 +95,18 @@ class MaskFill:
         for row, message in dict(fill.failures).items():  # a copy: a stuck fill may still add to it
             if row not in stuck:
                 fail(sampled[fill.rows[row]], message)
-        staged = self._staging.upload(host)
-        rows = len(fill.rows)
-        return staged[8 * rows :].view(torch.int32).view(rows, self.words), staged[: 8 * rows].view(torch.int64)
+        return self._device_views(self._staging.upload(host), len(fill.rows))
+
+    def stage_allowing_all(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(bitmask, row indices) on the device as :meth:`finish` returns them for ``rows``, every
+        token allowed: the same buffer layout, so the same alignments (the kernel warm-up's)."""
+        host = self._staging.buffer(_head(len(rows)) + 4 * len(rows) * self.words)
+        host[: 8 * len(rows)].view(torch.int64).copy_(torch.tensor(rows, dtype=torch.int64))
+        host[_head(len(rows)) :].view(torch.int32).fill_(-1)
+        return self._device_views(self._staging.upload(host), len(rows))
+
+    def _device_views(self, staged: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return staged[_head(rows) :].view(torch.int32).view(rows, self.words), staged[: 8 * rows].view(torch.int64)
 
     def wait_quietly(self, fill: Fill | None) -> None:
         """Wait for ``fill`` to end or be abandoned (its matchers must be idle before anyone
@@ -148,8 +157,14 @@ class MaskFill:
         self._staging = HostStaging(self._staging.device, self._staging.slots)
         copy = self._staging.buffer(host.numel())
         copy.copy_(host)
-        copy[8 * count :].view(torch.int32).view(count, self.words)[sorted(stuck)] = -1
+        copy[_head(count) :].view(torch.int32).view(count, self.words)[sorted(stuck)] = -1
         return copy
+
+
+def _head(rows: int) -> int:
+    """Bytes before the bitmask in a staging buffer: the row indices, padded to 16 bytes (the
+    bitmask's device view stays aligned, so the mask kernel has one Triton variant)."""
+    return 16 * -(-rows // 2)
 
 
 def needs_host_mask(seq: Sequence) -> bool:

@@ -130,35 +130,42 @@ def _prompt_mask(rows: list[Row], prompt_counts: list[int] | None, device: torch
 def _upload(
     longs: list[list[int]], ints: list[list[int]], staging: HostStaging | None, device: torch.device
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """int64 arrays then int32 arrays packed back to back into one host buffer (the int64 part
-    first keeps every view aligned), copied in one go; returns the device views in order.
+    """int64 arrays then int32 arrays packed into one host buffer, each starting on a 16-byte
+    boundary, copied in one go; returns the device views in order. Aligned views keep one
+    Triton variant per kernel: Triton specialises a pointer on 16-byte alignment, and an
+    unaligned block table compiled a second attention kernel inside a served step.
     Without ``staging``: a fresh buffer (pinned through torch's caching host allocator on CUDA)."""
-    n_long, n_int = sum(map(len, longs)), sum(map(len, ints))
+    long_slots, int_slots = _aligned_sizes(longs, 2), _aligned_sizes(ints, 4)
+    n_long, n_int = sum(long_slots), sum(int_slots)
     nbytes = 8 * n_long + 4 * n_int
     if staging is not None:
         host = staging.buffer(nbytes)
     else:
         host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
     raw = host.numpy()
-    _pack(raw[: 8 * n_long].view(np.int64), longs)
-    _pack(raw[8 * n_long :].view(np.int32), ints)
+    _pack(raw[: 8 * n_long].view(np.int64), longs, long_slots)
+    _pack(raw[8 * n_long : nbytes].view(np.int32), ints, int_slots)
     if staging is not None:
         flat = staging.upload(host)
     else:
         flat = host if device.type == "cpu" else host.to(device, non_blocking=True)
-    return (_split(flat[: 8 * n_long].view(torch.int64), longs),
-            _split(flat[8 * n_long :].view(torch.int32), ints))
+    return (_split(flat[: 8 * n_long].view(torch.int64), longs, long_slots),
+            _split(flat[8 * n_long : nbytes].view(torch.int32), ints, int_slots))
 
 
-def _pack(out: np.ndarray, arrays: list[list[int]]) -> None:
+def _aligned_sizes(arrays: list[list[int]], per_16_bytes: int) -> list[int]:
+    return [-(-len(values) // per_16_bytes) * per_16_bytes for values in arrays]
+
+
+def _pack(out: np.ndarray, arrays: list[list[int]], sizes: list[int]) -> None:
     offset = 0
-    for values in arrays:
+    for values, size in zip(arrays, sizes, strict=True):
         out[offset : offset + len(values)] = values
-        offset += len(values)
+        offset += size
 
 
-def _split(flat: torch.Tensor, arrays: list[list[int]]) -> list[torch.Tensor]:
-    return flat.split_with_sizes([len(values) for values in arrays])
+def _split(flat: torch.Tensor, arrays: list[list[int]], sizes: list[int]) -> list[torch.Tensor]:
+    return [piece[: len(values)] for piece, values in zip(flat.split_with_sizes(sizes), arrays, strict=True)]
 
 
 def _lora_plan(rows: list[Row], row_adapters: list[int] | None) -> list[tuple[int, slice | list[int]]] | None:

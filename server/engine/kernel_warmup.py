@@ -1,0 +1,116 @@
+"""Every kind of step once before the first request, so Triton compiles its kernels at start-up.
+
+Triton compiles a kernel per variant: its constexprs (a paged-attention tile of one token or of
+several, the key splits) and its specializations (an integer argument equal to 1 or a multiple
+of 16, a pointer aligned to 16 bytes). A variant first seen inside a request's step stalls that
+step for the compile (0.3-1 s each on an H100's host): measured there, the first jump-forward and
+draft steps of a 1B model spent ~2 s compiling attention, and the first masked sampling pass
+~0.3 s, which averaged to 48 ms per step over a benchmark row. The decode graphs' capture
+compiles what plain decode steps launch; this module runs, on the block manager's scratch block
+(which no sequence owns), the mixed steps the engine builds (a one-row continuation, a draft's
+per-position logits, decode rows beside a continuation, 16 rows, a whole-block prefill chunk)
+and a masked sampling pass over 1, 2, 3 and 16 rows (all of them masked, and a subset),
+through the same runner and sampler objects and the same staging buffers as a served step.
+
+It runs where kernels compile (CUDA) or where asked to (the Triton interpreter in tests); the
+model's linear-layer choices are timed first (:meth:`ModelRunner.prime_linear_choices`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from sampler import SamplingParams
+from server.engine.block_manager import NULL_BLOCK
+from server.engine.step_batch import StepBatch
+
+if TYPE_CHECKING:
+    from server.engine.engine import Engine
+
+log = logging.getLogger("trellis.engine")
+
+# (new tokens per row, per-position logits): the mixed steps' shapes
+MIXED_STEPS: tuple[tuple[tuple[int, ...], bool], ...] = (
+    ((5,), False),  # a jump-forward continuation
+    ((5,), True),  # a draft's verification (logits at every position)
+    ((1, 4), False),  # a decode row beside a continuation
+    ((1,) * 15 + (3,), False),  # 16 rows
+    ((16,), False),  # a prefill chunk of a whole block
+)
+SAMPLED_ROWS = (1, 2, 3, 16)
+
+
+def warm_up_kernels(engine: Engine) -> float:
+    """Run each mixed step and masked sampling pass once (see the module docstring); returns
+    the seconds it took."""
+    started = time.perf_counter()
+    runner = engine.runner
+    prime = getattr(getattr(runner, "runner", runner), "prime_linear_choices", None)
+    with torch.inference_mode():
+        if prime is not None:
+            prime()
+        for counts, per_position in MIXED_STEPS:
+            if len(counts) <= engine.max_batch_size and max(counts) <= engine.max_model_len:
+                runner.forward(_scratch_batch(counts, per_position, runner.block_size, runner.device))
+        for rows in (r for r in SAMPLED_ROWS if r <= engine.max_batch_size):
+            for params in _row_params(rows):
+                for masked in ([list(range(rows)), list(range(1, rows))] if rows > 1 else [[0]]):
+                    _sampling_pass(engine, params, masked)
+        _clear_scratch_block(runner)
+    if runner.device.type == "cuda":
+        torch.cuda.synchronize(runner.device)
+    seconds = time.perf_counter() - started
+    log.info("kernels warmed up for mixed steps and masked sampling in %.1f s", seconds)
+    return seconds
+
+
+def _scratch_batch(counts: tuple[int, ...], per_position: bool, block_size: int,
+                   device: torch.device) -> StepBatch:
+    """Rows of token 0 from position 0, their keys and values written to the scratch block."""
+    rows = [([NULL_BLOCK] * -(-count // block_size), [0] * count, 0) for count in counts]
+    return StepBatch.build(rows, block_size, device, logit_counts=list(counts) if per_position else None)
+
+
+def _row_params(rows: int) -> list[list[SamplingParams]]:
+    """Greedy rows; penalised rows sampled at a temperature (the penalty kernel fuses it) and
+    greedy (it does not); penalties on a subset of the rows."""
+    greedy = SamplingParams(temperature=0.0)
+    sampled = SamplingParams(temperature=0.7, seed=0, repetition_penalty=1.1, presence_penalty=0.1)
+    penalised = SamplingParams(temperature=0.0, frequency_penalty=0.1)
+    passes = [[greedy] * rows, [sampled] * rows, [penalised] * rows]
+    if rows > 1:
+        passes.append([sampled] + [greedy] * (rows - 1))
+    return passes
+
+
+def _sampling_pass(engine: Engine, params: list[SamplingParams], masked: list[int]) -> None:
+    """One pass of each sampler (the in-graph one where it takes the rows, then the eager one)
+    over zero logits, the ``masked`` rows under an all-allowing bitmask staged as the mask fill
+    stages its own."""
+    sampler, device = engine.sampler, engine.runner.device
+    rows = [sampler.new_row(p, [0]) for p in params]
+    try:
+        graph_sampler = getattr(engine.runner, "graph_sampler", None)
+        for run in filter(None, (graph_sampler, sampler)):
+            logits = torch.zeros(len(rows), engine.runner.vocab_size, dtype=torch.float32, device=device)
+            bitmask, indices = engine.masks.stage_allowing_all(masked)
+            pending = run.sample_async(logits, rows, bitmask, indices)
+            if pending is not None:
+                pending.result_now()
+    finally:
+        for row in rows:
+            row.release()
+
+
+def _clear_scratch_block(runner) -> None:
+    """The scratch block back to zeros, as the cache was allocated (nothing reads what the warm-up
+    wrote there, but a clean block keeps "padding writes nothing" checkable)."""
+    kv = getattr(runner, "kv", None)
+    if kv is not None:
+        kv.k[:, NULL_BLOCK].zero_()
+        kv.v[:, NULL_BLOCK].zero_()
+
