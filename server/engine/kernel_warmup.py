@@ -46,26 +46,35 @@ SAMPLED_ROWS = (1, 2, 3, 16)
 
 def warm_up_kernels(engine: Engine) -> float:
     """Run each mixed step and masked sampling pass once (see the module docstring); returns
-    the seconds it took."""
+    the seconds it took. A failure is logged, not raised: the kernels then compile on first use."""
     started = time.perf_counter()
     runner = engine.runner
-    prime = getattr(getattr(runner, "runner", runner), "prime_linear_choices", None)
-    with torch.inference_mode():
-        if prime is not None:
-            prime()
-        for counts, per_position in MIXED_STEPS:
-            if len(counts) <= engine.max_batch_size and max(counts) <= engine.max_model_len:
-                runner.forward(_scratch_batch(counts, per_position, runner.block_size, runner.device))
-        for rows in (r for r in SAMPLED_ROWS if r <= engine.max_batch_size):
-            for params in _row_params(rows):
-                for masked in ([list(range(rows)), list(range(1, rows))] if rows > 1 else [[0]]):
-                    _sampling_pass(engine, params, masked)
+    try:
+        with torch.inference_mode():
+            _run_all(engine)
+    except Exception:  # noqa: BLE001 (start-up goes on: slower first steps, not a dead server)
+        log.exception("kernel warm-up failed; kernels compile on first use")
+    finally:
         _clear_scratch_block(runner)
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
     seconds = time.perf_counter() - started
     log.info("kernels warmed up for mixed steps and masked sampling in %.1f s", seconds)
     return seconds
+
+
+def _run_all(engine: Engine) -> None:
+    runner = engine.runner
+    prime = getattr(getattr(runner, "runner", runner), "prime_linear_choices", None)
+    if prime is not None:
+        prime()
+    for counts, per_position in MIXED_STEPS:
+        if len(counts) <= engine.max_batch_size and max(counts) <= engine.max_model_len:
+            runner.forward(_scratch_batch(counts, per_position, runner.block_size, runner.device))
+    for rows in (r for r in SAMPLED_ROWS if r <= engine.max_batch_size):
+        for params in _row_params(rows):
+            for masked in ([list(range(rows)), list(range(1, rows))] if rows > 1 else [[0]]):
+                _sampling_pass(engine, params, masked)
 
 
 def _scratch_batch(counts: tuple[int, ...], per_position: bool, block_size: int,

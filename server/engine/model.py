@@ -285,11 +285,12 @@ class ModelRunner:
                                  (layer.down_proj.weight, layer.down_proj.bias)):
                 linears.setdefault((tuple(weight.shape), weight.dtype), (weight, bias))
         linears.setdefault((tuple(head.weight.shape), head.weight.dtype), (head.weight, head.bias))
+        generator = torch.Generator(self.device).manual_seed(0)  # the global random streams untouched
         with torch.inference_mode():
             for count in (r for r in (1, 2, 4, 8, 16, 32, 64) if r <= max_rows):
                 for weight, bias in linears.values():
-                    self._linear(torch.randn(count, weight.shape[1], dtype=self.dtype, device=self.device),
-                                 weight, bias)
+                    x = torch.randn(count, weight.shape[1], generator=generator, device=self.device).to(self.dtype)
+                    self._linear(x, weight, bias)
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``F.linear``, or on CUDA the faster per shape of cuBLAS and the split-K kernel at 1-8 rows;

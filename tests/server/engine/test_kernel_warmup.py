@@ -19,6 +19,7 @@ import torch
 import kernels
 from constraints import ConstraintSpec
 from sampler import SamplingParams
+from server.engine import kernel_warmup
 from server.engine.cuda_graphs import GraphedRunner
 from server.engine.engine import Engine
 from server.engine.model import ModelRunner, load_hf_model
@@ -30,8 +31,8 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
                                             "kind": {"enum": ["alpha", "beta"]}},
           "required": ["name", "kind"], "additionalProperties": False}
 
-pytestmark = pytest.mark.skipif(not (kernels.interpreter_enabled() and kernels.triton_kernels() is not None),
-                                reason="the Triton interpreter is not enabled in this process")
+needs_interpreter = pytest.mark.skipif(not (kernels.interpreter_enabled() and kernels.triton_kernels() is not None),
+                                       reason="the Triton interpreter is not enabled in this process")
 
 
 def _specialization(value, constexpr: bool):
@@ -118,6 +119,7 @@ def _serve(engine: Engine, requests: list[GenerationRequest]) -> dict[str, list]
     raise AssertionError("engine did not finish")
 
 
+@needs_interpreter
 def test_served_steps_launch_no_variant_the_warm_up_did_not(tiny_hf, default_tokenizer, default_compiler,
                                                             launches):
     compiled = default_compiler.compile(ConstraintSpec("json_schema", SCHEMA))
@@ -125,6 +127,7 @@ def test_served_steps_launch_no_variant_the_warm_up_did_not(tiny_hf, default_tok
     for jump_forward in (True, False):  # continuations, then drafts of the grammar's forced text
         engine = _engine(tiny_hf, default_tokenizer, jump_forward=jump_forward)
         warmed = set(launches)
+        assert not engine.runner.kv.k[:, 0].any()  # the scratch block is zeros again
         assert any(name == "_paged_attention_kernel" for name, _key, _options in warmed)
         del launches[:]
         requests = [GenerationRequest(request_id="json", sink=None, prompt_token_ids=prompt, max_tokens=24,
@@ -140,3 +143,21 @@ def test_served_steps_launch_no_variant_the_warm_up_did_not(tiny_hf, default_tok
         assert (engine.stats.forced_tokens if jump_forward else engine.stats.draft_tokens) > 0
         assert not served - warmed, "variants first launched while serving:\n" + describe(served - warmed, warmed)
         engine.shutdown()
+
+
+def test_a_failing_warm_up_is_logged_and_the_engine_serves(tiny_hf, default_tokenizer, monkeypatch, caplog):
+    def broken(_engine):
+        raise RuntimeError("no such kernel")
+
+    monkeypatch.setattr(kernel_warmup, "_run_all", broken)
+    runner = ModelRunner.for_sequences(tiny_hf, 2, MAX_LEN, block_size=4)
+    with caplog.at_level("ERROR", logger="trellis.engine"):
+        engine = Engine(runner, default_tokenizer, max_batch_size=2, max_model_len=MAX_LEN, warm_up=True)
+    assert "kernel warm-up failed" in caplog.text
+    request = GenerationRequest(request_id="r", sink=None, prompt_token_ids=[1, 2, 3], max_tokens=3,
+                                params=SamplingParams(temperature=0.0), ignore_eos=True)
+    deltas = _serve(engine, [request])
+    assert deltas["r"][-1].finish_reason == "length" and deltas["r"][-1].error is None
+    assert not runner.kv.k[:, 0].any()  # the scratch block is zeros again
+    engine.shutdown()
+
