@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--quantization", default="none", choices=["none", "int4", "int8"],
+    parser.add_argument("--quantization", default="none", choices=["none", "int4", "int8", "bf16"],
                         help="the linear layers' weights (--quantization of the server)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="write the results here")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kernels.quantized_linear import supports as kernel_supports
 from server.config import Settings
 from server.context import request_log
 from server.engine.admission import Ticket, WaitAdmission
@@ -211,14 +212,16 @@ def load_runner(settings: Settings, directory, dtype: torch.dtype, device: torch
 
 
 def resolve_quantization(name: str, device: torch.device, hand_written: bool) -> str:
-    """``--quantization``, checked: int4 or int8 run on the CPU with the hand-written forward
+    """``--quantization``, checked: int4, int8 or bf16 run on the CPU with the hand-written forward
     only; elsewhere they are refused (none is the default: int4 is twice as fast at decode here
     but changes the default model's greedy answers, ``benchmarks/quantization.py``). fp8 runs
     with the hand-written forward anywhere (FP8 matmuls on CUDA sm89+, elsewhere the weights
     rounded to FP8 in the model's dtype: :mod:`server.engine.fp8_weights`)."""
-    if name not in ("none", "int4", "int8", "fp8"):
-        raise ModelLoadError(f"unknown --quantization {name!r} (choose none, int4, int8 or fp8)")
-    if name in ("int4", "int8") and device.type != "cpu":
+    if name not in ("none", "int4", "int8", "bf16", "fp8"):
+        raise ModelLoadError(f"unknown --quantization {name!r} (choose none, int4, int8, bf16 or fp8)")
+    if name == "bf16" and not kernel_supports("bf16", torch.empty(1, 1)):
+        raise ModelLoadError("--quantization bf16 needs oneDNN's bf16 kernels, which this CPU or torch build lacks")
+    if name in ("int4", "int8", "bf16") and device.type != "cpu":
         raise ModelLoadError(f"--quantization {name} runs on the CPU; on {device.type} use --quantization none")
     if name != "none" and not hand_written:
         raise ModelLoadError(f"--quantization {name} needs the hand-written Llama-family forward, which this "

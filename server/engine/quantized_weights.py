@@ -1,4 +1,4 @@
-"""The model's linear layers quantized for the CPU (``--quantization int4|int8``).
+"""The model's linear layers quantized for the CPU (``--quantization int4|int8|bf16``).
 
 Each linear weight of the hand-written forward (q/k/v, o, gate/up, down, lm_head) is quantized
 once at load (:mod:`kernels.quantized_linear`). A step's tokens then take one of two routes
@@ -9,6 +9,9 @@ through the same quantized weights:
 - the prompt's tokens (prefill: hundreds of rows) go through the dequantized weights in the
   model's dtype (float32 on the CPU), where a dense matmul is several times faster than the
   kernel for many rows.
+
+``bf16`` has one route: oneDNN's packed bf16 kernel is as fast as a dense float32 matmul for
+many rows (AMX) and computes each row alone at any row count, so prompt tokens take it too.
 
 The kernel takes bf16 activations, and rounding to bf16 turns an ulp of difference into a
 different token now and then; so the kernel's route must compute a token the same way whatever
@@ -89,6 +92,9 @@ class QuantizedLinears:
         layer = self._by_weight.get(id(weight))
         if layer is None:
             return F.linear(x, weight, bias)
+        if self.kind == "bf16":  # one route: the packed kernel computes each row alone at any row count
+            out = quantized_linear(x.to(torch.bfloat16), layer.quantized).to(x.dtype)
+            return out if bias is None else out.add_(bias)
         if routes.all_prompt:
             return F.linear(x, layer.dense, bias)
         if routes.prompt is None:

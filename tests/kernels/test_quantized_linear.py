@@ -9,7 +9,10 @@ import torch
 from kernels.quantized_linear import quantize, quantized_linear, quantized_linear_reference, supports
 
 
-@pytest.mark.parametrize("kind", ["int4", "int8"])
+KINDS = ["int4", "int8"] + (["bf16"] if supports("bf16", torch.empty(1, 1)) else [])
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_the_kernel_multiplies_by_the_dequantized_weight(kind) -> None:
     torch.manual_seed(0)
     weight = torch.randn(96, 128) * 0.05
@@ -20,19 +23,23 @@ def test_the_kernel_multiplies_by_the_dequantized_weight(kind) -> None:
     assert out.dtype == torch.bfloat16 and out.shape == (5, 96)
     # bf16 output: within a couple of its ulps of the float32 reference
     assert torch.allclose(out.float(), reference, rtol=2e-2, atol=2e-2)
+    if kind == "bf16":  # the weight rounded to bf16, exactly
+        assert torch.equal(quantized.dequantized(), weight.to(torch.bfloat16).float())
+        return
     step = (weight.abs().max() / 127) if kind == "int8" else (weight.max() - weight.min()) / 15
     assert (quantized.dequantized() - weight).abs().max() <= step  # within one step of the grid
 
 
-@pytest.mark.parametrize("kind", ["int4", "int8"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_row_is_computed_the_same_whatever_the_row_count(kind) -> None:
     """A token's logits must not depend on what else is in the step (drafts, batching)."""
     torch.manual_seed(1)
     quantized = quantize(torch.randn(64, 96), kind)
-    x = torch.randn(40, 96).to(torch.bfloat16)
+    x = torch.randn(300, 96).to(torch.bfloat16)
     whole = quantized_linear(x, quantized)
-    for rows in (1, 2, 3, 5, 8, 17, 33):
+    for rows in (1, 2, 3, 5, 8, 17, 33, 64, 65, 300):
         assert torch.equal(quantized_linear(x[:rows], quantized), whole[:rows])
+        assert torch.equal(quantized_linear(x[rows - 1 : rows], quantized), whole[rows - 1 : rows])
 
 
 def test_weights_on_a_q4_1_grid_come_back_up_to_the_scales_rounding() -> None:

@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 
+from kernels.quantized_linear import supports
 from server.engine.model import ModelRunner, load_hf_model
 from server.engine.step_batch import StepBatch
 from server.model_loader import ModelLoadError
@@ -31,7 +32,7 @@ def _logits(runner: ModelRunner, prompt: list[int], decode: list[int]) -> tuple[
     return first, torch.cat(steps)
 
 
-@pytest.mark.parametrize("kind", ["int4", "int8"])
+@pytest.mark.parametrize("kind", ["int4", "int8"] + (["bf16"] if supports("bf16", torch.empty(1, 1)) else []))
 def test_a_quantized_runner_computes_the_dequantized_model(tiny_hf, kind) -> None:
     quantized = ModelRunner.for_sequences(copy.deepcopy(tiny_hf), 1, 64, quantization=kind)
     # the same model in float32: every linear layer's weight replaced by what the kernel multiplies by
@@ -91,5 +92,7 @@ def test_unknown_and_misplaced_quantizations_are_refused(tiny_hf) -> None:
         resolve_quantization("auto", cpu, True)
     with pytest.raises(ModelLoadError, match="runs on the CPU"):
         resolve_quantization("int8", cuda, True)
+    if supports("bf16", torch.empty(1, 1)):
+        assert resolve_quantization("bf16", cpu, True) == "bf16"
     with pytest.raises(ModelLoadError, match="hand-written"):
         resolve_quantization("int4", cpu, False)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from constraints import ConstraintSpec
+from kernels.quantized_linear import supports
 from sampler import SamplingParams
 from server.engine.drafts import Draft
 from server.engine.engine import DEFAULT_MAX_DRAFT_TOKENS, Engine
@@ -214,7 +215,8 @@ def extraction_requests(compiler, tokenizer) -> list[dict]:
     ]
 
 
-@pytest.mark.parametrize(("overlap", "quantization"), [(False, "none"), (True, "none"), (False, "int4")])
+@pytest.mark.parametrize(("overlap", "quantization"), [(False, "none"), (True, "none"), (False, "int4")]
+                         + ([(False, "bf16")] if supports("bf16", torch.empty(1, 1)) else []))
 def test_drafts_never_change_an_output(tiny_hf, default_tokenizer, default_compiler, overlap, quantization) -> None:
     results = {}
     for speculation in (False, True):
