@@ -334,19 +334,23 @@ def _attend_token_by_token(
     sinks: torch.Tensor | None,
     softcap: float | None,
 ) -> torch.Tensor:
-    """The torch path with ``meta.prompt_counts``: each row's prompt part on its own (the keys
-    after it are not visible to it anyway), then each output query alone, as a lone decode row
-    of its context length would be."""
+    """The torch path with ``meta.prompt_counts``: each row's prompt part on its own, one call
+    per cache block it covers (the keys after it are not visible to it anyway; a scheduler that
+    cuts prompts at block boundaries then makes the same calls however a prompt was chunked),
+    then each output query alone, as a lone decode row of its context length would be."""
     out = torch.empty_like(query)
     starts = _query_starts(meta)
     for row, prompt in enumerate(meta.prompt_counts):
         q_len, ctx = meta.query_lens_host[row], meta.context_lens_host[row]
         begin = starts[row]
-        if prompt:
-            out[begin : begin + prompt] = _attend_one_row(query[begin : begin + prompt], k_cache, v_cache, meta, row,
-                                                          scale, sliding_window, sinks, softcap,
-                                                          ctx=ctx - (q_len - prompt),
-                                                          limits=_limits(meta, begin, prompt))
+        first, window, done = ctx - q_len, k_cache.shape[1], 0
+        while done < prompt:  # one call per block of the prompt: the same calls however it was chunked
+            end = min(prompt, (first + done) // window * window + window - first)
+            out[begin + done : begin + end] = _attend_one_row(query[begin + done : begin + end], k_cache, v_cache,
+                                                              meta, row, scale, sliding_window, sinks, softcap,
+                                                              ctx=first + end, limits=_limits(meta, begin + done,
+                                                                                              end - done))
+            done = end
         if prompt == q_len:
             continue
         keys = _gather_kv(k_cache, meta, row, ctx, "k")  # [ctx, kv, d]

@@ -176,7 +176,9 @@ class Engine:
         if self.blocks.capacity_tokens < max_model_len:
             raise ValueError(f"the KV cache holds {self.blocks.capacity_tokens} tokens, less than one "
                              f"sequence of max_model_len {max_model_len}")
-        self.scheduler = Scheduler(self.blocks, max_batch_size, prefill_budget)
+        # a quantized runner computes a token the same way whatever shares its step: prompts cut at blocks
+        chunk_multiple = runner.block_size if getattr(runner, "quantized", None) is not None else 1
+        self.scheduler = Scheduler(self.blocks, max_batch_size, prefill_budget, chunk_multiple)
         # the features, each behind its own small interface
         self.intake = TokenIntake(tokenizer, max_model_len=max_model_len, jump_forward=jump_forward,
                                   stats=self.stats, fail=self._fail)

@@ -10,8 +10,10 @@ through the same quantized weights:
   model's dtype (float32 on the CPU), where a dense matmul is several times faster than the
   kernel for many rows.
 
-``bf16`` has one route: oneDNN's packed bf16 kernel is as fast as a dense float32 matmul for
-many rows (AMX) and computes each row alone at any row count, so prompt tokens take it too.
+``bf16`` has one route: oneDNN's packed bf16 kernel computes each row alone at any row count
+and is 2.2x float32's prefill, so prompt tokens take it too. Then a prompt's keys and values
+must not depend on how it was chunked either: the scheduler cuts a quantized runner's prompts
+at block boundaries and attention takes a prompt one block at a time.
 
 The kernel takes bf16 activations, and rounding to bf16 turns an ulp of difference into a
 different token now and then; so the kernel's route must compute a token the same way whatever

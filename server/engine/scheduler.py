@@ -24,10 +24,13 @@ _TIER_RANK = {"priority": 0, "default": 1, "auto": 1, "flex": 2}
 class Scheduler:
     """Owns the waiting queue and the running batch (admission order, oldest first)."""
 
-    def __init__(self, blocks: BlockManager, max_batch_size: int, prefill_budget: int) -> None:
+    def __init__(self, blocks: BlockManager, max_batch_size: int, prefill_budget: int, chunk_multiple: int = 1) -> None:
         self.blocks = blocks
         self.max_batch_size = max_batch_size
         self.prefill_budget = prefill_budget
+        # a cut prompt ends at a multiple of this many cached tokens (a batch-invariant runner: its
+        # prompt attention then runs the same calls whatever else shares the step)
+        self.chunk_multiple = chunk_multiple
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.preemptions = 0
@@ -77,6 +80,10 @@ class Scheduler:
                 take = min(len(seq.pending), max(budget, 1))
                 if take < len(seq.pending) and seq.request.media is not None:
                     take = seq.request.media.whole_runs(seq.cached_len, take)  # Gemma 3: whole images
+                if take < len(seq.pending) and self.chunk_multiple > 1:
+                    take = self._aligned_cut(seq.cached_len, take, not extend_plan)
+                    if take == 0:
+                        continue
             else:
                 continue
             if not self._make_room(seq, seq.cached_len + take):
@@ -87,6 +94,15 @@ class Scheduler:
                 extend_plan.append((seq, take))
                 budget -= take
         return decode_rows, extend_plan
+
+    def _aligned_cut(self, cached: int, take: int, must_progress: bool) -> int:
+        """``take`` shortened so the cut falls on a multiple of :attr:`chunk_multiple` cached
+        tokens; 0 when none is within reach (then the next boundary if the step has nothing else)."""
+        multiple = self.chunk_multiple
+        aligned = (cached + take) // multiple * multiple - cached
+        if aligned > 0:
+            return aligned
+        return (cached // multiple + 1) * multiple - cached if must_progress else 0
 
     def grow(self, seq: Sequence, num_tokens: int) -> bool:
         """Blocks for ``num_tokens`` cached tokens without preempting anyone (drafts)."""

@@ -96,3 +96,27 @@ def test_unknown_and_misplaced_quantizations_are_refused(tiny_hf) -> None:
         assert resolve_quantization("bf16", cpu, True) == "bf16"
     with pytest.raises(ModelLoadError, match="hand-written"):
         resolve_quantization("int4", cpu, False)
+
+
+@pytest.mark.skipif(not supports("bf16", torch.empty(1, 1)), reason="no oneDNN bf16 here")
+def test_bf16_gives_the_same_tokens_however_its_prompt_is_chunked(tiny_hf, default_tokenizer) -> None:
+    """One route through the packed kernel, prompts cut at blocks and attended a block at a time:
+    a prompt prefilled whole or a few tokens a step gives bitwise the same logits."""
+    from sampler import SamplingParams
+    from server.engine.engine import Engine
+    from server.engine.sequence import GenerationRequest
+
+    prompt = list(range(100, 131))  # 31 tokens: cut at 4-token blocks when the budget is 6
+    outputs = []
+    for budget in (1024, 6):
+        runner = ModelRunner.for_sequences(copy.deepcopy(tiny_hf), 2, 64, block_size=4, quantization="bf16")
+        engine = Engine(runner, default_tokenizer, max_batch_size=2, max_model_len=64, prefill_budget=budget)
+        deltas = []
+        engine.submit(GenerationRequest(request_id="r", sink=deltas.append, prompt_token_ids=prompt, max_tokens=8,
+                                        params=SamplingParams(temperature=0.0, logprobs=True), ignore_eos=True))
+        while not (deltas and deltas[-1].finish_reason):
+            engine.step()
+        outputs.append([(t, lp.logprob) for d in deltas for t, lp in zip(d.token_ids, d.logprobs or [])])
+        engine.shutdown()
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 8
+
