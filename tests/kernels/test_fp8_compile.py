@@ -4,12 +4,7 @@ the one-row register lanes)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-import pytest
+from tests.kernels.sm90 import compile_for_sm90
 
 _SCRIPT = r"""
 import triton
@@ -52,16 +47,4 @@ print("compiled")
 
 
 def test_the_fp8_gemv_kernel_compiles_for_sm90_without_a_gpu() -> None:
-    triton = pytest.importorskip("triton")
-    try:
-        from triton.backends.compiler import GPUTarget  # noqa: F401
-        from triton.compiler import ASTSource  # noqa: F401
-    except ImportError as exc:  # pragma: no cover - depends on the Triton version
-        pytest.skip(f"Triton {triton.__version__} has no ahead-of-time compile API: {exc}")
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=300)
-    if proc.returncode and "ptxas" in proc.stderr and "No such file" in proc.stderr:  # pragma: no cover
-        pytest.skip("Triton's bundled ptxas is missing")
-    assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
+    compile_for_sm90(_SCRIPT)

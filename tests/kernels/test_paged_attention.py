@@ -3,12 +3,8 @@ kernel (interpreter on CPU, compiled on CUDA) against the oracle on mixed steps.
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +17,7 @@ from kernels.paged_attention import (
     paged_attention_torch,
     write_kv,
 )
+from tests.kernels.sm90 import compile_for_sm90
 
 
 @dataclass
@@ -339,20 +336,7 @@ print("compiled")
 def test_kernel_compiles_for_sm90_without_a_gpu() -> None:
     """Lower the kernel through Triton's NVIDIA backend and ptxas for an H100 (sm_90): catches
     what the interpreter forgives (types across loop iterations, dot shapes, constexpr misuse)."""
-    triton = pytest.importorskip("triton")
-    try:
-        from triton.backends.compiler import GPUTarget  # noqa: F401
-        from triton.compiler import ASTSource  # noqa: F401
-    except ImportError as exc:  # pragma: no cover - depends on the Triton version
-        pytest.skip(f"Triton {triton.__version__} has no ahead-of-time compile API: {exc}")
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
-    proc = subprocess.run(
-        [sys.executable, "-c", _COMPILE_SCRIPT], cwd=root, env=env, capture_output=True, text=True, timeout=300
-    )
-    if proc.returncode and "ptxas" in proc.stderr and "No such file" in proc.stderr:  # pragma: no cover
-        pytest.skip("Triton's bundled ptxas is missing")
-    assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
+    compile_for_sm90(_COMPILE_SCRIPT)
 
 
 def test_torch_path_runs_outside_inference_mode_after_running_inside() -> None:
@@ -369,7 +353,6 @@ def test_torch_path_runs_outside_inference_mode_after_running_inside() -> None:
 def test_a_row_in_consecutive_blocks_reads_a_view_with_the_same_result(q_len):
     """One row whose blocks are consecutive ids attends over a view of the cache (no gather):
     the same output as the gather and as the oracle."""
-    from kernels.paged_attention import block_runs
 
     ctx, block_size, kv_heads, head_dim, heads = 70, 16, 2, 32, 4
     table = [3, 4, 5, 6, 7]

@@ -5,12 +5,8 @@ compiled on CUDA) against the oracle, with random limits at or after each query'
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +17,7 @@ from kernels.paged_attention import (
     paged_attention_reference,
     paged_attention_torch,
 )
+from tests.kernels.sm90 import compile_for_sm90
 from tests.kernels.test_paged_attention import (
     MIXED,
     TRITON_ROWS,
@@ -202,16 +199,4 @@ print("compiled")
 
 
 def test_kernel_with_limits_compiles_for_sm90_without_a_gpu() -> None:
-    triton = pytest.importorskip("triton")
-    try:
-        from triton.backends.compiler import GPUTarget  # noqa: F401
-        from triton.compiler import ASTSource  # noqa: F401
-    except ImportError as exc:  # pragma: no cover - depends on the Triton version
-        pytest.skip(f"Triton {triton.__version__} has no ahead-of-time compile API: {exc}")
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
-    if proc.returncode and "ptxas" in proc.stderr and "No such file" in proc.stderr:  # pragma: no cover
-        pytest.skip("Triton's bundled ptxas is missing")
-    assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
+    compile_for_sm90(_COMPILE_SCRIPT)
