@@ -9,8 +9,9 @@ draft steps of a 1B model spent ~2 s compiling attention, and the first masked s
 compiles what plain decode steps launch; this module runs, on the block manager's scratch block
 (which no sequence owns), the mixed steps the engine builds (a one-row continuation, a draft's
 per-position logits, decode rows beside a continuation, 16 rows, a whole-block prefill chunk)
-and a masked sampling pass over 1, 2, 3 and 16 rows (all of them masked, and a subset),
-through the same runner and sampler objects and the same staging buffers as a served step.
+and sampling passes over 1, 2, 3 and 16 rows (greedy, sampled, penalised; all rows or some under
+a bitmask) through both samplers, with the same runner and sampler objects and the same staging
+buffers as a served step.
 
 It runs where kernels compile (CUDA) or where asked to (the Triton interpreter in tests); the
 model's linear-layer choices are timed first (:meth:`ModelRunner.prime_linear_choices`).
