@@ -138,11 +138,12 @@ def median_cuda_us(run: Callable[[int], object], iters: int = 20, warmup: int = 
 class GemvChoice:
     """Per shape, the faster of cuBLAS (``F.linear``) and the split-K Triton kernel.
 
-    The first call of a CUDA shape ``(M, N, K, dtype)`` with ``M <= 8`` (M by :func:`row_bucket`) times ``F.linear``
-    and the kernel at each split in ``split_candidates`` (CUDA events: ``warmup`` calls, then
-    the median of ``iters``; device time, see :func:`median_cuda_us`) on the call's own tensors
-    and remembers the fastest; later calls run it. ``table`` maps each timed shape to ``(winner, {candidate: µs})``, candidates being
-    ``"cublas"`` and ``"triton_split{k}"``. CPU tensors, larger M, a device without compiled
+    The first call of a CUDA shape ``(M, N, K, dtype)`` with ``M <= 8`` (M by :func:`row_bucket`)
+    times ``F.linear`` and the kernel at each split in ``split_candidates`` (CUDA events:
+    ``warmup`` calls, then the median of ``iters``; device time, see :func:`median_cuda_us`) on
+    the call's own tensors and remembers the fastest; later calls run it. ``table`` maps each
+    timed shape to ``(winner, {candidate: µs})``, candidates being ``"cublas"`` and
+    ``"triton_split{k}"``. CPU tensors, larger M, a device without compiled
     Triton, and a first call during CUDA-graph capture take ``F.linear`` and time nothing.
     """
 

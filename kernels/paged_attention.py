@@ -343,9 +343,12 @@ def _attend_token_by_token(
     for row, prompt in enumerate(meta.prompt_counts):
         q_len, ctx = meta.query_lens_host[row], meta.context_lens_host[row]
         begin = starts[row]
-        first, window, done = ctx - q_len, k_cache.shape[1], 0
-        while done < prompt:  # one call per block of the prompt: the same calls however it was chunked
-            end = min(prompt, (first + done) // window * window + window - first)
+        first, done, block = ctx - q_len, 0, k_cache.shape[1]
+        while done < prompt:
+            # one call per cache block of the prompt: the same calls however it was chunked (not
+            # with visible_until: a query inside an image sees keys past its block)
+            block_end = ((first + done) // block + 1) * block - first
+            end = prompt if meta.visible_until is not None else min(prompt, block_end)
             out[begin + done : begin + end] = _attend_one_row(query[begin + done : begin + end], k_cache, v_cache,
                                                               meta, row, scale, sliding_window, sinks, softcap,
                                                               ctx=first + end, limits=_limits(meta, begin + done,

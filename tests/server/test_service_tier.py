@@ -64,7 +64,10 @@ def test_priority_request_overtakes_queued_flex_requests(one_slot_server):
     lock = threading.Lock()
 
     def request(name: str, tier: str) -> None:
-        body = {"model": "tiny", "prompt": "Hello", "max_tokens": 4, "ignore_eos": True, "service_tier": tier}
+        # replies are ordered by arrival: the flex requests run long enough that the priority one's
+        # reply cannot arrive after the next request's, however the client threads are scheduled
+        tokens = 4 if tier == "priority" else 32
+        body = {"model": "tiny", "prompt": "Hello", "max_tokens": tokens, "ignore_eos": True, "service_tier": tier}
         reply = httpx.post(base + "/v1/completions", json=body, timeout=120).json()
         assert reply["service_tier"] == tier
         with lock:
