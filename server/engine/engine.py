@@ -71,7 +71,7 @@ from server.engine.failures import CONSTRAINT_LIMIT, CONSTRAINT_TIMEOUT, describ
 from server.engine.host_buffers import HostStaging
 from server.engine.inflight import SAMPLED, InFlight, device_event, resolve
 from server.engine.intake import TokenIntake
-from server.engine.kernel_warmup import warm_up_kernels
+from server.engine.kernel_warmup import WarmupTarget, warm_up_kernels
 from server.engine.mask_fill import MaskFill
 from server.engine.model import ModelRunner
 from server.engine.overlap_policy import OverlapPolicy
@@ -202,7 +202,7 @@ class Engine:
         self._error: BaseException | None = None
         # None: where Triton compiles kernels (CUDA), every kind of step once before serving
         if runner.device.type == "cuda" if warm_up is None else warm_up:
-            warm_up_kernels(self)
+            warm_up_kernels(WarmupTarget(runner, self.sampler, self.masks, max_batch_size, max_model_len))
 
     @property
     def jump_forward(self) -> bool:

@@ -21,16 +21,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from sampler import SamplingParams
+from sampler import Sampler, SamplingParams
 from server.engine.block_manager import NULL_BLOCK
+from server.engine.mask_fill import MaskFill
 from server.engine.step_batch import StepBatch
-
-if TYPE_CHECKING:
-    from server.engine.engine import Engine
 
 log = logging.getLogger("trellis.engine")
 
@@ -45,14 +44,26 @@ MIXED_STEPS: tuple[tuple[tuple[int, ...], bool], ...] = (
 SAMPLED_ROWS = (1, 2, 3, 16)
 
 
-def warm_up_kernels(engine: Engine) -> float:
+@dataclass(frozen=True)
+class WarmupTarget:
+    """What a served step runs through: the engine's runner (graphed or not), its eager sampler
+    and mask fill, and its limits."""
+
+    runner: Any
+    sampler: Sampler
+    masks: MaskFill
+    max_batch_size: int
+    max_model_len: int
+
+
+def warm_up_kernels(target: WarmupTarget) -> float:
     """Run each mixed step and masked sampling pass once (see the module docstring); returns
     the seconds it took. A failure is logged, not raised: the kernels then compile on first use."""
     started = time.perf_counter()
-    runner = engine.runner
+    runner = target.runner
     try:
         with torch.inference_mode():
-            _run_all(engine)
+            _run_all(target)
     except Exception:  # noqa: BLE001 (start-up goes on: slower first steps, not a dead server)
         log.exception("kernel warm-up failed; kernels compile on first use")
     finally:
@@ -64,18 +75,18 @@ def warm_up_kernels(engine: Engine) -> float:
     return seconds
 
 
-def _run_all(engine: Engine) -> None:
-    runner = engine.runner
+def _run_all(target: WarmupTarget) -> None:
+    runner = target.runner
     prime = getattr(getattr(runner, "runner", runner), "prime_linear_choices", None)
     if prime is not None:
         prime()
     for counts, per_position in MIXED_STEPS:
-        if len(counts) <= engine.max_batch_size and max(counts) <= engine.max_model_len:
+        if len(counts) <= target.max_batch_size and max(counts) <= target.max_model_len:
             runner.forward(_scratch_batch(counts, per_position, runner.block_size, runner.device))
-    for rows in (r for r in SAMPLED_ROWS if r <= engine.max_batch_size):
+    for rows in (r for r in SAMPLED_ROWS if r <= target.max_batch_size):
         for params in _row_params(rows):
             for masked in ([list(range(rows)), list(range(1, rows))] if rows > 1 else [[0]]):
-                _sampling_pass(engine, params, masked)
+                _sampling_pass(target, params, masked)
 
 
 def _scratch_batch(counts: tuple[int, ...], per_position: bool, block_size: int,
@@ -97,17 +108,17 @@ def _row_params(rows: int) -> list[list[SamplingParams]]:
     return passes
 
 
-def _sampling_pass(engine: Engine, params: list[SamplingParams], masked: list[int]) -> None:
+def _sampling_pass(target: WarmupTarget, params: list[SamplingParams], masked: list[int]) -> None:
     """One pass of each sampler (the in-graph one where it takes the rows, then the eager one)
     over zero logits, the ``masked`` rows under an all-allowing bitmask staged as the mask fill
     stages its own."""
-    sampler, device = engine.sampler, engine.runner.device
+    sampler, runner = target.sampler, target.runner
     rows = [sampler.new_row(p, [0]) for p in params]
     try:
-        graph_sampler = getattr(engine.runner, "graph_sampler", None)
+        graph_sampler = getattr(runner, "graph_sampler", None)
         for run in filter(None, (graph_sampler, sampler)):
-            logits = torch.zeros(len(rows), engine.runner.vocab_size, dtype=torch.float32, device=device)
-            bitmask, indices = engine.masks.stage_allowing_all(masked)
+            logits = torch.zeros(len(rows), runner.vocab_size, dtype=torch.float32, device=runner.device)
+            bitmask, indices = target.masks.stage_allowing_all(masked)
             pending = run.sample_async(logits, rows, bitmask, indices)
             if pending is not None:
                 pending.result_now()
