@@ -198,7 +198,6 @@ class GemvChoice:
         error = float((self._run(name, x, weight, bias).float() - exact).abs().max())
         return error <= fraction * float(exact.abs().max()) + 1e-6
 
-
     def _candidates(self, x: torch.Tensor, weight: torch.Tensor) -> list[str]:
         """cuBLAS, then the kernel at each distinct split it would really use for this K."""
         mod = _triton_module()

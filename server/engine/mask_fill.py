@@ -66,9 +66,7 @@ class MaskFill:
         groups = self._groups([sampled[i].matcher for i in masked])
         rows = [masked[j] for group in groups for j in group]  # a batched group's rows side by side
         matchers = [sampled[i].matcher for i in rows]
-        host = self._staging.buffer(_head(len(rows)) + 4 * len(rows) * self.words)
-        host[: 8 * len(rows)].view(torch.int64).copy_(torch.tensor(rows, dtype=torch.int64))
-        bitmask = host[_head(len(rows)) :].view(torch.int32).view(len(rows), self.words)
+        host, bitmask = self._staged(rows)
         failures: dict[int, str] = {}
         clock: list[float] = []  # when the worker took the fill up (not when it was queued)
         calls: list[tuple[Unit | None, Callable[[], None]]] = [(None, lambda: clock.append(time.perf_counter()))]
@@ -100,10 +98,15 @@ class MaskFill:
     def stage_allowing_all(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(bitmask, row indices) on the device as :meth:`finish` returns them for ``rows``, every
         token allowed: the same buffer layout, so the same alignments (the kernel warm-up's)."""
+        host, bitmask = self._staged(rows)
+        bitmask.fill_(-1)
+        return self._device_views(self._staging.upload(host), len(rows))
+
+    def _staged(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A staging buffer holding ``rows`` as int64 indices, and its bitmask view [M, W] to fill."""
         host = self._staging.buffer(_head(len(rows)) + 4 * len(rows) * self.words)
         host[: 8 * len(rows)].view(torch.int64).copy_(torch.tensor(rows, dtype=torch.int64))
-        host[_head(len(rows)) :].view(torch.int32).fill_(-1)
-        return self._device_views(self._staging.upload(host), len(rows))
+        return host, host[_head(len(rows)) :].view(torch.int32).view(len(rows), self.words)
 
     def _device_views(self, staged: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         return staged[_head(rows) :].view(torch.int32).view(rows, self.words), staged[: 8 * rows].view(torch.int64)

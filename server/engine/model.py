@@ -126,6 +126,7 @@ class ModelRunner:
         self.rotary = RotaryTable(self._inner.rotary_emb, num_blocks * block_size, self.dtype, self.device)
         self.quantized = self._quantize(quantization) if quantization not in ("none", "fp8") else None
         self._routes = ALL_OUTPUT  # the current pass's token routes through quantized layers
+        self._primed = False  # prime_linear_choices ran
 
     def _quantize(self, kind: str) -> QuantizedLinears:
         if kind not in QUANTIZATION_CHOICES:
@@ -275,8 +276,9 @@ class ModelRunner:
         the FP8 layers' at up to 64) for every row bucket up to ``max_rows``: a first sight while
         serving (a draft's or a jump-forward's row count) would otherwise compile and time the
         candidates inside a request's step. A no-op where nothing is timed (off CUDA)."""
-        if self.device.type != "cuda" or (self.gemv is None and self.fp8 is None):
+        if self.device.type != "cuda" or (self.gemv is None and self.fp8 is None) or self._primed:
             return
+        self._primed = True  # before the graphs' capture, and again by the engine's warm-up: once
         head = self.hf.lm_head
         linears = {}
         for layer in self.layers:

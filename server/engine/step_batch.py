@@ -165,7 +165,9 @@ def _pack(out: np.ndarray, arrays: list[list[int]], sizes: list[int]) -> None:
 
 
 def _split(flat: torch.Tensor, arrays: list[list[int]], sizes: list[int]) -> list[torch.Tensor]:
-    return [piece[: len(values)] for piece, values in zip(flat.split_with_sizes(sizes), arrays, strict=True)]
+    pieces = flat.split_with_sizes(sizes)
+    return [piece if len(piece) == len(values) else piece[: len(values)]
+            for piece, values in zip(pieces, arrays, strict=True)]
 
 
 def _lora_plan(rows: list[Row], row_adapters: list[int] | None) -> list[tuple[int, slice | list[int]]] | None:
