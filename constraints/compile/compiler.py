@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Sequence
 
 from ..backends.base import CompiledConstraint
+from ..backends.json_checks import CheckedPayload, with_checks
 from ..backends.number_bound import bound_numbers
 from ..backends.messages import backend_message
 from ..backends.registry import make_backend
@@ -283,7 +284,7 @@ class ConstraintCompiler:
             return None
         backend, payload = entry
         try:
-            return self._backends[backend].load(spec, payload)
+            return self._load(backend, spec, payload)
         except Exception:
             self._disk.load_failed(key)
             return None
@@ -331,7 +332,15 @@ class ConstraintCompiler:
         # a DFA that explodes gets half the budget; the lazy backends get the rest
         share = 1.0 if last or attempt.backend != "outlines" else 0.5
         payload = budget.run(self._pool, self.ATTEMPT_JOB, spec, attempt, share=share)
-        return self._backends[attempt.backend].load(spec, payload), attempt.backend, payload
+        if getattr(attempt, "checks", ()):
+            payload = CheckedPayload(payload, attempt.checks)
+        return self._load(attempt.backend, spec, payload), attempt.backend, payload
+
+    def _load(self, backend: str, spec: ConstraintSpec, payload: Any) -> CompiledConstraint:
+        """The compiled constraint of a worker's payload (with its run-time checks, if any)."""
+        if isinstance(payload, CheckedPayload):
+            return with_checks(self._backends[backend].load(spec, payload.payload), payload.checks, self._ctx)
+        return self._backends[backend].load(spec, payload)
 
 
 class _Budget:

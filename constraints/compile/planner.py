@@ -6,6 +6,7 @@ rewriting, emptiness of regexes and grammars) may be costly for hostile inputs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from ..schema.analysis import (before_draft_06, check_refs, check_schema, find_k
 from ..schema.intersection import precompute_intersections
 from ..schema.lark import LarkSchema, needs_lark
 from ..schema.property_order import any_order
+from ..schema.runtime_checks import split_runtime_checks
 from ..spec import ConstraintSpec
 from .grammar_analysis import check_ebnf_productive, check_lark_productive, check_schema_productive
 
@@ -50,6 +52,7 @@ class Attempt:
     final_on_invalid: bool = True  # an InvalidConstraintError ends the plan (the input is bad)
     # builds no DFA of the regex, so it copes where a DFA explodes: tried next when one did
     avoids_dfa: bool = False
+    checks: tuple = ()  # run-time checks its matchers add (constraints.schema.runtime_checks)
 
 
 class Plan(list):
@@ -190,7 +193,7 @@ def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
     check_schema_productive(schema)
     if not spec.strict:  # best effort: whatever compiles, fastest first
         return Plan(_only(forced, [Attempt("xgrammar", schema), Attempt("llguidance", schema)]), schema)
-    rewritten = rewrite_schema(schema)
+    rewritten, checks = split_runtime_checks(rewrite_schema(schema))
     if (pointer := open_property_count(rewritten)) is not None:
         raise UnsupportedConstraintError(
             f"keyword 'minProperties' at {pointer} is not supported for enforcement{LIMIT_REASONS['minProperties']}",
@@ -215,4 +218,6 @@ def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
             pointer=pointer,
             keyword=keyword,
         )
+    if checks:
+        attempts = [dataclasses.replace(a, checks=checks) for a in attempts]
     return Plan(_only(forced, attempts), rewritten)

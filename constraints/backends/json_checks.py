@@ -1,0 +1,418 @@
+"""Run-time checks of a JSON answer (:mod:`constraints.schema.runtime_checks`) over a backend's
+matcher: distinct string items, distinct keys and key counts, at fixed paths.
+
+:class:`JsonChecks` reads the answer as it is written (a JSON scanner over the tokens' bytes:
+where each value sits, the decoded text of strings, the items and keys seen so far in each
+checked container) and narrows the backend's mask: a token is refused when its bytes would
+close a string item equal to an earlier item of a unique array, a key already present in a
+checked object, a checked object with fewer keys than its minimum, or start a member past its
+maximum. The language only narrows: nothing the backend refuses is let through. A state where no
+check can fire (no checked container open) costs nothing; otherwise only the few tokens that
+could fire are looked at: those closing a string into a repeated value (an index by the text
+before their quote), and those holding a quote, brace, comma or backslash, run through the
+scanner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+
+import numpy as np
+
+from ..schema.runtime_checks import JsonCheck
+from .base import CompiledConstraint, Matcher, TokenDFA
+from .vocabulary import TokenizerContext, special_ids, token_bytes
+
+if TYPE_CHECKING:
+    import torch
+
+_WHITESPACE = frozenset(b" \t\r\n")
+_ESCAPES = {ord("n"): b"\n", ord("t"): b"\t", ord("r"): b"\r", ord("b"): b"\b", ord("f"): b"\f",
+            ord("/"): b"/", ord("\\"): b"\\", ord('"'): b'"'}
+_QUOTE, _BACKSLASH = ord('"'), ord("\\")
+_STRUCTURAL_END = frozenset(b",}]")
+
+# scanner modes: between tokens of JSON syntax, in a key, in a string value, in a number/literal
+_SYNTAX, _KEY, _STRING, _BARE = 0, 1, 2, 3
+
+
+class _Refused(Exception):
+    pass
+
+
+class Frame(NamedTuple):
+    """An open object or array: its path, its check (None: nothing checked), what it holds so
+    far (keys of a checked object, items of a unique array), the current key, and whether a key
+    comes next."""
+
+    is_object: bool
+    path: tuple
+    check: JsonCheck | None
+    seen: frozenset = frozenset()
+    key: str | None = None
+    expect_key: bool = False
+
+
+class ScanState(NamedTuple):
+    frames: tuple = ()
+    mode: int = _SYNTAX
+    text: bytes = b""  # the decoded bytes of the string in progress
+    escape: str = ""  # "", "\\", or "u" and the hex digits read
+    high: int = 0  # a pending UTF-16 high surrogate
+
+
+@dataclass(frozen=True)
+class CheckedPayload:
+    """A backend's compiled payload with the checks its matchers run (what the disk cache keeps)."""
+
+    payload: Any
+    checks: tuple[JsonCheck, ...]
+
+
+class Scanner:
+    """Steps a :class:`ScanState` over bytes, raising :class:`_Refused` where a check fails."""
+
+    def __init__(self, checks: Sequence[JsonCheck]) -> None:
+        self.checks = {c.path: c for c in checks}
+
+    def feed(self, state: ScanState, data: bytes) -> ScanState:
+        for byte in data:
+            state = self._byte(state, byte)
+        return state
+
+    def _byte(self, state: ScanState, byte: int) -> ScanState:
+        mode = state.mode
+        if mode == _KEY or mode == _STRING:
+            return self._in_string(state, byte)
+        if mode == _BARE:
+            if byte in _WHITESPACE:
+                return state._replace(mode=_SYNTAX)
+            if byte not in _STRUCTURAL_END:
+                return state
+            state = state._replace(mode=_SYNTAX)
+        return self._syntax(state, byte)
+
+    def _syntax(self, state: ScanState, byte: int) -> ScanState:
+        frames = state.frames
+        top = frames[-1] if frames else None
+        if byte in _WHITESPACE or byte == ord(":"):
+            return state
+        if byte == _QUOTE:
+            if top is not None and top.is_object and top.expect_key:
+                check = top.check
+                if check is not None and check.max_properties is not None and len(top.seen) >= check.max_properties:
+                    raise _Refused  # a member past the maximum
+                return state._replace(mode=_KEY, text=b"")
+            return state._replace(mode=_STRING, text=b"")
+        if byte == ord("{") or byte == ord("["):
+            path = self._child_path(frames)
+            is_object = byte == ord("{")
+            frame = Frame(is_object, path, self._check_for(path, is_object), expect_key=is_object)
+            return state._replace(frames=frames + (frame,))
+        if byte == ord("}") or byte == ord("]"):
+            if top is not None and top.is_object and top.check is not None and len(top.seen) < top.check.min_properties:
+                raise _Refused  # too few keys
+            return state._replace(frames=frames[:-1])
+        if byte == ord(","):
+            if top is not None and top.is_object:
+                check = top.check
+                if check is not None and check.max_properties is not None and len(top.seen) >= check.max_properties:
+                    raise _Refused
+                return state._replace(frames=frames[:-1] + (top._replace(expect_key=True),))
+            return state
+        return state._replace(mode=_BARE)
+
+    def _check_for(self, path: tuple, is_object: bool) -> JsonCheck | None:
+        check = self.checks.get(path)
+        if check is None:
+            return None
+        if is_object:
+            return check if check.min_properties or check.max_properties is not None else None
+        return check if check.unique_items else None
+
+    @staticmethod
+    def _child_path(frames: tuple) -> tuple:
+        if not frames:
+            return ()
+        top = frames[-1]
+        return (*top.path, top.key) if top.is_object else (*top.path, None)
+
+    def _in_string(self, state: ScanState, byte: int) -> ScanState:
+        escape = state.escape
+        if escape == "":
+            if byte == _BACKSLASH:
+                return state._replace(escape="\\")
+            if byte == _QUOTE:
+                return self._close_string(state)
+            return state._replace(text=state.text + bytes((byte,)))
+        if escape == "\\":
+            if byte == ord("u"):
+                return state._replace(escape="u")
+            return self._append(state._replace(escape=""), _ESCAPES.get(byte, bytes((byte,))))
+        digits = escape[1:] + chr(byte)
+        if len(digits) < 4:
+            return state._replace(escape="u" + digits)
+        try:
+            code = int(digits, 16)
+        except ValueError:
+            code = 0xFFFD
+        state = state._replace(escape="")
+        if 0xD800 <= code < 0xDC00:
+            return state._replace(high=code)
+        if 0xDC00 <= code < 0xE000 and state.high:
+            code = 0x10000 + ((state.high - 0xD800) << 10) + (code - 0xDC00)
+            state = state._replace(high=0)
+        return self._append(state, chr(code).encode("utf-8", "surrogatepass"))
+
+    @staticmethod
+    def _append(state: ScanState, data: bytes) -> ScanState:
+        if state.high:  # a lone high surrogate stays as one
+            data = chr(state.high).encode("utf-8", "surrogatepass") + data
+            state = state._replace(high=0)
+        return state._replace(text=state.text + data)
+
+    def _close_string(self, state: ScanState) -> ScanState:
+        if state.high:
+            state = self._append(state, b"")
+        frames, text = state.frames, state.text
+        top = frames[-1] if frames else None
+        if state.mode == _KEY:
+            key = text.decode("utf-8", "surrogatepass")
+            seen = top.seen
+            if top.check is not None:
+                if key in seen:
+                    raise _Refused  # a repeated key
+                seen = seen | {key}
+            top = top._replace(seen=seen, key=key, expect_key=False)
+            return ScanState(frames[:-1] + (top,), _SYNTAX)
+        if top is not None and not top.is_object and top.check is not None:
+            if text in top.seen:
+                raise _Refused  # a repeated item
+            frames = frames[:-1] + (top._replace(seen=top.seen | {text}),)
+        return ScanState(frames, _SYNTAX)
+
+
+class TokenTable:
+    """Per tokenizer: each token's bytes and the token lists the checks look at."""
+
+    def __init__(self, ctx: TokenizerContext) -> None:
+        raw = token_bytes(ctx)
+        neutral = set(ctx.stop_token_ids) | special_ids(ctx.tokenizer)
+        self.data = [b"" if i in neutral or i >= len(raw) or i >= ctx.tokenizer_vocab else raw[i]
+                     for i in range(ctx.vocab_size)]
+        quotes = np.array([d.count(b'"') for d in self.data])
+        has = {c: np.array([c in d for d in self.data]) for c in (b"\\", b"}", b",", b"{", b"[", b"]")}
+        ids = np.arange(ctx.vocab_size)
+        self.quote_and_brace = ids[(quotes > 0) & has[b"}"]]
+        self.quote_and_comma = ids[(quotes > 0) & has[b","]]
+        self.with_quote = ids[quotes > 0]
+        self.with_brace = ids[has[b"}"]]
+        self.with_comma = ids[has[b","]]
+        self.escaping = ids[has[b"\\"]]
+        self.many_quotes = ids[quotes > 1]
+        # tokens that open a container and may finish something in it (``{}``, ``["``, ...)
+        self.opening = ids[(has[b"{"] | has[b"["]) & (has[b"}"] | has[b"]"] | (quotes > 0))]
+        # tokens that close a string with the text before their one quote (no escape in it)
+        self.closing: dict[bytes, list[int]] = {}
+        for i in ids[(quotes == 1) & ~has[b"\\"]].tolist():
+            self.closing.setdefault(self.data[i].split(b'"', 1)[0], []).append(i)
+
+    @classmethod
+    def of(cls, ctx: TokenizerContext) -> "TokenTable":
+        table = ctx.cache.get("json_checks_table")
+        if table is None:
+            table = ctx.cache["json_checks_table"] = cls(ctx)
+        return table
+
+
+class JsonChecks(Matcher):
+    """A JSON matcher with run-time checks (see the module docstring)."""
+
+    def __init__(self, inner: Matcher, checks: Sequence[JsonCheck], table: TokenTable) -> None:
+        self.inner = inner
+        self.ctx = inner.ctx
+        self.table = table
+        self.scanner = Scanner(checks)
+        self._states = [ScanState()]
+
+    def __getattr__(self, name: str) -> Any:  # backend-specific attributes (error, ...)
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    @property
+    def close_on_length(self) -> bool:  # type: ignore[override]
+        return self.inner.close_on_length
+
+    @close_on_length.setter
+    def close_on_length(self, value: bool) -> None:
+        self.inner.close_on_length = value
+
+    # -- the checks ----------------------------------------------------------------------------
+
+    def _after(self, state: ScanState, token_id: int) -> ScanState | None:
+        data = self.table.data[token_id] if 0 <= token_id < len(self.table.data) else b""
+        try:
+            return self.scanner.feed(state, data)
+        except _Refused:
+            return None
+
+    def _refused_in(self, words: np.ndarray) -> list[int]:
+        """Tokens allowed in ``words`` that a check refuses from the current state."""
+        state = self._states[-1]
+        table, refused = self.table, []
+        if not any(f.check is not None for f in state.frames):
+            return [t for t in _allowed(words, table.opening).tolist() if self._after(state, t) is None]
+        candidates = [table.many_quotes, table.opening]
+        top = state.frames[-1]
+        counted = [f for f in state.frames if f.is_object and f.check is not None]
+        if any(len(f.seen) < f.check.min_properties for f in counted):
+            candidates.append(table.quote_and_brace if state.mode in (_KEY, _STRING) else table.with_brace)
+        if any(f.check.max_properties is not None and len(f.seen) >= f.check.max_properties for f in counted):
+            candidates.append(table.quote_and_comma if state.mode in (_KEY, _STRING) else table.with_comma)
+            if top.is_object and top.expect_key:
+                candidates.append(table.with_quote)
+        if state.mode in (_KEY, _STRING):
+            if state.escape or state.high:
+                candidates.append(np.flatnonzero(_bits(words)))
+            elif top.check is not None and (state.mode == _KEY) == top.is_object:
+                candidates.append(table.escaping)
+                text = state.text
+                for value in top.seen:
+                    value = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
+                    if value.startswith(text):
+                        refused.extend(table.closing.get(value[len(text):], ()))
+        ids = _allowed(words, np.unique(np.concatenate(candidates)))
+        refused.extend(t for t in ids.tolist() if self._after(state, t) is None)
+        return refused
+
+    def narrow(self, bitmask: "torch.Tensor", row: int) -> None:
+        """Clear from ``bitmask[row]`` (the backend's mask of this state) what the checks refuse."""
+        words = bitmask.numpy()[row].view(np.uint32)
+        for token_id in self._refused_in(words):
+            words[token_id >> 5] &= np.uint32(~(1 << (token_id & 31)) & 0xFFFFFFFF)
+
+    # -- Matcher -------------------------------------------------------------------------------
+
+    def accept_token(self, token_id: int) -> bool:
+        after = self._after(self._states[-1], token_id)
+        if after is None or not self.inner.accept_token(token_id):
+            return False
+        self._states.append(after)
+        return True
+
+    def fill_bitmask(self, bitmask: "torch.Tensor", row: int) -> None:
+        self.inner.fill_bitmask(bitmask, row)
+        self.narrow(bitmask, row)
+
+    @classmethod
+    def fill_bitmask_batch(cls, matchers: Sequence["JsonChecks"], bitmask: "torch.Tensor", rows: list[int],
+                           threads: int) -> None:
+        """The backends' own batched fill of the inner matchers, then the checks row by row."""
+        by_kind: dict[type, list[int]] = {}
+        for i, matcher in enumerate(matchers):
+            by_kind.setdefault(type(matcher.inner), []).append(i)
+        for kind, members in by_kind.items():
+            inner_fill = getattr(kind, "fill_bitmask_batch", None)
+            if inner_fill is not None and len(members) > 1:
+                inner_fill([matchers[i].inner for i in members], bitmask, [rows[i] for i in members], threads)
+            else:
+                for i in members:
+                    matchers[i].inner.fill_bitmask(bitmask, rows[i])
+        for matcher, row in zip(matchers, rows, strict=True):
+            matcher.narrow(bitmask, row)
+
+    def rollback(self, n: int) -> None:
+        if n <= 0:
+            return
+        self.inner.rollback(n)
+        del self._states[-n:]
+
+    def is_terminated(self) -> bool:
+        return self.inner.is_terminated()
+
+    def reset(self) -> None:
+        self.inner.reset()
+        self._states = [ScanState()]
+
+    def forced_text(self) -> str:
+        return self.inner.forced_text()
+
+    def shortest_completion(self, limit: int) -> list[int] | None:
+        """The backend's completion where the checks take it whole, else the greedy walk."""
+        ids = self.inner.shortest_completion(limit)
+        if ids is not None and self.valid_prefix(ids) == len(ids):
+            return ids
+        return super().shortest_completion(limit)
+
+    def _checked_states(self, ids: Sequence[int]) -> list[ScanState]:
+        """The scanner's states after each token of the longest prefix of ``ids`` the checks take."""
+        states, state = [], self._states[-1]
+        for token_id in ids:
+            state = self._after(state, token_id)
+            if state is None:
+                break
+            states.append(state)
+        return states
+
+    def forced_tokens(self) -> list[int]:
+        ids = self.inner.forced_tokens()
+        return ids[: len(self._checked_states(ids))]
+
+    def accept_forced(self, ids: Sequence[int]) -> int:
+        return self._take_run(ids, self.inner.accept_forced)
+
+    def _accept_prefix(self, ids: Sequence[int]) -> int:
+        return self._take_run(ids, self.inner._accept_prefix)
+
+    def _take_run(self, ids: Sequence[int], take) -> int:
+        states = self._checked_states(ids)
+        taken = take(list(ids[: len(states)]))
+        self._states.extend(states[:taken])
+        return taken
+
+    def valid_prefix(self, ids: Sequence[int]) -> int:
+        return self.inner.valid_prefix(list(ids[: len(self._checked_states(ids))]))
+
+    def _allowed_if_only_stops(self) -> list[int]:
+        return self.inner._allowed_if_only_stops()  # stop tokens write no text
+
+
+def _allowed(words: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """The ids among ``ids`` whose bit is set in ``words``."""
+    return ids[(words[ids >> 5] >> (ids & 31)) & 1 == 1] if len(ids) else ids
+
+
+def _bits(words: np.ndarray) -> np.ndarray:
+    return np.unpackbits(words.view(np.uint8), bitorder="little").astype(bool)
+
+
+class JsonChecksConstraint(CompiledConstraint):
+    """A compiled JSON constraint whose matchers run :class:`JsonChecks`."""
+
+    def __init__(self, inner: CompiledConstraint, checks: tuple[JsonCheck, ...], table: TokenTable) -> None:
+        self.inner = inner
+        self.checks = checks
+        self.table = table
+
+    def new_matcher(self) -> Matcher:
+        return JsonChecks(self.inner.new_matcher(), self.checks, self.table)
+
+    def token_dfa(self) -> TokenDFA | None:
+        return None  # the device DFA would not see the checks
+
+    def size_bytes(self) -> int:
+        return self.inner.size_bytes()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+def with_checks(compiled: CompiledConstraint, checks: tuple[JsonCheck, ...], ctx: TokenizerContext) -> CompiledConstraint:
+    """``compiled`` with ``checks`` run on its matchers (itself when there are none)."""
+    if not checks:
+        return compiled
+    return JsonChecksConstraint(compiled, checks, TokenTable.of(ctx))

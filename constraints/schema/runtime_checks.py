@@ -1,0 +1,359 @@
+"""Keywords no grammar states, checked on the output as it is written: ``uniqueItems`` over
+strings and ``minProperties`` / ``maxProperties`` over open objects.
+
+A grammar cannot say "no two items equal" over an unbounded item domain, nor count the keys of
+an object that takes any key. The matcher can: it sees the text, knows where each value sits
+(its *path*: property names and array positions from the root) and can refuse the token that
+would close a repeated string item, a repeated key, an object with too few keys or a member past
+the maximum (:mod:`constraints.backends.json_checks`). :func:`split_runtime_checks` takes such
+keywords out of the schema the backend compiles and returns them as :class:`JsonCheck` s, only
+where that is exact:
+
+* every place the keyword's subschema applies is a fixed path (reached from the root through
+  ``$ref``, ``allOf``/``anyOf``/``oneOf``, ``properties`` and a single ``items`` schema, never
+  through ``not``, ``if``, ``contains``, ``propertyNames`` or a recursion), so the check knows
+  where to look and removing the keyword lets nothing else through;
+* at each such path every valid instance satisfies the keyword (it is not one ``anyOf`` branch
+  among others that allow repeats), so checking it at the path refuses nothing valid;
+* a refused token always leaves a way on, so the answer never gets stuck: unique items are
+  strings of unbounded length (a repeat can always be written on past), a minimum of keys sits
+  on an object that takes any further key, a maximum on one that requires none.
+
+Elsewhere the keyword stays and strict mode refuses it by name, as before.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from .keywords import ANNOTATIONS, type_list
+
+Path = tuple  # property names (str) and None for "any array item"
+MAX_VISITS = 20_000  # (subschema, path) pairs the walk may visit before it gives up
+
+# in-place applicators: their subschemas describe the same instance
+_IN_PLACE_LISTS = ("allOf", "anyOf", "oneOf")
+_IN_PLACE_SINGLE = ("then", "else")
+# where a subschema's path cannot be told (any key, a position, ...) or its meaning is negated
+_OPAQUE = ("not", "if", "contains", "propertyNames", "additionalProperties", "patternProperties",
+           "prefixItems", "additionalItems", "unevaluatedProperties", "unevaluatedItems", "dependentSchemas",
+           "dependencies")
+# what an unbounded string item may say besides its type
+_PLAIN_STRING = frozenset({"type", "minLength", "$ref", "allOf", "anyOf", "definitions", "$defs"}) | ANNOTATIONS
+# what makes an object's keys a closed or conditional set
+_CLOSING_KEYS = ("patternProperties", "propertyNames", "unevaluatedProperties")
+
+
+@dataclass(frozen=True)
+class JsonCheck:
+    """What the matcher checks on the value at ``path`` (property names, None for every item
+    of an array): its string items pairwise distinct; its number of distinct keys within
+    [min_properties, max_properties] (repeated keys refused)."""
+
+    path: Path
+    unique_items: bool = False
+    min_properties: int = 0
+    max_properties: int | None = None
+
+    def merged(self, other: "JsonCheck") -> "JsonCheck":
+        highs = [h for h in (self.max_properties, other.max_properties) if h is not None]
+        return JsonCheck(self.path, self.unique_items or other.unique_items,
+                         max(self.min_properties, other.min_properties), min(highs) if highs else None)
+
+
+def split_runtime_checks(schema: Any) -> tuple[Any, tuple[JsonCheck, ...]]:
+    """``schema`` without the keywords that are checked at run time instead, and those checks
+    (``schema`` itself and no checks when none applies; the input is not modified)."""
+    if not isinstance(schema, dict):
+        return schema, ()
+    root = copy.deepcopy(schema)
+    walk = _Walk(root)
+    if not walk.run():
+        return schema, ()
+    checks: dict[Path, JsonCheck] = {}
+    stripped: list[tuple[dict, tuple[str, ...]]] = []
+    for node_id, paths in walk.paths.items():
+        node = walk.nodes[node_id]
+        if node_id in walk.unplaceable:
+            continue
+        found = _node_checks(root, node, paths)
+        if found is None:
+            continue
+        keys, node_checks = found
+        stripped.append((node, keys))
+        for check in node_checks:
+            checks[check.path] = checks[check.path].merged(check) if check.path in checks else check
+    if not checks:
+        return schema, ()
+    for node, keys in stripped:
+        for key in keys:
+            node.pop(key, None)
+    return root, tuple(checks[p] for p in sorted(checks, key=repr))
+
+
+def _node_checks(root: dict, node: dict, paths: set[Path]) -> tuple[tuple[str, ...], list[JsonCheck]] | None:
+    """The keywords of ``node`` (applying at ``paths``) to check at run time, with their checks."""
+    keys: list[str] = []
+    checks: list[JsonCheck] = []
+    if node.get("uniqueItems") is True and all(_unique_strings_hold(root, p) for p in paths):
+        keys.append("uniqueItems")
+        checks += [JsonCheck(p, unique_items=True) for p in paths]
+    low, high = _count(node.get("minProperties")), _count(node.get("maxProperties"))
+    if (low or high is not None) and all(_counts_hold(root, p, low, high) for p in paths):
+        keys += [k for k in ("minProperties", "maxProperties") if k in node]
+        checks += [JsonCheck(p, min_properties=low or 0, max_properties=high) for p in paths]
+    return (tuple(keys), checks) if keys else None
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _unique_strings_hold(root: dict, path: Path) -> bool:
+    """Every array at ``path`` must have distinct items, every item is a string, and every
+    subschema that can apply to an item leaves its strings unbounded."""
+    item = (*path, None)
+    return (
+        _forces(root, root, path, lambda n: n.get("uniqueItems") is True, "array", set())
+        and _forces(root, root, item, lambda n: type_list(n.get("type")) == ["string"], None, set())
+        and all(set(n) <= _PLAIN_STRING for n in _applying(root, item))
+    )
+
+
+def _counts_hold(root: dict, path: Path, low: int | None, high: int | None) -> bool:
+    """Every object at ``path`` must meet the bounds, it takes any further key (for a minimum)
+    and requires none (for a maximum)."""
+    if low is not None and not _forces(root, root, path, lambda n: (_count(n.get("minProperties")) or 0) >= low,
+                                       "object", set()):
+        return False
+    if high is not None and not _forces(
+        root, root, path, lambda n: _count(n.get("maxProperties")) is not None and n["maxProperties"] <= high,
+        "object", set()
+    ):
+        return False
+    for node in _applying(root, path):
+        if any(k in node for k in _CLOSING_KEYS) or node.get("additionalProperties") is False:
+            return False
+        if high is not None and (node.get("required") or node.get("dependentRequired") or node.get("dependencies")):
+            return False
+    return True
+
+
+def _target(root: dict, ref: Any) -> Any:
+    """The subschema a local ``$ref`` names, or None."""
+    if not isinstance(ref, str) or not ref.startswith("#"):
+        return None
+    node: Any = root
+    for part in [p for p in ref[1:].split("/") if p]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def _admits(node: dict, kind: str | None) -> bool:
+    types = type_list(node.get("type"))
+    return kind is None or types is None or kind in types
+
+
+def _forces(root: dict, node: Any, path: Path, holds: Callable[[dict], bool], kind: str | None, seen: set) -> bool:
+    """Whether every instance valid under ``node`` whose value at ``path`` exists (and is a
+    ``kind``, when one is named) has that value satisfy ``holds`` in some subschema it must meet. Conservative:
+    False where it cannot tell."""
+    if node is False:
+        return True
+    if not isinstance(node, dict):
+        return False
+    key = (id(node), path)
+    if key in seen or len(seen) > MAX_VISITS:
+        return False
+    seen.add(key)
+    step_kind = kind if not path else ("array" if path[0] is None else "object")
+    if not _admits(node, step_kind):
+        return True  # no such value under this node
+    if (path and _step_forces(root, node, path, holds, kind, seen)) or (not path and holds(node)):
+        return True
+    if "$ref" in node:
+        target = _target(root, node["$ref"])
+        if target is not None and _forces(root, target, path, holds, kind, seen):
+            return True
+    if any(_forces(root, m, path, holds, kind, seen) for m in node.get("allOf") or []):
+        return True
+    for keyword in ("anyOf", "oneOf"):
+        branches = node.get(keyword)
+        if isinstance(branches, list) and branches and all(_forces(root, b, path, holds, kind, seen) for b in branches):
+            return True
+    return "if" in node and all(_forces(root, node.get(k, True), path, holds, kind, seen) for k in ("then", "else"))
+
+
+def _step_forces(root: dict, node: dict, path: Path, holds, kind: str, seen: set) -> bool:
+    head, rest = path[0], path[1:]
+    if head is None:
+        items = node.get("items")
+        return isinstance(items, (dict, bool)) and "prefixItems" not in node and _forces(root, items, rest, holds, kind, seen)
+    props = node.get("properties")
+    if isinstance(props, dict) and head in props:
+        return _forces(root, props[head], rest, holds, kind, seen)
+    if node.get("patternProperties"):
+        return False  # a pattern may or may not take the key
+    extra = node.get("additionalProperties", True)
+    return extra is False or (isinstance(extra, dict) and _forces(root, extra, rest, holds, kind, seen))
+
+
+def _applying(root: dict, path: Path) -> Iterator[dict]:
+    """Every subschema (dict) that can apply to the value at ``path`` under some branch (a
+    superset: conditions and alternatives all included; a key not listed brings in
+    ``additionalProperties`` / ``patternProperties`` of its object)."""
+    frontier: list[Any] = [root]
+    for step in (*path, "end"):
+        here = _in_place(root, frontier)
+        if step == "end":
+            yield from here
+            return
+        frontier = []
+        for node in here:
+            frontier.extend(_children_at(node, step))
+
+
+def _in_place(root: dict, nodes: list[Any]) -> list[dict]:
+    out: list[dict] = []
+    seen: set[int] = set()
+    stack = list(nodes)
+    while stack and len(seen) < MAX_VISITS:
+        node = stack.pop()
+        if not isinstance(node, dict) or id(node) in seen:
+            continue
+        seen.add(id(node))
+        out.append(node)
+        if "$ref" in node:
+            stack.append(_target(root, node["$ref"]))
+        for keyword in _IN_PLACE_LISTS:
+            stack.extend(node.get(keyword) or [])
+        stack.extend(node[k] for k in (*_IN_PLACE_SINGLE, "if", "not") if k in node)
+        deps = node.get("dependentSchemas") or node.get("dependencies")
+        if isinstance(deps, dict):
+            stack.extend(v for v in deps.values() if isinstance(v, dict))
+    return out
+
+
+def _children_at(node: dict, step: str | None) -> list[Any]:
+    if step is None:
+        items = node.get("items")
+        extra = [node.get(k) for k in ("additionalItems", "unevaluatedItems", "contains")]
+        listed = items if isinstance(items, list) else [items]
+        return [*listed, *(node.get("prefixItems") or []), *extra]
+    props = node.get("properties")
+    out = [props[step]] if isinstance(props, dict) and step in props else []
+    patterns = node.get("patternProperties")
+    out.extend(patterns.values() if isinstance(patterns, dict) else [])
+    out += [node.get("additionalProperties"), node.get("unevaluatedProperties")]
+    return out
+
+
+class _Walk:
+    """Every subschema that holds a keyword this module checks, with the paths where it applies;
+    ``unplaceable``: those also reached where a path cannot be told (opaque keywords, recursion)."""
+
+    def __init__(self, root: dict) -> None:
+        self.root = root
+        self.nodes: dict[int, dict] = {}
+        self.paths: dict[int, set[Path]] = {}
+        self.unplaceable: set[int] = set()
+        self._visits = 0
+
+    def run(self) -> bool:
+        try:
+            self._visit(self.root, (), frozenset())
+        except _GiveUp:
+            return False
+        self._mark_opaque()
+        return True
+
+    def _visit(self, node: Any, path: Path, stack: frozenset) -> None:
+        if not isinstance(node, dict):
+            return
+        self._visits += 1
+        if self._visits > MAX_VISITS:
+            raise _GiveUp
+        if id(node) in stack:
+            self._mark_below(node)  # a recursion: paths without end
+            return
+        stack = stack | {id(node)}
+        if node.get("uniqueItems") is True or "minProperties" in node or "maxProperties" in node:
+            self.nodes[id(node)] = node
+            self.paths.setdefault(id(node), set()).add(path)
+        if "$ref" in node:
+            target = _target(self.root, node["$ref"])
+            if target is None:
+                raise _GiveUp  # a reference this walk cannot follow
+            self._visit(target, path, stack)
+        for keyword in _IN_PLACE_LISTS:
+            for member in node.get(keyword) or []:
+                self._visit(member, path, stack)
+        for keyword in _IN_PLACE_SINGLE:
+            self._visit(node.get(keyword), path, stack)
+        props = node.get("properties")
+        if isinstance(props, dict):
+            for name, sub in props.items():
+                self._visit(sub, (*path, name), stack)
+        items = node.get("items")
+        if isinstance(items, dict):
+            self._visit(items, (*path, None), stack)
+        elif isinstance(items, list):
+            for sub in items:
+                self._mark_below(sub)
+
+    def _mark_opaque(self) -> None:
+        """Subschemas under opaque keywords (wherever they sit) cannot be placed on a path."""
+        stack: list[Any] = [self.root]
+        seen: set[int] = set()
+        while stack:
+            node = stack.pop()
+            if not isinstance(node, dict) or id(node) in seen:
+                continue
+            seen.add(id(node))
+            for keyword in _OPAQUE:
+                value = node.get(keyword)
+                subs = value.values() if isinstance(value, dict) and keyword in _MAP_OPAQUE else [value]
+                for sub in subs:
+                    self._mark_below(sub)
+            stack.extend(_all_children(node))
+
+    def _mark_below(self, node: Any) -> None:
+        """``node`` and everything it reaches (references followed) cannot be placed."""
+        stack, seen = [node], set()
+        while stack:
+            current = stack.pop()
+            if not isinstance(current, dict) or id(current) in seen:
+                continue
+            seen.add(id(current))
+            self.unplaceable.add(id(current))
+            if "$ref" in current:
+                stack.append(_target(self.root, current["$ref"]))
+            stack.extend(_all_children(current))
+
+
+_MAP_OPAQUE = frozenset({"patternProperties", "dependentSchemas", "dependencies"})
+
+
+def _all_children(node: dict) -> list[Any]:
+    out: list[Any] = []
+    for key, value in node.items():
+        if key in ("enum", "const", "default", "examples", "required"):
+            continue
+        if isinstance(value, dict):
+            out.append(value)
+            out.extend(v for v in value.values() if isinstance(v, dict))
+        elif isinstance(value, list):
+            out.extend(v for v in value if isinstance(v, dict))
+    return out
+
+
+class _GiveUp(Exception):
+    pass

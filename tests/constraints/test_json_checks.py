@@ -1,0 +1,164 @@
+"""Run-time checks (constraints/schema/runtime_checks.py, constraints/backends/json_checks.py):
+uniqueItems over unbounded strings and key counts over open objects, checked on the text as it
+is written. Valid instances are walked to EOS, invalid ones are refused (checked against
+jsonschema), the mask and accept_token agree at every step (also through the batched fill),
+rollback restores the checks' state, and where the check is not exact the keyword is still
+refused by name."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from constraints import ConstraintSpec, UnsupportedConstraintError
+from constraints.backends.batch_fill import fill_bitmasks
+from constraints.backends.json_checks import JsonChecks
+from constraints.schema.runtime_checks import JsonCheck, split_runtime_checks
+
+from .conftest import VOCAB, allowed, allowed_ids, assert_classified, new_mask, walk_text
+
+TAGS = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True, "items": {"type": "string"}}},
+        "required": ["tags"]}
+CASES = [
+    (
+        TAGS,
+        [{"tags": []}, {"tags": ["a", "b"]}, {"tags": ["a", "ab", "b a", "A"]}, {"tags": ["é", "e"]}],
+        [{"tags": ["a", "a"]}, {"tags": ["x", "y", "x"]}, {"tags": ["", ""]}, {"tags": ["é", "é"]}],
+    ),
+    (  # items through a $ref, minLength, inside an array of objects
+        {"type": "array", "items": {"type": "object", "properties": {
+            "names": {"type": "array", "uniqueItems": True, "items": {"$ref": "#/$defs/name"}}}},
+         "$defs": {"name": {"type": "string", "minLength": 1}}},
+        [[{"names": ["a"]}, {"names": ["a", "b"]}], [{"names": ["x", "y"]}, {"names": ["x"]}]],
+        [[{"names": ["a", "a"]}], [{"names": ["x"]}, {"names": ["y", "z", "y"]}], [{"names": [""]}]],
+    ),
+    (  # a minimum of keys over an object that takes any key
+        {"type": "object", "minProperties": 2, "properties": {"a": {"type": "string"}}},
+        [{"a": "x", "b": 1}, {"b": 1, "c": [1]}, {"a": "x", "b": {"c": {}}, "d": None}],
+        [{}, {"a": "x"}, {"b": 1}],
+    ),
+    (  # a maximum over an object that requires nothing
+        {"type": "object", "maxProperties": 1, "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}},
+        [{}, {"a": "x"}, {"b": 2}, {"zz": [1, 2]}],
+        [{"a": "x", "b": 2}, {"a": "x", "q": 1}, {"p": 1, "q": 2}],
+    ),
+    (
+        {"type": "object", "properties": {"inner": {"type": "object", "minProperties": 1, "maxProperties": 2}}},
+        [{}, {"inner": {"a": 1}}, {"inner": {"a": 1, "b": {"c": 3, "d": 4, "e": 5}}}],
+        [{"inner": {}}, {"inner": {"a": 1, "b": 2, "c": 3}}],
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "valid", "invalid"), CASES)
+def test_runtime_checks_classify_like_jsonschema(compiler, tok, schema, valid, invalid):
+    assert split_runtime_checks(schema)[1]
+    assert_classified(compiler, tok, schema, valid, invalid)
+
+
+def test_escaped_and_raw_spellings_of_one_string_are_one_item(compiler, tok):
+    compiled = compiler.compile(ConstraintSpec("json_schema", TAGS))
+    assert walk_text(compiled, tok, '{"tags": ["\\u0041", "B"]}')
+    assert not walk_text(compiled, tok, '{"tags": ["A", "\\u0041"]}')
+    assert not walk_text(compiled, tok, '{"tags": ["a\\"b", "a\\u0022b"]}')
+
+
+def test_a_repeated_key_is_refused_in_a_counted_object(compiler, tok):
+    schema = {"type": "object", "minProperties": 2}
+    compiled = compiler.compile(ConstraintSpec("json_schema", schema))
+    assert not walk_text(compiled, tok, '{"x": 1, "x": 2}')
+    assert walk_text(compiled, tok, '{"x": 1, "y": 2}')
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        # one branch allows repeats: checking the path would refuse valid arrays
+        {"anyOf": [{"type": "array", "uniqueItems": True, "items": {"type": "string"}}, {"type": "array"}]},
+        # a bounded string domain could leave a repeat no way on
+        {"type": "array", "uniqueItems": True, "items": {"type": "string", "maxLength": 1}},
+        # items that are not all strings
+        {"type": "array", "uniqueItems": True, "items": {"type": ["string", "number"]}},
+        # under a not, removing the keyword would change the complement
+        {"type": "object", "properties": {"a": {"not": {"type": "array", "uniqueItems": True}}}},
+        # a maximum beside a required key could be reached with that key still missing
+        {"type": "object", "maxProperties": 1, "required": ["b"], "properties": {"a": {}, "b": {}}},
+        # keys under a pattern: a minimum could find no further key
+        {"type": "object", "minProperties": 3, "patternProperties": {"^[ab]$": {}}, "additionalProperties": False},
+    ],
+)
+def test_inexact_places_keep_the_keyword(schema):
+    assert split_runtime_checks(schema) == (schema, ())
+
+
+def test_a_recursive_schema_keeps_the_keyword(compiler):
+    schema = {"$defs": {"node": {"type": "object", "properties": {
+        "tags": {"type": "array", "uniqueItems": True, "items": {"type": "string"}},
+        "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}}, "$ref": "#/$defs/node"}
+    assert split_runtime_checks(schema)[1] == ()
+    with pytest.raises(UnsupportedConstraintError, match="uniqueItems"):
+        compiler.compile(ConstraintSpec("json_schema", schema))
+
+
+def test_checks_name_their_paths():
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {
+        "type": "array", "uniqueItems": True, "items": {"type": "string"}}}}}
+    stripped, checks = split_runtime_checks(schema)
+    assert checks == (JsonCheck(("a", None), unique_items=True),)
+    assert "uniqueItems" not in json.dumps(stripped) and "uniqueItems" in json.dumps(schema)
+
+
+def _mask(matcher) -> torch.Tensor:
+    mask = new_mask()
+    matcher.fill_bitmask(mask, 0)
+    return mask
+
+
+def test_the_mask_refuses_exactly_the_closing_tokens_of_a_repeat(compiler, tok):
+    compiled = compiler.compile(ConstraintSpec("json_schema", TAGS))
+    matcher = compiled.new_matcher()
+    assert isinstance(matcher, JsonChecks) or isinstance(getattr(matcher, "inner", None), JsonChecks)
+    for t in tok.encode('{"tags": ["red", "red', add_special_tokens=False):
+        assert matcher.accept_token(t)
+    mask = _mask(matcher)
+    closing = [i for i in range(VOCAB) if tok.decode([i]).startswith('"')]
+    assert len(closing) > 10 and not any(allowed(mask, i) for i in closing)
+    for i in closing:
+        assert not matcher.accept_token(i)
+    d = tok.encode("d", add_special_tokens=False)[0]
+    assert allowed(mask, d) and matcher.accept_token(d)
+    assert allowed(_mask(matcher), tok.encode('"', add_special_tokens=False)[0])  # "redd" is new
+    matcher.rollback(1)
+    assert allowed_ids(_mask(matcher)) == allowed_ids(mask)
+
+
+def test_mask_and_accept_agree_on_random_walks(compiler, tok):
+    """Random walks through the mask, half the time towards closing a string or container:
+    every allowed token is accepted, every finished answer is valid, and the batched fill
+    gives the same rows."""
+    import jsonschema
+
+    closers = {i for i, text in enumerate(tok.convert_ids_to_tokens(list(range(len(tok))))) if any(c in text for c in '"]}')}
+    rng = random.Random(7)
+    for schema, _, _ in CASES:
+        compiled = compiler.compile(ConstraintSpec("json_schema", schema))
+        check = jsonschema.Draft202012Validator(schema).is_valid
+        for _ in range(3):
+            matcher, ids = compiled.new_matcher(), []
+            for _ in range(40):
+                mask = _mask(matcher)
+                batch = torch.zeros((2, mask.shape[1]), dtype=torch.int32)
+                fill_bitmasks([matcher, matcher], batch)  # two rows: the batched path
+                assert torch.equal(batch[0], mask[0]) and torch.equal(batch[1], mask[0])
+                options = sorted(allowed_ids(mask))
+                assert options
+                closing = [t for t in options if t in closers]
+                t = rng.choice(closing if closing and rng.random() < 0.5 else options)
+                assert matcher.accept_token(t)
+                if matcher.is_terminated():
+                    assert check(json.loads(tok.decode(ids))), tok.decode(ids)
+                    break
+                ids.append(t)
