@@ -80,7 +80,7 @@ DOT = f"[^{class_items(LINE_TERMINATORS)}]"
 _DOTALL_FLAG = re.compile(r"\(\?[a-zA-Z]*s[a-zA-Z]*[-:)]")
 
 
-def ecma_regex(regex: str, dotall: bool = False, json_string: bool = False) -> str:
+def ecma_regex(regex: str, dotall: bool = False, json_string: bool = False, nested_classes: bool = False) -> str:
     """``regex`` with ECMA-262 meanings made explicit (see the module docstring).
 
     ``dotall`` makes ``.`` match every character (Lark's ``/…/s``); an inline ``(?s`` flag
@@ -88,9 +88,14 @@ def ecma_regex(regex: str, dotall: bool = False, json_string: bool = False) -> s
     content must match (``pattern``, ``patternProperties``): negated classes are kept exact
     under llguidance's quoting. Malformed input is translated as far as it goes and left for
     the backend to reject.
+
+    Inside a class, ``[`` and the doubled ``&&`` / ``~~`` are literal characters, as ECMA-262
+    (and Python's ``re``) read them, where Rust's syntax would open a nested class or a set
+    operation: ``[[a-z]*]`` is ``[``, ``a``-``z`` or ``*``. ``nested_classes`` keeps the Rust
+    meaning (Lark grammars, written for llguidance's Rust regexes).
     """
     keep_dot = dotall or _DOTALL_FLAG.search(regex) is not None
-    return _Translator(regex, keep_dot, json_string).run()
+    return _Translator(regex, keep_dot, json_string, nested_classes).run()
 
 
 _CONTROLS = [chr(c) for c in range(0x20)]
@@ -108,10 +113,11 @@ def _quoting_breaks(negated_class: str) -> bool:
 
 
 class _Translator:
-    def __init__(self, text: str, keep_dot: bool, json_string: bool = False) -> None:
+    def __init__(self, text: str, keep_dot: bool, json_string: bool = False, nested_classes: bool = False) -> None:
         self.text = text
         self.keep_dot = keep_dot
         self.json_string = json_string
+        self.nested_classes = nested_classes
         self.i = 0
         self.out: list[str] = []
 
@@ -190,6 +196,9 @@ class _Translator:
                 return
             if c == "\\":
                 self._escape(in_class=True)
+            elif not self.nested_classes and (c == "[" or (c in "&~" and text.startswith(c, self.i + 1))):
+                self.out.append("\\" + c)  # a literal, as ECMA-262 reads it
+                self.i += 1
             elif text.startswith("[:", self.i):  # POSIX class, copied whole
                 close = text.find(":]", self.i + 2)
                 end = len(text) if close < 0 else close + 2
@@ -205,8 +214,9 @@ class _Translator:
         """Whether the class written from ``self.out[start]`` is ``[^…`` with no nested class,
         POSIX class or ``\\p`` property (whose sets ``re`` does not read the same way)."""
         body = "".join(self.out[start:])
+        inner = body[2:].replace("\\\\", "").replace("\\[", "").replace("\\&", "").replace("\\~", "")
         return body.startswith("[^") and not any(
-            mark in body[2:] for mark in ("[", "\\p", "\\P", "&&", "--", "~~"))
+            mark in inner for mark in ("[", "\\p", "\\P", "&&", "--", "~~"))
 
 
 # -- Lark grammars: translate the /regex/ terminals ---------------------------------------------
@@ -233,6 +243,6 @@ def ecma_lark(grammar: str) -> str:
         if m.group("regex") is None:
             return m.group(0)
         flags = m.group("flags")
-        return "/" + ecma_regex(m.group("regex"), dotall="s" in flags) + "/" + flags
+        return "/" + ecma_regex(m.group("regex"), dotall="s" in flags, nested_classes=True) + "/" + flags
 
     return _LARK_PIECE.sub(repl, grammar)

@@ -30,7 +30,7 @@ ASCII_DIGIT_CLASS = "[0-9]"
     (r"\u00e9\x41\u{1F600}", r"\u00e9\x41\u{1F600}"),
     (r"[\]\d]", r"[\]0-9]"),
     (r"[]\d]", r"[]0-9]"),
-    (r"[[:alpha:]\d]", r"[[:alpha:]0-9]"),
+    (r"[[:alpha:]\d]", r"[\[:alpha:][0-9]]"),  # ECMA: no POSIX classes ("[" is a literal)
     (r"[\b]", r"[\u0008]"),
     (r"(?s)a.b", r"(?s)a.b"),
     (r"(?#a.b)c", r"(?#a.b)c"),
@@ -62,7 +62,7 @@ def test_dotall():
     ('[^"\n]', '[^"\n]'),  # short of the control range already
     ('.', DOT),
     (r'[^\p{L}"]', r'[^\p{L}"]'),  # sets re cannot read are left alone
-    ('[^[a]"]', '[^[a]"]'),
+    ('[^[a]"]', r'[^\[a]"]'),  # ECMA: the class is [^[a], then a literal "]
 ])
 def test_json_string_negations_leave_out_nul(regex, expected):
     """In a schema ``pattern``, a negated class that allows every control character but not
@@ -118,3 +118,26 @@ def test_agrees_with_javascript():
         translated = re.compile(ecma_regex(pattern))
         for s, want in zip(STRINGS, row):
             assert (translated.fullmatch(s) is not None) == want, (pattern, s)
+
+
+@pytest.mark.parametrize("pattern, valid, invalid", [
+    # ECMA-262: "[" inside a class is a literal, not Rust's nested class (MaskBench o58776)
+    ("^[[a-z]*[-]?[a-z]*]*$", ["", "ab", "[a", "a-b]", "[]]"], ["*?", "?", "*", "ab*"]),
+    ("^[a&&b]+$", ["a&b", "&&"], ["c", ""]),
+    ("^[[:alpha:]]$", ["[]", ":]", "a]"], ["a", "x]", "[x]"]),
+])
+def test_brackets_inside_a_class_are_literals(compiler, tok, pattern, valid, invalid):
+    from constraints import ConstraintSpec
+
+    from .conftest import walk_json
+
+    compiled = compiler.compile(ConstraintSpec("json_schema", {"type": "string", "pattern": pattern}))
+    for text in valid:
+        assert walk_json(compiled, tok, text), text
+    for text in invalid:
+        assert not walk_json(compiled, tok, text), text
+
+
+def test_lark_keeps_nested_classes():
+    assert ecma_regex("[[a-z]]", nested_classes=True) == "[[a-z]]"
+    assert ecma_lark("start: /[[a-z]&&[^x]]+/\n") == "start: /[[a-z]&&[^x]]+/\n"
