@@ -15,6 +15,7 @@ scanner.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
@@ -120,6 +121,8 @@ class Scanner:
                 if check is not None and check.max_properties is not None and len(top.seen) >= check.max_properties:
                     raise _Refused
                 return state._replace(frames=frames[:-1] + (top._replace(expect_key=True),))
+            if top is not None and top.check is not None and _exhausted(top):
+                raise _Refused  # every listed item is written already
             return state
         return state._replace(mode=_BARE)
 
@@ -193,6 +196,27 @@ class Scanner:
         return ScanState(frames, _SYNTAX)
 
 
+def _exhausted(frame: Frame) -> bool:
+    values = frame.check.item_values
+    return values is not None and len(frame.seen) >= len(values)
+
+
+def _dead_end(state: ScanState) -> bool:
+    """Whether the string item in progress can only be completed into a repeat (listed items)."""
+    if state.mode != _STRING or state.escape or state.high or not state.frames:
+        return False
+    top = state.frames[-1]
+    if top.is_object or top.check is None or top.check.item_values is None:
+        return False
+    text = state.text
+    return not any(v.startswith(text) and v not in top.seen for v in _encoded(top.check))
+
+
+@functools.lru_cache(maxsize=256)
+def _encoded(check: JsonCheck) -> tuple[bytes, ...]:
+    return tuple(v.encode("utf-8", "surrogatepass") for v in check.item_values or ())
+
+
 class TokenTable:
     """Per tokenizer: each token's bytes and the token lists the checks look at."""
 
@@ -254,9 +278,10 @@ class JsonChecks(Matcher):
     def _after(self, state: ScanState, token_id: int) -> ScanState | None:
         data = self.table.data[token_id] if 0 <= token_id < len(self.table.data) else b""
         try:
-            return self.scanner.feed(state, data)
+            after = self.scanner.feed(state, data)
         except _Refused:
             return None
+        return None if data and _dead_end(after) else after
 
     def _refused_in(self, words: np.ndarray) -> list[int]:
         """Tokens allowed in ``words`` that a check refuses from the current state."""
@@ -273,6 +298,8 @@ class JsonChecks(Matcher):
             candidates.append(table.quote_and_comma if state.mode in (_KEY, _STRING) else table.with_comma)
             if top.is_object and top.expect_key:
                 candidates.append(table.with_quote)
+        if not top.is_object and top.check is not None and top.check.item_values is not None:
+            candidates.append(table.with_comma if state.mode != _STRING else np.flatnonzero(_bits(words)))
         if state.mode in (_KEY, _STRING):
             if state.escape or state.high:
                 candidates.append(np.flatnonzero(_bits(words)))

@@ -56,11 +56,13 @@ class JsonCheck:
     unique_items: bool = False
     min_properties: int = 0
     max_properties: int | None = None
+    item_values: tuple[str, ...] | None = None  # the unique items' strings when they are listed
 
     def merged(self, other: "JsonCheck") -> "JsonCheck":
         highs = [h for h in (self.max_properties, other.max_properties) if h is not None]
+        values = self.item_values if self.item_values is not None else other.item_values
         return JsonCheck(self.path, self.unique_items or other.unique_items,
-                         max(self.min_properties, other.min_properties), min(highs) if highs else None)
+                         max(self.min_properties, other.min_properties), min(highs) if highs else None, values)
 
 
 def split_runtime_checks(schema: Any) -> tuple[Any, tuple[JsonCheck, ...]]:
@@ -97,9 +99,10 @@ def _node_checks(root: dict, node: dict, paths: set[Path]) -> tuple[tuple[str, .
     """The keywords of ``node`` (applying at ``paths``) to check at run time, with their checks."""
     keys: list[str] = []
     checks: list[JsonCheck] = []
-    if node.get("uniqueItems") is True and all(_unique_strings_hold(root, p) for p in paths):
+    domains = {p: _unique_strings(root, p) for p in paths} if node.get("uniqueItems") is True else {}
+    if domains and all(d is not False for d in domains.values()):
         keys.append("uniqueItems")
-        checks += [JsonCheck(p, unique_items=True) for p in paths]
+        checks += [JsonCheck(p, unique_items=True, item_values=d) for p, d in domains.items()]
     low, high = _count(node.get("minProperties")), _count(node.get("maxProperties"))
     if (low or high is not None) and all(_counts_hold(root, p, low, high) for p in paths):
         keys += [k for k in ("minProperties", "maxProperties") if k in node]
@@ -111,15 +114,37 @@ def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def _unique_strings_hold(root: dict, path: Path) -> bool:
-    """Every array at ``path`` must have distinct items, every item is a string, and every
-    subschema that can apply to an item leaves its strings unbounded."""
+def _unique_strings(root: dict, path: Path) -> tuple[str, ...] | None | bool:
+    """Whether every array at ``path`` must have distinct items that are all strings, and
+    their domain: None for strings of unbounded length (a repeat can be written on past), the
+    listed strings for an ``enum``/``const`` domain (the matcher then also refuses a prefix
+    that only repeats can complete); False when neither holds."""
+    if not _forces(root, root, path, lambda n: n.get("uniqueItems") is True, "array", set()):
+        return False
     item = (*path, None)
-    return (
-        _forces(root, root, path, lambda n: n.get("uniqueItems") is True, "array", set())
-        and _forces(root, root, item, lambda n: type_list(n.get("type")) == ["string"], None, set())
-        and all(set(n) <= _PLAIN_STRING for n in _applying(root, item))
-    )
+    applying = list(_applying(root, item))
+    if all(set(n) <= _PLAIN_STRING for n in applying):
+        strings = _forces(root, root, item, lambda n: type_list(n.get("type")) == ["string"], None, set())
+        return None if strings else False
+    if any(set(n) - _PLAIN_STRING - {"enum", "const"} or "anyOf" in n for n in applying):
+        return False
+    values: list | None = None
+    for node in applying:
+        listed = node["enum"] if isinstance(node.get("enum"), list) else [node["const"]] if "const" in node else None
+        if listed is not None:
+            values = listed if values is None else [v for v in values if any(_same(v, w) for w in listed)]
+        if type_list(node.get("type")) not in (None, ["string"]):
+            return False
+    low = max((n.get("minLength", 0) for n in applying if isinstance(n.get("minLength"), int)), default=0)
+    if values is not None and any(type_list(n.get("type")) == ["string"] for n in applying):
+        values = [v for v in values if isinstance(v, str)]
+    if values is None or not all(isinstance(v, str) for v in values):
+        return False
+    return tuple(sorted({v for v in values if len(v) >= low}))
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b
 
 
 def _counts_hold(root: dict, path: Path, low: int | None, high: int | None) -> bool:

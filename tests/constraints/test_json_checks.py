@@ -35,6 +35,11 @@ CASES = [
         [[{"names": ["a"]}, {"names": ["a", "b"]}], [{"names": ["x", "y"]}, {"names": ["x"]}]],
         [[{"names": ["a", "a"]}], [{"names": ["x"]}, {"names": ["y", "z", "y"]}], [{"names": [""]}]],
     ),
+    (  # listed strings, too many orders to enumerate: a prefix only repeats can finish is refused
+        {"type": "array", "uniqueItems": True, "items": {"type": "string", "enum": ["a", "ab", "abc", "b", "c", "d", 7]}},
+        [[], ["a", "ab"], ["d", "c", "b", "abc", "ab", "a"]],
+        [["a", "a"], ["ab", "c", "ab"], ["d", "c", "b", "abc", "ab", "a", "a"], [7]],
+    ),
     (  # a minimum of keys over an object that takes any key
         {"type": "object", "minProperties": 2, "properties": {"a": {"type": "string"}}},
         [{"a": "x", "b": 1}, {"b": 1, "c": [1]}, {"a": "x", "b": {"c": {}}, "d": None}],
@@ -101,6 +106,19 @@ def test_a_recursive_schema_keeps_the_keyword(compiler):
     assert split_runtime_checks(schema)[1] == ()
     with pytest.raises(UnsupportedConstraintError, match="uniqueItems"):
         compiler.compile(ConstraintSpec("json_schema", schema))
+
+
+def test_listed_items_run_out(compiler, tok):
+    schema = CASES[2][0]
+    compiled = compiler.compile(ConstraintSpec("json_schema", schema))
+    matcher = compiled.new_matcher()
+    for t in tok.encode('["a", "ab", "abc"', add_special_tokens=False):
+        assert matcher.accept_token(t)
+    mask = _mask(matcher)
+    assert not any(allowed(mask, t) for t in allowed_ids(mask) if '"a' in tok.decode([t]))
+    for t in tok.encode(', "b", "c", "d"', add_special_tokens=False):
+        assert matcher.accept_token(t)
+    assert {tok.decode([t]) for t in allowed_ids(_mask(matcher))} == {"]"}
 
 
 def test_checks_name_their_paths():
