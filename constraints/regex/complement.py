@@ -17,7 +17,7 @@ from typing import Any
 from .dialect import class_items, ecma_regex
 from .disjoint import pattern_language, top_level_alternation
 
-MAX_STATES = 24  # complement DFAs larger than this are not written out
+MAX_STATES = 64  # complement DFAs larger than this are not written out (elimination stops past MAX_PATTERN_CHARS)
 MAX_PATTERN_CHARS = 4_000  # nor are results longer than this
 MAX_REMEMBERED = 1_024
 # complement -> the pattern it was written for, so that "not not P" is P as written (llguidance

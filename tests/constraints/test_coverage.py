@@ -94,7 +94,8 @@ def test_rewritten_keyword_is_enforced(compiler, tok, schema, valid, invalid):
 @pytest.mark.parametrize(
     ("schema", "keyword"),
     [
-        ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "uniqueItems"),
+        # bounded strings (unbounded ones are checked at run time: test_json_checks.py)
+        ({"type": "array", "items": {"type": "string", "maxLength": 2}, "uniqueItems": True}, "uniqueItems"),
         ({"type": "array", "items": {"enum": list(range(8))}, "uniqueItems": True}, "uniqueItems"),
         # "integer" has no exact complement, needed to count matches on arrays longer than 5 items
         ({"type": "array", "contains": {"type": "integer"}, "maxContains": 2}, "maxContains"),
@@ -104,8 +105,9 @@ def test_rewritten_keyword_is_enforced(compiler, tok, schema, valid, invalid):
         # a listed name the pattern matches would take additionalProperties' schema too
         ({"type": "object", "properties": {"ab": {"type": "string"}}, "propertyNames": {"pattern": "^a"},
           "additionalProperties": {"type": "integer"}}, "propertyNames"),
-        # keys beyond the listed ones: llguidance would count a repeated key toward the minimum
-        ({"type": "object", "minProperties": 2}, "minProperties"),
+        # keys beyond the listed ones, at no fixed path (run-time checks need one): llguidance
+        # would count a repeated key toward the minimum
+        ({"type": "object", "additionalProperties": {"type": "object", "minProperties": 2}}, "minProperties"),
         ({"type": "object", "patternProperties": {"^x": {}}, "additionalProperties": False, "minProperties": 2},
          "minProperties"),
     ],
@@ -121,7 +123,8 @@ def test_beyond_the_exact_forms_is_still_refused(compiler, schema, keyword):
     [
         ({"properties": {"x": {"oneOf": [{"type": "integer"}, {"minimum": 2}]}}}, "/properties/x",
          "mutually exclusive"),
-        ({"type": "object", "properties": {"a": {}, "b": {}}, "minProperties": 1}, "/", "all required"),
+        ({"type": "object", "additionalProperties": {"properties": {"a": {}, "b": {}}, "minProperties": 2}},
+         "/additionalProperties", "all required"),
         ({"properties": {"a": {"type": "array", "contains": {"type": "integer"}}}}, "/properties/a",
          "reached from the root"),
     ],

@@ -269,3 +269,15 @@ def test_a_branch_with_unknown_keywords_still_lets_every_non_object_through():
     assert objects_only_disjoint(schema["oneOf"], schema)
     assert not _one_of_left(schema)
     _same_language(schema, [{"a": 1}, {"a": 2}, {"a": 3}, {}, "s", 1, None])
+
+
+def test_overlapping_patterns_of_counted_length_by_their_complements(compiler, tok):
+    """Overlapping branches: exactly one holds, through each pattern's complement (DFAs of
+    25-30 states, over the 24 the complement writer once stopped at)."""
+    hex_id = {"oneOf": [{"type": "string", "pattern": "^[A-Fa-f0-9]{24}$"}, {"type": "string"}]}
+    assert_classified(compiler, tok, hex_id, valid=["abc", "", "g" * 24, "a" * 25], invalid=["a" * 24, "0123456789abcdef01234567"])
+    uuid = {"type": "string", "oneOf": [{"pattern": "^[0-9a-f]{8}-([0-9a-f]{4}-){3}[0-9a-f]{12}$"},
+                                        {"pattern": "^[0-9A-F]{8}-([0-9A-F]{4}-){3}[0-9A-F]{12}$"}]}
+    lower, upper = "0a1b2c3d-0a1b-0a1b-0a1b-0a1b2c3d4e5f", "0A1B2C3D-0A1B-0A1B-0A1B-0A1B2C3D4E5F"
+    digits = "01234567-0123-0123-0123-012345678901"  # both cases at once: matches both branches
+    assert_classified(compiler, tok, uuid, valid=[lower, upper], invalid=[digits, "x", lower.upper()[:-1] + "f"])

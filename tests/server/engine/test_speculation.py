@@ -270,3 +270,35 @@ def test_a_request_can_turn_its_drafts_off(tiny_hf, default_tokenizer, default_c
     requests = [dict(r, speculation=False) for r in extraction_requests(default_compiler, default_tokenizer)[2:5]]
     _, stats, _ = run(tiny_hf, default_tokenizer, requests, speculation=True)
     assert stats.lookup_draft_tokens == 0
+
+
+CHECKED = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True, "minItems": 2,
+                                                    "items": {"type": "string"}}},
+           "required": ["tags"], "minProperties": 2}
+
+
+def test_run_time_checks_hold_under_drafts(tiny_hf, default_tokenizer, default_compiler):
+    """Biased towards the same few tokens (and a prompt that repeats an item, for the lookup
+    drafts), the model keeps trying to close an item it wrote already; the run-time check
+    refuses each repeat, so the items it writes are distinct, with and without drafts alike."""
+    import re
+
+    encode = lambda text: default_tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    bias = {t: 100.0 for t in encode('alpha", "')}  # 'alpha', '",', ' "' (a space, then a closing quote)
+    repeated = encode('{"tags": ["alpha", "alpha", "alpha", "alpha"]}')
+    compiled = default_compiler.compile(ConstraintSpec("json_schema", CHECKED))
+    requests = [{"prompt_token_ids": [1, *repeated, *repeated], "params": params, "max_tokens": 24}
+                for params in (SamplingParams(temperature=0.0, logit_bias=bias),
+                               SamplingParams(temperature=0.9, seed=5, logit_bias=bias))]
+    off, _, _ = run(tiny_hf, default_tokenizer, _fresh(requests, compiled), speculation=False)
+    on, _, _ = run(tiny_hf, default_tokenizer, _fresh(requests, compiled), speculation=True)
+    assert on == off
+    for tokens, text, _ in on.values():
+        matcher = compiled.new_matcher()
+        assert all(matcher.accept_token(t) for t in tokens), text
+        items = re.findall(r'"((?:[^"\\]|\\.)*)"(?=\s*[,\]])', text.split("[", 1)[1])
+        assert len(items) >= 2 and len(set(items)) == len(items), text
+
+
+def _fresh(requests: list[dict], compiled) -> list[dict]:
+    return [{**r, "matcher": compiled.new_matcher()} for r in requests]
