@@ -42,6 +42,13 @@ class _Refused(Exception):
     pass
 
 
+def _next_special(data: bytes, start: int) -> int:
+    """The position of the next quote or backslash in ``data`` from ``start`` (or its end)."""
+    quote, backslash = data.find(b'"', start), data.find(b"\\", start)
+    found = [p for p in (quote, backslash) if p >= 0]
+    return min(found) if found else len(data)
+
+
 class Frame(NamedTuple):
     """An open object or array: its path, its check (None: nothing checked), what it holds so
     far (keys of a checked object, items of a unique array), the current key, and whether a key
@@ -76,10 +83,24 @@ class Scanner:
 
     def __init__(self, checks: Sequence[JsonCheck]) -> None:
         self.checks = {c.path: c for c in checks}
+        # every path with a check strictly below it
+        self._above = {c.path[:n] for c in checks for n in range(len(c.path))}
+
+    def has_below(self, path: tuple) -> bool:
+        """Whether a checked container may open inside the value at ``path``."""
+        return path in self._above
 
     def feed(self, state: ScanState, data: bytes) -> ScanState:
-        for byte in data:
-            state = self._byte(state, byte)
+        i, end = 0, len(data)
+        while i < end:
+            if (state.mode == _KEY or state.mode == _STRING) and not state.escape and not state.high:
+                stop = _next_special(data, i)
+                if stop > i:  # a run of plain string bytes, taken at once
+                    state = state._replace(text=state.text + data[i:stop])
+                    i = stop
+                    continue
+            state = self._byte(state, data[i])
+            i += 1
         return state
 
     def _byte(self, state: ScanState, byte: int) -> ScanState:
@@ -233,14 +254,43 @@ class TokenTable:
         self.with_quote = ids[quotes > 0]
         self.with_brace = ids[has[b"}"]]
         self.with_comma = ids[has[b","]]
-        self.escaping = ids[has[b"\\"]]
         self.many_quotes = ids[quotes > 1]
+        # tokens whose closing of a string the index below cannot tell: escapes before the quote
+        self.complex_quote = ids[(quotes > 0) & (has[b"\\"] | (quotes > 1))]
         # tokens that open a container and may finish something in it (``{}``, ``["``, ...)
-        self.opening = ids[(has[b"{"] | has[b"["]) & (has[b"}"] | has[b"]"] | (quotes > 0))]
+        # tokens that open a container and may finish something in it (``{}``, ``["a"``, ``[],``)
+        finishing = has[b"}"] | has[b"]"] | has[b","] | (quotes > 1)
+        self.opening = ids[(has[b"{"] | has[b"["]) & finishing]
+        self.opening_quoted = ids[(has[b"{"] | has[b"["]) & finishing & (quotes > 0)]
         # tokens that close a string with the text before their one quote (no escape in it)
         self.closing: dict[bytes, list[int]] = {}
         for i in ids[(quotes == 1) & ~has[b"\\"]].tolist():
             self.closing.setdefault(self.data[i].split(b'"', 1)[0], []).append(i)
+
+        self._candidates: dict[tuple, np.ndarray] = {}
+
+    def candidates(self, kinds: tuple) -> np.ndarray:
+        """The tokens to run through the scanner in a state of these ``kinds`` (in a string, a
+        checked container below, a minimum unmet, a maximum reached, a key next, listed items, a
+        repeat possible), sorted; one array per combination, made once."""
+        found = self._candidates.get(kinds)
+        if found is None:
+            in_string, below, low, high, key_next, listed, repeat = kinds
+            parts = [self.many_quotes]
+            if below:
+                parts.append(self.opening_quoted if in_string else self.opening)
+            if low:
+                parts.append(self.quote_and_brace if in_string else self.with_brace)
+            if high:
+                parts.append(self.quote_and_comma if in_string else self.with_comma)
+                if key_next and not in_string:
+                    parts.append(self.with_quote)
+            if listed and not in_string:
+                parts.append(self.with_comma)
+            if repeat:
+                parts.append(self.complex_quote)
+            found = self._candidates[kinds] = np.unique(np.concatenate(parts))
+        return found
 
     @classmethod
     def of(cls, ctx: TokenizerContext) -> "TokenTable":
@@ -289,28 +339,30 @@ class JsonChecks(Matcher):
         table, refused = self.table, []
         if not any(f.check is not None for f in state.frames):
             return [t for t in _allowed(words, table.opening).tolist() if self._after(state, t) is None]
-        candidates = [table.many_quotes, table.opening]
         top = state.frames[-1]
+        in_string = state.mode in (_KEY, _STRING)
         counted = [f for f in state.frames if f.is_object and f.check is not None]
-        if any(len(f.seen) < f.check.min_properties for f in counted):
-            candidates.append(table.quote_and_brace if state.mode in (_KEY, _STRING) else table.with_brace)
-        if any(f.check.max_properties is not None and len(f.seen) >= f.check.max_properties for f in counted):
-            candidates.append(table.quote_and_comma if state.mode in (_KEY, _STRING) else table.with_comma)
-            if top.is_object and top.expect_key:
-                candidates.append(table.with_quote)
-        if not top.is_object and top.check is not None and top.check.item_values is not None:
-            candidates.append(table.with_comma if state.mode != _STRING else np.flatnonzero(_bits(words)))
-        if state.mode in (_KEY, _STRING):
-            if state.escape or state.high:
-                candidates.append(np.flatnonzero(_bits(words)))
-            elif top.check is not None and (state.mode == _KEY) == top.is_object:
-                candidates.append(table.escaping)
+        listed = not top.is_object and top.check is not None and top.check.item_values is not None
+        if in_string and (state.escape or state.high or (listed and state.mode == _STRING)):
+            ids = np.flatnonzero(_bits(words))  # mid-escape or in a listed item: the few allowed
+        else:
+            kinds = (
+                in_string,
+                # a token may close containers before it opens one: any check below the root counts
+                self.scanner.has_below(()),
+                any(len(f.seen) < f.check.min_properties for f in counted),
+                any(f.check.max_properties is not None and len(f.seen) >= f.check.max_properties for f in counted),
+                top.is_object and top.expect_key,
+                listed,
+                in_string and top.check is not None and (state.mode == _KEY) == top.is_object,
+            )
+            ids = _allowed(words, table.candidates(kinds))
+            if kinds[-1]:  # closing into a repeat: the index by the text before the quote
                 text = state.text
                 for value in top.seen:
                     value = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
                     if value.startswith(text):
                         refused.extend(table.closing.get(value[len(text):], ()))
-        ids = _allowed(words, np.unique(np.concatenate(candidates)))
         refused.extend(t for t in ids.tolist() if self._after(state, t) is None)
         return refused
 

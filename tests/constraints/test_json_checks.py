@@ -180,3 +180,14 @@ def test_mask_and_accept_agree_on_random_walks(compiler, tok):
                     assert check(json.loads(tok.decode(ids))), tok.decode(ids)
                     break
                 ids.append(t)
+
+
+def test_a_token_closing_one_checked_object_and_opening_another(compiler, tok):
+    schema = {"type": "array", "items": {"type": "object", "minProperties": 1}}
+    compiled = compiler.compile(ConstraintSpec("json_schema", schema))
+    matcher = compiled.new_matcher()
+    for t in tok.encode('[{"a": 1', add_special_tokens=False):
+        assert matcher.accept_token(t)
+    mask = _mask(matcher)
+    opened_empty = [t for t in allowed_ids(mask) if "{}" in tok.decode([t])]
+    assert not opened_empty and not walk_text(compiled, tok, '[{"a": 1},{}]')
