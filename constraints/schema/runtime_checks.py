@@ -347,7 +347,10 @@ class _Walk:
             seen.add(id(node))
             for keyword in _OPAQUE:
                 value = node.get(keyword)
-                subs = value.values() if isinstance(value, dict) and keyword in _MAP_OPAQUE else [value]
+                if isinstance(value, dict) and keyword in _MAP_OPAQUE:
+                    subs: Any = value.values()
+                else:
+                    subs = value if isinstance(value, list) else [value]  # prefixItems: a list
                 for sub in subs:
                     self._mark_below(sub)
             stack.extend(_all_children(node))

@@ -91,6 +91,9 @@ def test_a_repeated_key_is_refused_in_a_counted_object(compiler, tok):
         {"type": "object", "properties": {"a": {"not": {"type": "array", "uniqueItems": True}}}},
         # a maximum beside a required key could be reached with that key still missing
         {"type": "object", "maxProperties": 1, "required": ["b"], "properties": {"a": {}, "b": {}}},
+        # the same subschema at a fixed path and at a position (prefixItems): no path for the latter
+        {"type": "object", "properties": {"a": {"$ref": "#/$defs/u"}, "b": {"prefixItems": [{"$ref": "#/$defs/u"}]}},
+         "$defs": {"u": {"type": "array", "uniqueItems": True, "items": {"type": "string"}}}},
         # keys under a pattern: a minimum could find no further key
         {"type": "object", "minProperties": 3, "patternProperties": {"^[ab]$": {}}, "additionalProperties": False},
     ],
