@@ -68,7 +68,7 @@ class JsonCheck:
 def split_runtime_checks(schema: Any) -> tuple[Any, tuple[JsonCheck, ...]]:
     """``schema`` without the keywords that are checked at run time instead, and those checks
     (``schema`` itself and no checks when none applies; the input is not modified)."""
-    if not isinstance(schema, dict):
+    if not isinstance(schema, dict) or _UNFOLLOWED.intersection(_all_keys(schema)):
         return schema, ()
     root = copy.deepcopy(schema)
     walk = _Walk(root)
@@ -138,11 +138,13 @@ def _unique_strings(root: dict, path: Path) -> tuple[str, ...] | None | bool:
         if type_list(node.get("type")) not in (None, ["string"]):
             return False
     low = max((n.get("minLength", 0) for n in applying if isinstance(n.get("minLength"), int)), default=0)
+    fewest = max((n.get("minItems", 0) for n in _applying(root, path) if isinstance(n.get("minItems"), int)), default=0)
     if values is not None and any(type_list(n.get("type")) == ["string"] for n in applying):
         values = [v for v in values if isinstance(v, str)]
     if values is None or not all(isinstance(v, str) for v in values):
         return False
-    return tuple(sorted({v for v in values if len(v) >= low}))
+    listed = tuple(sorted({v for v in values if len(v) >= low}))
+    return listed if len(listed) >= fewest else False  # else the array could run out of items
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -370,6 +372,21 @@ class _Walk:
 
 
 _MAP_OPAQUE = frozenset({"patternProperties", "dependentSchemas", "dependencies"})
+# keywords that apply subschemas this module does not follow: a schema using them gets no checks
+_UNFOLLOWED = frozenset({"$dynamicRef", "$recursiveRef", "extends", "disallow"})
+
+
+def _all_keys(node: Any) -> set[str]:
+    keys: set[str] = set()
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, dict):
+            keys.update(current)
+            stack.extend(current.values())
+        elif isinstance(current, list):
+            stack.extend(current)
+    return keys
 
 
 def _all_children(node: dict) -> list[Any]:

@@ -94,6 +94,11 @@ def test_a_repeated_key_is_refused_in_a_counted_object(compiler, tok):
         # the same subschema at a fixed path and at a position (prefixItems): no path for the latter
         {"type": "object", "properties": {"a": {"$ref": "#/$defs/u"}, "b": {"prefixItems": [{"$ref": "#/$defs/u"}]}},
          "$defs": {"u": {"type": "array", "uniqueItems": True, "items": {"type": "string"}}}},
+        # fewer listed values than the items required: the array would run out
+        {"type": "array", "uniqueItems": True, "minItems": 3, "items": {"enum": ["a", "b", "c", "d", "e", "f", "g"][:2] * 4}},
+        # a dynamic reference this module does not follow
+        {"$defs": {"u": {"$dynamicAnchor": "u", "type": "array", "uniqueItems": True, "items": {"type": "string"}}},
+         "type": "object", "properties": {"a": {"$dynamicRef": "#u"}}},
         # keys under a pattern: a minimum could find no further key
         {"type": "object", "minProperties": 3, "patternProperties": {"^[ab]$": {}}, "additionalProperties": False},
     ],
