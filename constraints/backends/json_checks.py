@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 import numpy as np
 
 from ..schema.runtime_checks import JsonCheck
-from .base import CompiledConstraint, Matcher, TokenDFA
+from .base import CompiledConstraint, Matcher
+from .narrowing import NarrowingConstraint, NarrowingMatcher
 from .vocabulary import TokenizerContext, special_ids, token_bytes
 
 if TYPE_CHECKING:
@@ -300,28 +301,13 @@ class TokenTable:
         return table
 
 
-class JsonChecks(Matcher):
+class JsonChecks(NarrowingMatcher):
     """A JSON matcher with run-time checks (see the module docstring)."""
 
     def __init__(self, inner: Matcher, checks: Sequence[JsonCheck], table: TokenTable) -> None:
-        self.inner = inner
-        self.ctx = inner.ctx
+        super().__init__(inner, ScanState())
         self.table = table
         self.scanner = Scanner(checks)
-        self._states = [ScanState()]
-
-    def __getattr__(self, name: str) -> Any:  # backend-specific attributes (error, ...)
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-    @property
-    def close_on_length(self) -> bool:  # type: ignore[override]
-        return self.inner.close_on_length
-
-    @close_on_length.setter
-    def close_on_length(self, value: bool) -> None:
-        self.inner.close_on_length = value
 
     # -- the checks ----------------------------------------------------------------------------
 
@@ -372,61 +358,9 @@ class JsonChecks(Matcher):
         for token_id in self._refused_in(words):
             words[token_id >> 5] &= np.uint32(~(1 << (token_id & 31)) & 0xFFFFFFFF)
 
-    # -- Matcher -------------------------------------------------------------------------------
-
-    def accept_token(self, token_id: int) -> bool:
-        after = self._after(self._states[-1], token_id)
-        if after is None or not self.inner.accept_token(token_id):
-            return False
-        self._states.append(after)
-        return True
-
-    def fill_bitmask(self, bitmask: "torch.Tensor", row: int) -> None:
-        self.inner.fill_bitmask(bitmask, row)
-        self.narrow(bitmask, row)
-
-    @classmethod
-    def fill_bitmask_batch(cls, matchers: Sequence["JsonChecks"], bitmask: "torch.Tensor", rows: list[int],
-                           threads: int) -> None:
-        """The backends' own batched fill of the inner matchers, then the checks row by row."""
-        by_kind: dict[type, list[int]] = {}
-        for i, matcher in enumerate(matchers):
-            by_kind.setdefault(type(matcher.inner), []).append(i)
-        for kind, members in by_kind.items():
-            inner_fill = getattr(kind, "fill_bitmask_batch", None)
-            if inner_fill is not None and len(members) > 1:
-                inner_fill([matchers[i].inner for i in members], bitmask, [rows[i] for i in members], threads)
-            else:
-                for i in members:
-                    matchers[i].inner.fill_bitmask(bitmask, rows[i])
-        for matcher, row in zip(matchers, rows, strict=True):
-            matcher.narrow(bitmask, row)
-
-    def rollback(self, n: int) -> None:
-        if n <= 0:
-            return
-        self.inner.rollback(n)
-        del self._states[-n:]
-
-    def is_terminated(self) -> bool:
-        return self.inner.is_terminated()
-
-    def reset(self) -> None:
-        self.inner.reset()
-        self._states = [ScanState()]
-
-    def forced_text(self) -> str:
-        return self.inner.forced_text()
-
-    def shortest_completion(self, limit: int) -> list[int] | None:
-        """The backend's completion where the checks take it whole, else the greedy walk."""
-        ids = self.inner.shortest_completion(limit)
-        if ids is not None and self.valid_prefix(ids) == len(ids):
-            return ids
-        return super().shortest_completion(limit)
-
-    def _checked_states(self, ids: Sequence[int]) -> list[ScanState]:
-        """The scanner's states after each token of the longest prefix of ``ids`` the checks take."""
+    def _states_for(self, ids: Sequence[int], forced: bool) -> list[ScanState]:
+        """The scanner's states after each token of the longest prefix of ``ids`` the checks take
+        (a check is never relaxed: forced text that breaks one is cut there)."""
         states, state = [], self._states[-1]
         for token_id in ids:
             state = self._after(state, token_id)
@@ -434,28 +368,6 @@ class JsonChecks(Matcher):
                 break
             states.append(state)
         return states
-
-    def forced_tokens(self) -> list[int]:
-        ids = self.inner.forced_tokens()
-        return ids[: len(self._checked_states(ids))]
-
-    def accept_forced(self, ids: Sequence[int]) -> int:
-        return self._take_run(ids, self.inner.accept_forced)
-
-    def _accept_prefix(self, ids: Sequence[int]) -> int:
-        return self._take_run(ids, self.inner._accept_prefix)
-
-    def _take_run(self, ids: Sequence[int], take) -> int:
-        states = self._checked_states(ids)
-        taken = take(list(ids[: len(states)]))
-        self._states.extend(states[:taken])
-        return taken
-
-    def valid_prefix(self, ids: Sequence[int]) -> int:
-        return self.inner.valid_prefix(list(ids[: len(self._checked_states(ids))]))
-
-    def _allowed_if_only_stops(self) -> list[int]:
-        return self.inner._allowed_if_only_stops()  # stop tokens write no text
 
 
 def _allowed(words: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -467,27 +379,16 @@ def _bits(words: np.ndarray) -> np.ndarray:
     return np.unpackbits(words.view(np.uint8), bitorder="little").astype(bool)
 
 
-class JsonChecksConstraint(CompiledConstraint):
+class JsonChecksConstraint(NarrowingConstraint):
     """A compiled JSON constraint whose matchers run :class:`JsonChecks`."""
 
     def __init__(self, inner: CompiledConstraint, checks: tuple[JsonCheck, ...], table: TokenTable) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.checks = checks
         self.table = table
 
     def new_matcher(self) -> Matcher:
         return JsonChecks(self.inner.new_matcher(), self.checks, self.table)
-
-    def token_dfa(self) -> TokenDFA | None:
-        return None  # the device DFA would not see the checks
-
-    def size_bytes(self) -> int:
-        return self.inner.size_bytes()
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
 
 def with_checks(compiled: CompiledConstraint, checks: tuple[JsonCheck, ...], ctx: TokenizerContext) -> CompiledConstraint:

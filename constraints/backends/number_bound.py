@@ -16,13 +16,13 @@ a step costs a table lookup per accepted token and one AND per mask fill.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from ..schema.number_form import NumberForm
-from .base import CompiledConstraint, Matcher, TokenDFA
+from .base import CompiledConstraint, Matcher
+from .narrowing import NarrowingConstraint, NarrowingMatcher
 from .vocabulary import TokenizerContext, special_ids, token_bytes
 
 if TYPE_CHECKING:
@@ -123,28 +123,13 @@ def _token_next(byte_next: np.ndarray, vocabulary: list[bytes], neutral: list[in
     return out
 
 
-class BoundedNumbers(Matcher):
+class BoundedNumbers(NarrowingMatcher):
     """A JSON matcher whose numbers keep the bounded form (see the module docstring)."""
 
     def __init__(self, inner: Matcher, table: NumberTable) -> None:
-        self.inner = inner
-        self.ctx = inner.ctx
+        super().__init__(inner, table.start)
         self.table = table
-        self._states = [table.start]
         self._free_at: tuple[int, bool] | None = None  # (depth, the bound leaves no choice) cache
-
-    def __getattr__(self, name: str) -> Any:  # backend-specific attributes (error, ...)
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-    @property
-    def close_on_length(self) -> bool:  # type: ignore[override]
-        return self.inner.close_on_length
-
-    @close_on_length.setter
-    def close_on_length(self, value: bool) -> None:
-        self.inner.close_on_length = value
 
     # -- the form ----------------------------------------------------------------------------
 
@@ -175,18 +160,34 @@ class BoundedNumbers(Matcher):
         self._free_at = (depth, nothing)
         return nothing
 
+    def _changed(self) -> None:
+        self._free_at = None
+
+    def _states_for(self, ids: Sequence[int], forced: bool) -> list[int]:
+        """The form's states after each token of the longest prefix of ``ids`` it takes from here;
+        ``forced``: a token the bound refuses frees its number (forced text: the grammar leaves
+        nothing else)."""
+        states, state = [], self._states[-1]
+        width = self.table.next.shape[1]
+        for token_id in ids:
+            after = int(self.table.next[state, token_id]) if 0 <= token_id < width else _REJECT
+            if after == _REJECT and forced and 0 <= token_id < width:
+                after = int(self.table.next[self.table.relaxed[state], token_id])
+            if after == _REJECT:
+                break
+            states.append(after)
+            state = after
+        return states
+
     # -- Matcher -------------------------------------------------------------------------------
 
     def accept_token(self, token_id: int) -> bool:
+        # one sampled token may free its number where the bound left the backend nothing
         after = self._next_state(token_id)
         if after == _REJECT or not self.inner.accept_token(token_id):
             return False
         self._states.append(after)
         return True
-
-    def fill_bitmask(self, bitmask: "torch.Tensor", row: int) -> None:
-        self.inner.fill_bitmask(bitmask, row)
-        self.narrow(bitmask, row)
 
     def narrow(self, bitmask: "torch.Tensor", row: int) -> None:
         """AND ``bitmask[row]`` (the backend's mask of this state) with the bound, unless that
@@ -209,90 +210,8 @@ class BoundedNumbers(Matcher):
         self._free_at = (len(self._states), nothing)
 
     @classmethod
-    def fill_bitmask_batch(cls, matchers: Sequence["BoundedNumbers"], bitmask: "torch.Tensor", rows: list[int],
-                           threads: int) -> None:
-        """The backends' own batched fill of the inner matchers, then the bound row by row."""
-        by_kind: dict[type, list[int]] = {}
-        for i, matcher in enumerate(matchers):
-            by_kind.setdefault(type(matcher.inner), []).append(i)
-        for kind, members in by_kind.items():
-            inner_fill = getattr(kind, "fill_bitmask_batch", None)
-            if inner_fill is not None and len(members) > 1:
-                inner_fill([matchers[i].inner for i in members], bitmask, [rows[i] for i in members], threads)
-            else:
-                for i in members:
-                    matchers[i].inner.fill_bitmask(bitmask, rows[i])
+    def narrow_rows(cls, matchers: Sequence["BoundedNumbers"], bitmask: "torch.Tensor", rows: list[int]) -> None:
         _narrow_rows(matchers, bitmask, rows)
-
-    def rollback(self, n: int) -> None:
-        if n <= 0:
-            return
-        self.inner.rollback(n)
-        del self._states[-n:]
-        self._free_at = None
-
-    def is_terminated(self) -> bool:
-        return self.inner.is_terminated()
-
-    def reset(self) -> None:
-        self.inner.reset()
-        self._states = [self.table.start]
-        self._free_at = None
-
-    def forced_text(self) -> str:
-        return self.inner.forced_text()
-
-    def shortest_completion(self, limit: int) -> list[int] | None:
-        """The backend's completion where the bound takes it whole, else the greedy walk."""
-        ids = self.inner.shortest_completion(limit)
-        if ids is not None and self.valid_prefix(ids) == len(ids):
-            return ids
-        return super().shortest_completion(limit)
-
-    # The runs below go to the backend's own (faster) checks of a whole run, after the form has
-    # said how far into the run it goes.
-
-    def _form_states(self, ids: Sequence[int], relax: bool) -> list[int]:
-        """The form's states after each token of the longest prefix of ``ids`` it takes from here;
-        ``relax``: a token the bound refuses frees its number (forced text: the grammar leaves
-        nothing else)."""
-        states, state = [], self._states[-1]
-        width = self.table.next.shape[1]
-        for token_id in ids:
-            after = int(self.table.next[state, token_id]) if 0 <= token_id < width else _REJECT
-            if after == _REJECT and relax and 0 <= token_id < width:
-                after = int(self.table.next[self.table.relaxed[state], token_id])
-            if after == _REJECT:
-                break
-            states.append(after)
-            state = after
-        return states
-
-    def forced_tokens(self) -> list[int]:
-        ids = self.inner.forced_tokens()
-        return ids[: len(self._form_states(ids, relax=True))]
-
-    def accept_forced(self, ids: Sequence[int]) -> int:
-        return self._take_run(ids, self.inner.accept_forced)
-
-    def _accept_prefix(self, ids: Sequence[int]) -> int:
-        return self._take_run(ids, self.inner._accept_prefix)
-
-    def _take_run(self, ids: Sequence[int], take) -> int:
-        """Hand the part of a forced run the form takes to the backend's ``take``; keep the
-        form's states of what it took."""
-        states = self._form_states(ids, relax=True)
-        taken = take(list(ids[: len(states)]))
-        self._states.extend(states[:taken])
-        self._free_at = None
-        return taken
-
-    def valid_prefix(self, ids: Sequence[int]) -> int:
-        """Drafts: as far as both the bound (never relaxed: a draft is a guess) and the backend go."""
-        return self.inner.valid_prefix(list(ids[: len(self._form_states(ids, relax=False))]))
-
-    def _allowed_if_only_stops(self) -> list[int]:
-        return self.inner._allowed_if_only_stops()  # stop tokens write no text: the bound keeps them
 
 
 def _narrow_rows(matchers: Sequence[BoundedNumbers], bitmask: "torch.Tensor", rows: list[int]) -> None:
@@ -311,26 +230,15 @@ def _narrow_rows(matchers: Sequence[BoundedNumbers], bitmask: "torch.Tensor", ro
             matchers[i]._free_at = (len(matchers[i]._states), not keeps)
 
 
-class BoundedNumbersConstraint(CompiledConstraint):
+class BoundedNumbersConstraint(NarrowingConstraint):
     """A compiled JSON constraint whose matchers keep numbers in the bounded form."""
 
     def __init__(self, inner: CompiledConstraint, table: NumberTable) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.table = table
 
     def new_matcher(self) -> Matcher:
         return BoundedNumbers(self.inner.new_matcher(), self.table)
-
-    def token_dfa(self) -> TokenDFA | None:
-        return None  # the device DFA would not see the bound
-
-    def size_bytes(self) -> int:
-        return self.inner.size_bytes()
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
 
 def bound_numbers(spec, compiled: CompiledConstraint, ctx: TokenizerContext) -> CompiledConstraint:

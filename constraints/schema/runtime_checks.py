@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from .keywords import ANNOTATIONS, type_list
+from .tree import at_pointer
 
 Path = tuple  # property names (str) and None for "any array item"
 MAX_VISITS = 20_000  # (subschema, path) pairs the walk may visit before it gives up
@@ -172,18 +173,7 @@ def _counts_hold(root: dict, path: Path, low: int | None, high: int | None) -> b
 
 def _target(root: dict, ref: Any) -> Any:
     """The subschema a local ``$ref`` names, or None."""
-    if not isinstance(ref, str) or not ref.startswith("#"):
-        return None
-    node: Any = root
-    for part in [p for p in ref[1:].split("/") if p]:
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node
+    return at_pointer(root, ref[1:]) if isinstance(ref, str) and ref.startswith("#") else None
 
 
 def _admits(node: dict, kind: str | None) -> bool:
