@@ -16,7 +16,9 @@ scanner.
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import numpy as np
@@ -69,6 +71,8 @@ class ScanState(NamedTuple):
     text: bytes = b""  # the decoded bytes of the string in progress
     escape: str = ""  # "", "\\", or "u" and the hex digits read
     high: int = 0  # a pending UTF-16 high surrogate
+    capture: int = -1  # the frame of the object item being captured whole (-1: none)
+    raw: bytes = b""  # that item's text so far
 
 
 @dataclass(frozen=True)
@@ -97,9 +101,12 @@ class Scanner:
             if (state.mode == _KEY or state.mode == _STRING) and not state.escape and not state.high:
                 stop = _next_special(data, i)
                 if stop > i:  # a run of plain string bytes, taken at once
-                    state = state._replace(text=state.text + data[i:stop])
+                    raw = state.raw + data[i:stop] if state.capture >= 0 else b""
+                    state = state._replace(text=state.text + data[i:stop], raw=raw)
                     i = stop
                     continue
+            if state.capture >= 0:
+                state = state._replace(raw=state.raw + data[i:i + 1])
             state = self._byte(state, data[i])
             i += 1
         return state
@@ -132,10 +139,14 @@ class Scanner:
             path = self._child_path(frames)
             is_object = byte == ord("{")
             frame = Frame(is_object, path, self._check_for(path, is_object), expect_key=is_object)
+            if is_object and top is not None and not top.is_object and top.check is not None and top.check.object_items:
+                state = state._replace(capture=len(frames), raw=b"{")  # an object item: kept whole
             return state._replace(frames=frames + (frame,))
         if byte == ord("}") or byte == ord("]"):
             if top is not None and top.is_object and top.check is not None and len(top.seen) < top.check.min_properties:
                 raise _Refused  # too few keys
+            if state.capture == len(frames) - 1:
+                return self._close_object_item(state)
             return state._replace(frames=frames[:-1])
         if byte == ord(","):
             if top is not None and top.is_object:
@@ -147,6 +158,20 @@ class Scanner:
                 raise _Refused  # every listed item is written already
             return state
         return state._replace(mode=_BARE)
+
+    @staticmethod
+    def _close_object_item(state: ScanState) -> ScanState:
+        """The object item captured whole closes: refused when it equals an earlier item."""
+        frames = state.frames
+        array = frames[-2]
+        try:
+            value = _canonical(json.loads(state.raw, parse_float=Decimal, parse_int=Decimal))
+        except (ValueError, RecursionError):  # not JSON after all: the backend decides
+            return state._replace(frames=frames[:-1], capture=-1, raw=b"")
+        if value in array.seen:
+            raise _Refused  # a repeated item
+        frames = frames[:-2] + (array._replace(seen=array.seen | {value}),)
+        return state._replace(frames=frames, capture=-1, raw=b"")
 
     def _check_for(self, path: tuple, is_object: bool) -> JsonCheck | None:
         check = self.checks.get(path)
@@ -210,12 +235,24 @@ class Scanner:
                     raise _Refused  # a repeated key
                 seen = seen | {key}
             top = top._replace(seen=seen, key=key, expect_key=False)
-            return ScanState(frames[:-1] + (top,), _SYNTAX)
+            return state._replace(frames=frames[:-1] + (top,), mode=_SYNTAX, text=b"", escape="", high=0)
         if top is not None and not top.is_object and top.check is not None:
             if text in top.seen:
                 raise _Refused  # a repeated item
             frames = frames[:-1] + (top._replace(seen=top.seen | {text}),)
-        return ScanState(frames, _SYNTAX)
+        return state._replace(frames=frames, mode=_SYNTAX, text=b"", escape="", high=0)
+
+
+def _canonical(value: Any) -> Any:
+    """A hashable form equal for equal JSON values (JSON Schema's equality: numbers by value,
+    object members in any order, true distinct from 1)."""
+    if isinstance(value, dict):
+        return ("object", frozenset((k, _canonical(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return ("array", tuple(_canonical(v) for v in value))
+    if isinstance(value, Decimal):
+        return ("number", value)
+    return (type(value).__name__, value)
 
 
 def _exhausted(frame: Frame) -> bool:
@@ -272,15 +309,16 @@ class TokenTable:
 
     def candidates(self, kinds: tuple) -> np.ndarray:
         """The tokens to run through the scanner in a state of these ``kinds`` (in a string, a
-        checked container below, a minimum unmet, a maximum reached, a key next, listed items, a
-        repeat possible), sorted; one array per combination, made once."""
+        checked container below, a minimum unmet, a maximum reached, a key next, listed items, an
+        object item that could repeat one, a string that could), sorted; one array per
+        combination, made once."""
         found = self._candidates.get(kinds)
         if found is None:
-            in_string, below, low, high, key_next, listed, repeat = kinds
+            in_string, below, low, high, key_next, listed, capturing, repeat = kinds
             parts = [self.many_quotes]
             if below:
                 parts.append(self.opening_quoted if in_string else self.opening)
-            if low:
+            if low or capturing:
                 parts.append(self.quote_and_brace if in_string else self.with_brace)
             if high:
                 parts.append(self.quote_and_comma if in_string else self.with_comma)
@@ -334,12 +372,14 @@ class JsonChecks(NarrowingMatcher):
         else:
             kinds = (
                 in_string,
-                # a token may close containers before it opens one: any check below the root counts
-                self.scanner.has_below(()),
+                # a token may close containers before it opens one: any check below the root
+                # counts, and an object item opened and closed in one token (`` {},``)
+                self.scanner.has_below(()) or (not top.is_object and top.check is not None and top.check.object_items),
                 any(len(f.seen) < f.check.min_properties for f in counted),
                 any(f.check.max_properties is not None and len(f.seen) >= f.check.max_properties for f in counted),
                 top.is_object and top.expect_key,
                 listed,
+                state.capture >= 0 and bool(state.frames[state.capture - 1].seen),
                 in_string and top.check is not None and (state.mode == _KEY) == top.is_object,
             )
             ids = _allowed(words, table.candidates(kinds))

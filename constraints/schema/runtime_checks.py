@@ -58,12 +58,14 @@ class JsonCheck:
     min_properties: int = 0
     max_properties: int | None = None
     item_values: tuple[str, ...] | None = None  # the unique items' strings when they are listed
+    object_items: bool = False  # the unique items are objects that take further keys
 
     def merged(self, other: "JsonCheck") -> "JsonCheck":
         highs = [h for h in (self.max_properties, other.max_properties) if h is not None]
         values = self.item_values if self.item_values is not None else other.item_values
         return JsonCheck(self.path, self.unique_items or other.unique_items,
-                         max(self.min_properties, other.min_properties), min(highs) if highs else None, values)
+                         max(self.min_properties, other.min_properties), min(highs) if highs else None, values,
+                         self.object_items or other.object_items)
 
 
 def split_runtime_checks(schema: Any) -> tuple[Any, tuple[JsonCheck, ...]]:
@@ -75,16 +77,16 @@ def split_runtime_checks(schema: Any) -> tuple[Any, tuple[JsonCheck, ...]]:
     walk = _Walk(root)
     if not walk.run():
         return schema, ()
+    found = [(walk.nodes[i], *f) for i, paths in walk.paths.items()
+             if i not in walk.unplaceable and (f := _node_checks(root, walk.nodes[i], paths)) is not None]
+    # an object item is compared whole once it closes: no other check may sit inside one
+    paths_checked = [c.path for _, _, node_checks in found for c in node_checks]
+    found = [(node, keys, node_checks) for node, keys, node_checks in found
+             if not any(c.object_items and any(len(p) > len(c.path) and p[:len(c.path)] == c.path for p in paths_checked)
+                        for c in node_checks)]
     checks: dict[Path, JsonCheck] = {}
     stripped: list[tuple[dict, tuple[str, ...]]] = []
-    for node_id, paths in walk.paths.items():
-        node = walk.nodes[node_id]
-        if node_id in walk.unplaceable:
-            continue
-        found = _node_checks(root, node, paths)
-        if found is None:
-            continue
-        keys, node_checks = found
+    for node, keys, node_checks in found:
         stripped.append((node, keys))
         for check in node_checks:
             checks[check.path] = checks[check.path].merged(check) if check.path in checks else check
@@ -100,10 +102,11 @@ def _node_checks(root: dict, node: dict, paths: set[Path]) -> tuple[tuple[str, .
     """The keywords of ``node`` (applying at ``paths``) to check at run time, with their checks."""
     keys: list[str] = []
     checks: list[JsonCheck] = []
-    domains = {p: _unique_strings(root, p) for p in paths} if node.get("uniqueItems") is True else {}
+    domains = {p: _unique_domain(root, p) for p in paths} if node.get("uniqueItems") is True else {}
     if domains and all(d is not False for d in domains.values()):
         keys.append("uniqueItems")
-        checks += [JsonCheck(p, unique_items=True, item_values=d) for p, d in domains.items()]
+        checks += [JsonCheck(p, unique_items=True, item_values=d if isinstance(d, tuple) else None,
+                             object_items=d == _OBJECTS) for p, d in domains.items()]
     low, high = _count(node.get("minProperties")), _count(node.get("maxProperties"))
     if high == 0:  # no key at all: the backends' own {} (a key's opening quote is never refused)
         return (tuple(keys), checks) if keys else None
@@ -117,13 +120,20 @@ def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def _unique_strings(root: dict, path: Path) -> tuple[str, ...] | None | bool:
-    """Whether every array at ``path`` must have distinct items that are all strings, and
-    their domain: None for strings of unbounded length (a repeat can be written on past), the
-    listed strings for an ``enum``/``const`` domain (the matcher then also refuses a prefix
-    that only repeats can complete); False when neither holds."""
+_OBJECTS = "objects"
+
+
+def _unique_domain(root: dict, path: Path) -> tuple[str, ...] | str | None | bool:
+    """Whether every array at ``path`` must have distinct items, and what they are: None for
+    strings of unbounded length (a repeat can be written on past), the listed strings for an
+    ``enum``/``const`` domain (the matcher then also refuses a prefix that only repeats can
+    complete), ``"objects"`` for objects that take any further key (a repeat can be told apart
+    by one more key before it closes); False when none of these holds."""
     if not _forces(root, root, path, lambda n: n.get("uniqueItems") is True, "array", set()):
         return False
+    item = (*path, None)
+    if _open_objects(root, item):
+        return _OBJECTS
     item = (*path, None)
     applying = list(_applying(root, item))
     if all(set(n) <= _PLAIN_STRING for n in applying):
@@ -146,6 +156,15 @@ def _unique_strings(root: dict, path: Path) -> tuple[str, ...] | None | bool:
         return False
     listed = tuple(sorted({v for v in values if len(v) >= low}))
     return listed if len(listed) >= fewest else False  # else the array could run out of items
+
+
+def _open_objects(root: dict, path: Path) -> bool:
+    """Every value at ``path`` is an object, and every subschema that can apply to it takes
+    further keys (no closed, pattern-only or bounded key set; no listed values)."""
+    if not _forces(root, root, path, lambda n: type_list(n.get("type")) == ["object"], None, set()):
+        return False
+    return all(not any(k in n for k in (*_CLOSING_KEYS, "maxProperties", "enum", "const"))
+               and n.get("additionalProperties") is not False for n in _applying(root, path))
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -153,7 +153,7 @@ def test_json_object(compiler, tok):
 def test_strict_rejects_unenforceable_keyword(compiler):
     spec = spec_from_request({"response_format": {"type": "json_schema", "json_schema": {
         "name": "t", "schema": {"type": "object", "properties": {"tags": {
-            "type": "array", "items": {"type": "object"}, "uniqueItems": True}}}}}})
+            "type": "array", "items": {"type": "object", "additionalProperties": False}, "uniqueItems": True}}}}}})
     with pytest.raises(UnsupportedConstraintError) as info:
         compiler.compile(spec)
     err = info.value

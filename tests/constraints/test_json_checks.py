@@ -40,6 +40,12 @@ CASES = [
         [[], ["a", "ab"], ["d", "c", "b", "abc", "ab", "a"]],
         [["a", "a"], ["ab", "c", "ab"], ["d", "c", "b", "abc", "ab", "a", "a"], [7]],
     ),
+    (  # objects that take further keys, compared whole as they close (members in any order, 1 == 1.0)
+        {"type": "array", "uniqueItems": True, "items": {"type": "object", "properties": {"a": {"type": "number"}}}},
+        [[{"a": 1}, {"a": 2}], [{"a": 1}, {"a": 1, "b": 2}], [{"a": 1}, {"b": 1}], [{}, {"c": {"x": [1]}}]],
+        [[{"a": 1}, {"a": 1}], [{"a": 1, "b": 2}, {"b": 2, "a": 1}], [{"a": 1}, {"a": 1.0}], [{}, {}],
+         [{"c": {"x": [1, "s"]}}, {"c": {"x": [1, "s"]}}]],
+    ),
     (  # a minimum of keys over an object that takes any key
         {"type": "object", "minProperties": 2, "properties": {"a": {"type": "string"}}},
         [{"a": "x", "b": 1}, {"b": 1, "c": [1]}, {"a": "x", "b": {"c": {}}, "d": None}],
@@ -87,6 +93,9 @@ def test_a_repeated_key_is_refused_in_a_counted_object(compiler, tok):
         {"type": "array", "uniqueItems": True, "items": {"type": "string", "maxLength": 1}},
         # items that are not all strings
         {"type": "array", "uniqueItems": True, "items": {"type": ["string", "number"]}},
+        # closed objects: a repeat written whole could have no way on
+        {"type": "array", "uniqueItems": True, "items": {"type": "object", "additionalProperties": False,
+                                                         "properties": {"a": {"type": "string"}}}},
         # under a not, removing the keyword would change the complement
         {"type": "object", "properties": {"a": {"not": {"type": "array", "uniqueItems": True}}}},
         # a maximum beside a required key could be reached with that key still missing
