@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from .keywords import ANNOTATIONS, type_list
-from .tree import at_pointer
+from .tree import at_pointer, subschemas
 
 Path = tuple  # property names (str) and None for "any array item"
 MAX_VISITS = 20_000  # (subschema, path) pairs the walk may visit before it gives up
@@ -71,7 +71,8 @@ class JsonCheck:
 def split_runtime_checks(schema: Any) -> tuple[Any, tuple[JsonCheck, ...]]:
     """``schema`` without the keywords that are checked at run time instead, and those checks
     (``schema`` itself and no checks when none applies; the input is not modified)."""
-    if not isinstance(schema, dict) or _UNFOLLOWED.intersection(_all_keys(schema)):
+    if not isinstance(schema, dict) or any(isinstance(n, dict) and _UNFOLLOWED.intersection(n)
+                                           for _, n in subschemas(schema)):
         return schema, ()
     root = copy.deepcopy(schema)
     walk = _Walk(root)
@@ -383,19 +384,6 @@ class _Walk:
 _MAP_OPAQUE = frozenset({"patternProperties", "dependentSchemas", "dependencies"})
 # keywords that apply subschemas this module does not follow: a schema using them gets no checks
 _UNFOLLOWED = frozenset({"$dynamicRef", "$recursiveRef", "extends", "disallow"})
-
-
-def _all_keys(node: Any) -> set[str]:
-    keys: set[str] = set()
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, dict):
-            keys.update(current)
-            stack.extend(current.values())
-        elif isinstance(current, list):
-            stack.extend(current)
-    return keys
 
 
 def _all_children(node: dict) -> list[Any]:

@@ -208,3 +208,9 @@ def test_a_token_closing_one_checked_object_and_opening_another(compiler, tok):
     mask = _mask(matcher)
     opened_empty = [t for t in allowed_ids(mask) if "{}" in tok.decode([t])]
     assert not opened_empty and not walk_text(compiled, tok, '[{"a": 1},{}]')
+
+
+def test_a_property_named_like_a_keyword_is_only_a_name():
+    schema = {"type": "object", "properties": {"extends": {"type": "string"}, "tags": {
+        "type": "array", "uniqueItems": True, "items": {"type": "string"}}}}
+    assert split_runtime_checks(schema)[1] == (JsonCheck(("tags",), unique_items=True),)
