@@ -19,7 +19,7 @@ import functools
 import json
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -116,11 +116,13 @@ class Scanner:
         if mode == _KEY or mode == _STRING:
             return self._in_string(state, byte)
         if mode == _BARE:
-            if byte in _WHITESPACE:
-                return state._replace(mode=_SYNTAX)
-            if byte not in _STRUCTURAL_END:
+            if byte not in _WHITESPACE and byte not in _STRUCTURAL_END:
                 return state
             state = state._replace(mode=_SYNTAX)
+            if state.capture >= 0 and state.capture == len(state.frames) - 1:  # a number/literal item ended
+                state = _end_item(state, state.raw[:-1])
+            if byte in _WHITESPACE:
+                return state
         return self._syntax(state, byte)
 
     def _syntax(self, state: ScanState, byte: int) -> ScanState:
@@ -134,20 +136,19 @@ class Scanner:
                 if check is not None and check.max_properties is not None and len(top.seen) >= check.max_properties:
                     raise _Refused  # a member past the maximum
                 return state._replace(mode=_KEY, text=b"")
-            return state._replace(mode=_STRING, text=b"")
+            return _begin_item(state, byte)._replace(mode=_STRING, text=b"")
         if byte == ord("{") or byte == ord("["):
             path = self._child_path(frames)
             is_object = byte == ord("{")
             frame = Frame(is_object, path, self._check_for(path, is_object), expect_key=is_object)
-            if is_object and top is not None and not top.is_object and top.check is not None and top.check.object_items:
-                state = state._replace(capture=len(frames), raw=b"{")  # an object item: kept whole
-            return state._replace(frames=frames + (frame,))
+            return _begin_item(state, byte)._replace(frames=frames + (frame,))
         if byte == ord("}") or byte == ord("]"):
             if top is not None and top.is_object and top.check is not None and len(top.seen) < top.check.min_properties:
                 raise _Refused  # too few keys
-            if state.capture == len(frames) - 1:
-                return self._close_object_item(state)
-            return state._replace(frames=frames[:-1])
+            state = state._replace(frames=frames[:-1])
+            if state.capture >= 0 and state.capture == len(frames) - 2:  # a container item closed
+                return _end_item(state, state.raw)
+            return state
         if byte == ord(","):
             if top is not None and top.is_object:
                 check = top.check
@@ -157,21 +158,7 @@ class Scanner:
             if top is not None and top.check is not None and _exhausted(top):
                 raise _Refused  # every listed item is written already
             return state
-        return state._replace(mode=_BARE)
-
-    @staticmethod
-    def _close_object_item(state: ScanState) -> ScanState:
-        """The object item captured whole closes: refused when it equals an earlier item."""
-        frames = state.frames
-        array = frames[-2]
-        try:
-            value = _canonical(json.loads(state.raw, parse_float=Decimal, parse_int=Decimal))
-        except (ValueError, RecursionError):  # not JSON after all: the backend decides
-            return state._replace(frames=frames[:-1], capture=-1, raw=b"")
-        if value in array.seen:
-            raise _Refused  # a repeated item
-        frames = frames[:-2] + (array._replace(seen=array.seen | {value}),)
-        return state._replace(frames=frames, capture=-1, raw=b"")
+        return _begin_item(state, byte)._replace(mode=_BARE)
 
     def _check_for(self, path: tuple, is_object: bool) -> JsonCheck | None:
         check = self.checks.get(path)
@@ -236,11 +223,56 @@ class Scanner:
                 seen = seen | {key}
             top = top._replace(seen=seen, key=key, expect_key=False)
             return state._replace(frames=frames[:-1] + (top,), mode=_SYNTAX, text=b"", escape="", high=0)
+        state = state._replace(mode=_SYNTAX, text=b"", escape="", high=0)
+        if state.capture >= 0 and state.capture == len(frames) - 1:  # a string item of a whole-value array
+            return _end_item(state, state.raw)
         if top is not None and not top.is_object and top.check is not None:
             if text in top.seen:
                 raise _Refused  # a repeated item
             frames = frames[:-1] + (top._replace(seen=top.seen | {text}),)
-        return state._replace(frames=frames, mode=_SYNTAX, text=b"", escape="", high=0)
+        return state._replace(frames=frames)
+
+
+def _string_items(frame: Frame) -> Iterator[bytes]:
+    """The UTF-8 text of the string items a unique array holds so far."""
+    for value in frame.seen:
+        if isinstance(value, bytes):
+            yield value
+        elif isinstance(value, str):
+            yield value.encode("utf-8", "surrogatepass")
+        elif isinstance(value, tuple) and value[0] == "str":
+            yield value[1].encode("utf-8", "surrogatepass")
+
+
+def _captures(frame: Frame | None) -> bool:
+    """Whether ``frame`` is a unique array whose items are compared whole (objects, any value)."""
+    return frame is not None and not frame.is_object and frame.check is not None and (
+        frame.check.object_items or frame.check.any_values)
+
+
+def _begin_item(state: ScanState, byte: int) -> ScanState:
+    """A value starts with ``byte``: when it is an item compared whole, its text is kept."""
+    frames = state.frames
+    if state.capture < 0 and frames and _captures(frames[-1]):
+        return state._replace(capture=len(frames) - 1, raw=bytes((byte,)))
+    return state
+
+
+def _end_item(state: ScanState, text: bytes) -> ScanState:
+    """The item kept whole is ``text``: refused when it equals an earlier item of its array."""
+    frames, at = state.frames, state.capture
+    state = state._replace(capture=-1, raw=b"")
+    try:
+        value = _canonical(json.loads(text, parse_float=Decimal, parse_int=Decimal))
+    except (ValueError, RecursionError):  # not JSON after all: the backend decides
+        return state
+    array = frames[at]
+    if value in array.seen:
+        raise _Refused  # a repeated item
+    return state._replace(frames=frames[:at] + (array._replace(seen=array.seen | {value}),) + frames[at + 1:])
+
+
+_LITERALS = (b"true", b"false", b"null")
 
 
 def _canonical(value: Any) -> Any:
@@ -261,7 +293,13 @@ def _exhausted(frame: Frame) -> bool:
 
 
 def _dead_end(state: ScanState) -> bool:
-    """Whether the string item in progress can only be completed into a repeat (listed items)."""
+    """Whether the item in progress can only be completed into a repeat: a listed string, or a
+    literal (``t`` can only be ``true``) in an array of whole items."""
+    if state.mode == _BARE and state.capture >= 0 and state.capture == len(state.frames) - 1:
+        raw = state.raw
+        options = [lit for lit in _LITERALS if lit.startswith(raw)]
+        seen = state.frames[-1].seen
+        return bool(options) and all(_canonical(json.loads(lit)) in seen for lit in options)
     if state.mode != _STRING or state.escape or state.high or not state.frames:
         return False
     top = state.frames[-1]
@@ -289,6 +327,11 @@ class TokenTable:
         ids = np.arange(ctx.vocab_size)
         self.quote_and_brace = ids[(quotes > 0) & has[b"}"]]
         self.quote_and_comma = ids[(quotes > 0) & has[b","]]
+        self.quote_and_bracket = ids[(quotes > 0) & has[b"]"]]
+        self.with_bracket = ids[has[b"]"]]
+        # tokens that begin or finish a literal (``t``, `` true``, ``null``, ...)
+        self.literal_starts = ids[[any(lit.startswith(d.lstrip()[:4]) or d.lstrip().startswith(lit)
+                                       for lit in _LITERALS) and bool(d.strip()) for d in self.data]]
         self.with_quote = ids[quotes > 0]
         self.with_brace = ids[has[b"}"]]
         self.with_comma = ids[has[b","]]
@@ -310,16 +353,20 @@ class TokenTable:
     def candidates(self, kinds: tuple) -> np.ndarray:
         """The tokens to run through the scanner in a state of these ``kinds`` (in a string, a
         checked container below, a minimum unmet, a maximum reached, a key next, listed items, an
-        object item that could repeat one, a string that could), sorted; one array per
-        combination, made once."""
+        item compared whole that could repeat one, the start of such an item, a string that could
+        repeat one), sorted; one array per combination, made once."""
         found = self._candidates.get(kinds)
         if found is None:
-            in_string, below, low, high, key_next, listed, capturing, repeat = kinds
+            in_string, below, low, high, key_next, listed, capturing, item_start, repeat = kinds
             parts = [self.many_quotes]
             if below:
                 parts.append(self.opening_quoted if in_string else self.opening)
             if low or capturing:
                 parts.append(self.quote_and_brace if in_string else self.with_brace)
+            if capturing:
+                parts.append(self.quote_and_bracket if in_string else self.with_bracket)
+            if item_start:
+                parts += [self.literal_starts, self.with_comma, self.with_bracket]
             if high:
                 parts.append(self.quote_and_comma if in_string else self.with_comma)
                 if key_next and not in_string:
@@ -367,26 +414,29 @@ class JsonChecks(NarrowingMatcher):
         in_string = state.mode in (_KEY, _STRING)
         counted = [f for f in state.frames if f.is_object and f.check is not None]
         listed = not top.is_object and top.check is not None and top.check.item_values is not None
-        if in_string and (state.escape or state.high or (listed and state.mode == _STRING)):
-            ids = np.flatnonzero(_bits(words))  # mid-escape or in a listed item: the few allowed
+        whole = _captures(top)  # at (or in a string or number of) an item compared whole
+        if (in_string and (state.escape or state.high or (listed and state.mode == _STRING))) or (
+                whole and state.mode == _BARE):
+            ids = np.flatnonzero(_bits(words))  # mid-escape, in a listed item or a number: the few allowed
         else:
             kinds = (
                 in_string,
                 # a token may close containers before it opens one: any check below the root
-                # counts, and an object item opened and closed in one token (`` {},``)
-                self.scanner.has_below(()) or (not top.is_object and top.check is not None and top.check.object_items),
+                # counts, and an item opened and closed in one token (`` {},``)
+                self.scanner.has_below(()) or whole,
                 any(len(f.seen) < f.check.min_properties for f in counted),
                 any(f.check.max_properties is not None and len(f.seen) >= f.check.max_properties for f in counted),
                 top.is_object and top.expect_key,
                 listed,
-                state.capture >= 0 and bool(state.frames[state.capture - 1].seen),
+                # inside an item compared whole, which could repeat one: what closes it
+                state.capture >= 0 and not whole and bool(state.frames[state.capture].seen),
+                whole and state.mode == _SYNTAX,  # a literal or a whole item may start
                 in_string and top.check is not None and (state.mode == _KEY) == top.is_object,
             )
             ids = _allowed(words, table.candidates(kinds))
             if kinds[-1]:  # closing into a repeat: the index by the text before the quote
                 text = state.text
-                for value in top.seen:
-                    value = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
+                for value in _string_items(top):
                     if value.startswith(text):
                         refused.extend(table.closing.get(value[len(text):], ()))
         refused.extend(t for t in ids.tolist() if self._after(state, t) is None)

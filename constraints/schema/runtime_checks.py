@@ -41,6 +41,8 @@ _IN_PLACE_SINGLE = ("then", "else")
 _OPAQUE = ("not", "if", "contains", "propertyNames", "additionalProperties", "patternProperties",
            "prefixItems", "additionalItems", "unevaluatedProperties", "unevaluatedItems", "dependentSchemas",
            "dependencies")
+# keys that say nothing of a value by themselves (the subschemas they lead to are looked at)
+_STRUCTURAL = frozenset({"$ref", "allOf", "anyOf", "oneOf", "definitions", "$defs"}) | ANNOTATIONS
 # what an unbounded string item may say besides its type
 _PLAIN_STRING = frozenset({"type", "minLength", "$ref", "allOf", "anyOf", "definitions", "$defs"}) | ANNOTATIONS
 # what makes an object's keys a closed or conditional set
@@ -59,13 +61,14 @@ class JsonCheck:
     max_properties: int | None = None
     item_values: tuple[str, ...] | None = None  # the unique items' strings when they are listed
     object_items: bool = False  # the unique items are objects that take further keys
+    any_values: bool = False  # the unique items are any JSON values (of a few unbounded types)
 
     def merged(self, other: "JsonCheck") -> "JsonCheck":
         highs = [h for h in (self.max_properties, other.max_properties) if h is not None]
         values = self.item_values if self.item_values is not None else other.item_values
         return JsonCheck(self.path, self.unique_items or other.unique_items,
                          max(self.min_properties, other.min_properties), min(highs) if highs else None, values,
-                         self.object_items or other.object_items)
+                         self.object_items or other.object_items, self.any_values or other.any_values)
 
 
 def split_runtime_checks(schema: Any) -> tuple[Any, tuple[JsonCheck, ...]]:
@@ -83,7 +86,8 @@ def split_runtime_checks(schema: Any) -> tuple[Any, tuple[JsonCheck, ...]]:
     # an object item is compared whole once it closes: no other check may sit inside one
     paths_checked = [c.path for _, _, node_checks in found for c in node_checks]
     found = [(node, keys, node_checks) for node, keys, node_checks in found
-             if not any(c.object_items and any(len(p) > len(c.path) and p[:len(c.path)] == c.path for p in paths_checked)
+             if not any((c.object_items or c.any_values)
+                        and any(len(p) > len(c.path) and p[:len(c.path)] == c.path for p in paths_checked)
                         for c in node_checks)]
     checks: dict[Path, JsonCheck] = {}
     stripped: list[tuple[dict, tuple[str, ...]]] = []
@@ -107,7 +111,7 @@ def _node_checks(root: dict, node: dict, paths: set[Path]) -> tuple[tuple[str, .
     if domains and all(d is not False for d in domains.values()):
         keys.append("uniqueItems")
         checks += [JsonCheck(p, unique_items=True, item_values=d if isinstance(d, tuple) else None,
-                             object_items=d == _OBJECTS) for p, d in domains.items()]
+                             object_items=d == _OBJECTS, any_values=d == _VALUES) for p, d in domains.items()]
     low, high = _count(node.get("minProperties")), _count(node.get("maxProperties"))
     if high == 0:  # no key at all: the backends' own {} (a key's opening quote is never refused)
         return (tuple(keys), checks) if keys else None
@@ -122,6 +126,8 @@ def _count(value: Any) -> int | None:
 
 
 _OBJECTS = "objects"
+_VALUES = "values"
+_UNBOUNDED_TYPES = frozenset({"string", "number", "integer", "object", "array"})
 
 
 def _unique_domain(root: dict, path: Path) -> tuple[str, ...] | str | None | bool:
@@ -129,34 +135,64 @@ def _unique_domain(root: dict, path: Path) -> tuple[str, ...] | str | None | boo
     strings of unbounded length (a repeat can be written on past), the listed strings for an
     ``enum``/``const`` domain (the matcher then also refuses a prefix that only repeats can
     complete), ``"objects"`` for objects that take any further key (a repeat can be told apart
-    by one more key before it closes); False when none of these holds."""
+    by one more key before it closes), ``"values"`` for values of a few unbounded types,
+    compared whole; False when none of these holds."""
     if not _forces(root, root, path, lambda n: n.get("uniqueItems") is True, "array", set()):
         return False
     item = (*path, None)
+    applying = list(_applying(root, item))
+    if all(set(n) <= _PLAIN_STRING for n in applying) and _forces(
+            root, root, item, lambda n: type_list(n.get("type")) == ["string"], None, set()):
+        return None
+    listed = _listed_strings(root, path, applying)
+    if listed is not None:
+        return listed
     if _open_objects(root, item):
         return _OBJECTS
-    item = (*path, None)
-    applying = list(_applying(root, item))
-    if all(set(n) <= _PLAIN_STRING for n in applying):
-        strings = _forces(root, root, item, lambda n: type_list(n.get("type")) == ["string"], None, set())
-        return None if strings else False
+    return _VALUES if _any_values(root, item) else False
+
+
+def _listed_strings(root: dict, path: Path, applying: list[dict]) -> tuple[str, ...] | bool | None:
+    """The strings the items at ``path`` are listed among (``applying``: their subschemas), False
+    when they are listed but too few for the items required, None when they are not listed
+    strings."""
     if any(set(n) - _PLAIN_STRING - {"enum", "const"} or "anyOf" in n for n in applying):
-        return False
+        return None
     values: list | None = None
     for node in applying:
         listed = node["enum"] if isinstance(node.get("enum"), list) else [node["const"]] if "const" in node else None
         if listed is not None:
             values = listed if values is None else [v for v in values if any(_same(v, w) for w in listed)]
         if type_list(node.get("type")) not in (None, ["string"]):
-            return False
+            return None
     low = max((n.get("minLength", 0) for n in applying if isinstance(n.get("minLength"), int)), default=0)
     fewest = max((n.get("minItems", 0) for n in _applying(root, path) if isinstance(n.get("minItems"), int)), default=0)
     if values is not None and any(type_list(n.get("type")) == ["string"] for n in applying):
         values = [v for v in values if isinstance(v, str)]
     if values is None or not all(isinstance(v, str) for v in values):
+        return None
+    strings = tuple(sorted({v for v in values if len(v) >= low}))
+    return strings if len(strings) >= fewest else False  # else the array could run out of items
+
+
+def _any_values(root: dict, path: Path) -> bool:
+    """Every subschema that can apply to the value at ``path`` says at most its type, and some
+    type it allows is unbounded (a repeat can be written on past: a longer string or number, one
+    more key or item; ``true``, ``false`` and ``null`` are refused at their first letter once
+    used)."""
+    applying = list(_applying(root, path))
+    if any(set(n) - _STRUCTURAL - {"type"} for n in applying):
         return False
-    listed = tuple(sorted({v for v in values if len(v) >= low}))
-    return listed if len(listed) >= fewest else False  # else the array could run out of items
+    if any("anyOf" in n or "oneOf" in n for n in applying):
+        return False  # a union of types: the types allowed are not one conjunction
+    allowed = set(_UNBOUNDED_TYPES) | {"boolean", "null"}
+    for node in applying:
+        types = type_list(node.get("type")) if "type" in node else None
+        if "type" in node and types is None:
+            return False
+        if types is not None:
+            allowed &= set(types)
+    return bool(allowed & _UNBOUNDED_TYPES)
 
 
 def _open_objects(root: dict, path: Path) -> bool:
