@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from ..schema.runtime_checks import JsonCheck
+from ..schema.runtime_checks import JsonCheck, OtherKey
 from .base import CompiledConstraint, Matcher
 from .narrowing import NarrowingConstraint, NarrowingMatcher
 from .vocabulary import TokenizerContext, special_ids, token_bytes
@@ -90,6 +90,9 @@ class Scanner:
         self.checks = {c.path: c for c in checks}
         # every path with a check strictly below it
         self._above = {c.path[:n] for c in checks for n in range(len(c.path))}
+        # objects whose unlisted keys lead to a check: the names they list
+        self._others = {c.path[:n]: step.listed for c in checks for n, step in enumerate(c.path)
+                        if isinstance(step, OtherKey)}
 
     def has_below(self, path: tuple) -> bool:
         """Whether a checked container may open inside the value at ``path``."""
@@ -168,12 +171,14 @@ class Scanner:
             return check if check.min_properties or check.max_properties is not None else None
         return check if check.unique_items else None
 
-    @staticmethod
-    def _child_path(frames: tuple) -> tuple:
+    def _child_path(self, frames: tuple) -> tuple:
         if not frames:
             return ()
         top = frames[-1]
-        return (*top.path, top.key) if top.is_object else (*top.path, None)
+        if not top.is_object:
+            return (*top.path, None)
+        listed = self._others.get(top.path)
+        return (*top.path, OtherKey(listed) if listed is not None and top.key not in listed else top.key)
 
     def _in_string(self, state: ScanState, byte: int) -> ScanState:
         escape = state.escape

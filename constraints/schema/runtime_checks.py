@@ -26,19 +26,26 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 from .keywords import ANNOTATIONS, type_list
 from .tree import at_pointer, subschemas
 
-Path = tuple  # property names (str) and None for "any array item"
+class OtherKey(NamedTuple):
+    """A path step: any key of an object that none of its subschemas lists (``listed``), whose
+    value ``additionalProperties`` describes."""
+
+    listed: frozenset
+
+
+Path = tuple  # property names (str), OtherKey steps and None for "any array item"
 MAX_VISITS = 20_000  # (subschema, path) pairs the walk may visit before it gives up
 
 # in-place applicators: their subschemas describe the same instance
 _IN_PLACE_LISTS = ("allOf", "anyOf", "oneOf")
 _IN_PLACE_SINGLE = ("then", "else")
 # where a subschema's path cannot be told (any key, a position, ...) or its meaning is negated
-_OPAQUE = ("not", "if", "contains", "propertyNames", "additionalProperties", "patternProperties",
+_OPAQUE = ("not", "if", "contains", "propertyNames", "patternProperties",
            "prefixItems", "additionalItems", "unevaluatedProperties", "unevaluatedItems", "dependentSchemas",
            "dependencies")
 # keys that say nothing of a value by themselves (the subschemas they lead to are looked at)
@@ -273,7 +280,7 @@ def _step_forces(root: dict, node: dict, path: Path, holds, kind: str, seen: set
         items = node.get("items")
         return isinstance(items, (dict, bool)) and "prefixItems" not in node and _forces(root, items, rest, holds, kind, seen)
     props = node.get("properties")
-    if isinstance(props, dict) and head in props:
+    if not isinstance(head, OtherKey) and isinstance(props, dict) and head in props:
         return _forces(root, props[head], rest, holds, kind, seen)
     if node.get("patternProperties"):
         return False  # a pattern may or may not take the key
@@ -317,14 +324,15 @@ def _in_place(root: dict, nodes: list[Any]) -> list[dict]:
     return out
 
 
-def _children_at(node: dict, step: str | None) -> list[Any]:
+def _children_at(node: dict, step: Any) -> list[Any]:
     if step is None:
         items = node.get("items")
         extra = [node.get(k) for k in ("additionalItems", "unevaluatedItems", "contains")]
         listed = items if isinstance(items, list) else [items]
         return [*listed, *(node.get("prefixItems") or []), *extra]
     props = node.get("properties")
-    out = [props[step]] if isinstance(props, dict) and step in props else []
+    listed = not isinstance(step, OtherKey) and isinstance(props, dict) and step in props
+    out = [props[step]] if listed else []
     patterns = node.get("patternProperties")
     out.extend(patterns.values() if isinstance(patterns, dict) else [])
     out += [node.get("additionalProperties"), node.get("unevaluatedProperties")]
@@ -341,6 +349,7 @@ class _Walk:
         self.paths: dict[int, set[Path]] = {}
         self.unplaceable: set[int] = set()
         self._visits = 0
+        self._applying: dict[Path, list[dict]] = {}
 
     def run(self) -> bool:
         try:
@@ -377,12 +386,31 @@ class _Walk:
         if isinstance(props, dict):
             for name, sub in props.items():
                 self._visit(sub, (*path, name), stack)
+        extra = node.get("additionalProperties")
+        if isinstance(extra, dict):
+            self._visit_other_keys(extra, props if isinstance(props, dict) else {}, path, stack)
         items = node.get("items")
         if isinstance(items, dict):
             self._visit(items, (*path, None), stack)
         elif isinstance(items, list):
             for sub in items:
                 self._mark_below(sub)
+
+    def _visit_other_keys(self, extra: dict, props: dict, path: Path, stack: frozenset) -> None:
+        """``additionalProperties`` applies to the keys its object does not list: those another
+        subschema at ``path`` lists (each by name) and every other key (one :class:`OtherKey`
+        step); under a ``patternProperties`` no key can be told, and the subschema is placed
+        nowhere."""
+        applying = self._applying.get(path)
+        if applying is None:
+            applying = self._applying[path] = list(_applying(self.root, path))
+        if any(n.get("patternProperties") for n in applying):
+            self._mark_below(extra)
+            return
+        listed = frozenset(k for n in applying if isinstance(n.get("properties"), dict) for k in n["properties"])
+        for name in sorted(listed - set(props)):
+            self._visit(extra, (*path, name), stack)
+        self._visit(extra, (*path, OtherKey(listed)), stack)
 
     def _mark_opaque(self) -> None:
         """Subschemas under opaque keywords (wherever they sit) cannot be placed on a path."""

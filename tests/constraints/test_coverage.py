@@ -107,7 +107,7 @@ def test_rewritten_keyword_is_enforced(compiler, tok, schema, valid, invalid):
           "additionalProperties": {"type": "integer"}}, "propertyNames"),
         # keys beyond the listed ones, at no fixed path (run-time checks need one): llguidance
         # would count a repeated key toward the minimum
-        ({"type": "object", "additionalProperties": {"type": "object", "minProperties": 2}}, "minProperties"),
+        ({"type": "object", "patternProperties": {"^x": {"type": "object", "minProperties": 2}}}, "minProperties"),
         ({"type": "object", "patternProperties": {"^x": {}}, "additionalProperties": False, "minProperties": 2},
          "minProperties"),
     ],
@@ -123,8 +123,8 @@ def test_beyond_the_exact_forms_is_still_refused(compiler, schema, keyword):
     [
         ({"properties": {"x": {"oneOf": [{"type": "integer"}, {"minimum": 2}]}}}, "/properties/x",
          "mutually exclusive"),
-        ({"type": "object", "additionalProperties": {"properties": {"a": {}, "b": {}}, "minProperties": 2}},
-         "/additionalProperties", "all required"),
+        ({"type": "object", "patternProperties": {"^x": {"properties": {"a": {}, "b": {}}, "minProperties": 2}}},
+         "/patternProperties/^x", "all required"),
         ({"properties": {"a": {"type": "array", "contains": {"type": "integer"}}}}, "/properties/a",
          "reached from the root"),
     ],

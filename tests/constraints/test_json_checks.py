@@ -56,6 +56,18 @@ CASES = [
         [{"ids": [1, 12, 123]}, {"ids": [-1, 1, 0]}, {"ids": []}],
         [{"ids": [1, 1]}, {"ids": [5, 3, 5]}, {"ids": [0, -0]}],
     ),
+    (  # a map: every key the object does not list holds a unique list (a listed key does not)
+        {"type": "object", "properties": {"fixed": {"type": "array"}},
+         "additionalProperties": {"type": "array", "uniqueItems": True, "items": {"type": "string"}}},
+        [{"a": ["x", "y"], "b": ["x"]}, {"fixed": ["x", "x"], "o": ["x"]}, {}],
+        [{"a": ["x", "x"]}, {"fixed": [], "o": ["y", "z", "y"]}],
+    ),
+    (  # a key another subschema lists still takes this one's additionalProperties
+        {"allOf": [{"properties": {"k": {"type": "array"}}},
+                   {"additionalProperties": {"type": "array", "uniqueItems": True, "items": {"type": "string"}}}]},
+        [{"k": ["x"], "z": ["x", "y"]}],
+        [{"k": ["x", "x"]}, {"z": ["q", "q"]}],
+    ),
     (  # a minimum of keys over an object that takes any key
         {"type": "object", "minProperties": 2, "properties": {"a": {"type": "string"}}},
         [{"a": "x", "b": 1}, {"b": 1, "c": [1]}, {"a": "x", "b": {"c": {}}, "d": None}],
@@ -118,6 +130,9 @@ def test_a_repeated_key_is_refused_in_a_counted_object(compiler, tok):
         # a dynamic reference this module does not follow
         {"$defs": {"u": {"$dynamicAnchor": "u", "type": "array", "uniqueItems": True, "items": {"type": "string"}}},
          "type": "object", "properties": {"a": {"$dynamicRef": "#u"}}},
+        # a map beside patterns: which subschema takes a key is the pattern's to say
+        {"type": "object", "patternProperties": {"^a": {}},
+         "additionalProperties": {"type": "array", "uniqueItems": True, "items": {"type": "string"}}},
         # keys under a pattern: a minimum could find no further key
         {"type": "object", "minProperties": 3, "patternProperties": {"^[ab]$": {}}, "additionalProperties": False},
     ],
