@@ -275,6 +275,27 @@ def _exact_multiple_of(validator: Any, divisor: Any, instance: Any, schema: Any)
         return
 
 
+def _ecma_pattern(validator: Any, pattern: Any, instance: Any, schema: Any) -> Any:
+    """``pattern`` as ECMA-262 reads it (JSON Schema's dialect): Python's ``re`` gives ``\\s``,
+    ``\\d``, ``\\w`` and ``.`` other character sets (``\\s`` takes U+001C-U+001F and leaves out
+    U+FEFF), so the shorthands are spelled out first (``constraints.regex.dialect``, checked
+    against JavaScript in the tests)."""
+    import re
+
+    from jsonschema.exceptions import ValidationError
+
+    from constraints.regex.dialect import ecma_regex
+
+    if not validator.is_type(instance, "string") or not isinstance(pattern, str):
+        return
+    try:
+        matched = re.search(ecma_regex(pattern), instance)
+    except re.error:
+        matched = re.search(pattern, instance)
+    if matched is None:
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
 def _invalid_reason(schema: Any, text: str) -> str | None:
     """Why ``text`` is not an instance of ``schema`` (None when it is, or when the schema cannot be
     checked here, e.g. a remote ``$ref``)."""
@@ -286,7 +307,7 @@ def _invalid_reason(schema: Any, text: str) -> str | None:
         return f"not one JSON value ({exc})"
     try:
         cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-        cls = jsonschema.validators.extend(cls, {"multipleOf": _exact_multiple_of})
+        cls = jsonschema.validators.extend(cls, {"multipleOf": _exact_multiple_of, "pattern": _ecma_pattern})
         error = jsonschema.exceptions.best_match(
             cls(schema, format_checker=cls.FORMAT_CHECKER).iter_errors(value))
     except Exception:  # unresolvable $ref, a pattern Python's re cannot compile, ...
