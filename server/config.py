@@ -97,7 +97,7 @@ _HELP = {
     "max_batch_size": "most sequences decoded together in one step",
     "max_model_len": "context length: prompt + completion tokens per sequence",
     "dtype": "weights dtype: auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16",
-    "quantization": "quantize the linear layers at load: none (the weights as loaded; an FP8 checkpoint stays FP8 on CUDA), int4 (groups of 32, as GGUF's Q4_1; the output layer int8), int8 (per row) for the CPU's kernels (decode tokens; the prompt keeps the model's dtype), bf16 (oneDNN's packed bf16, AMX: every token; prompts cut and attended per block); CPU only, fp8 (per output channel, per-token activations, torch._scaled_mm on CUDA sm89+; elsewhere rounded to FP8 in the model's dtype); the Llama-family forward only",
+    "quantization": "quantize the linear layers at load: none (the weights as loaded; an FP8 checkpoint stays FP8 on CUDA), int4 (groups of 32, as GGUF's Q4_1; the output layer int8), int8 (per row): the CPU's kernels for decode tokens, the prompt in the model's dtype; bf16 (oneDNN's packed bf16, AMX): every token, prompts cut and attended per block; these three CPU only; fp8 (per output channel, per-token activations, torch._scaled_mm on CUDA sm89+; elsewhere rounded to FP8 in the model's dtype); the Llama-family forward only",
     "device": "auto (CUDA when available), cpu or cuda",
     "enforce_eager": "run every step eagerly: no CUDA graphs for decode steps (on|off)",
     "cpu_threads": "torch CPU threads for the forward (0 = torch's default: one per core)",

@@ -1,12 +1,14 @@
 """Run-time checks of a JSON answer (:mod:`constraints.schema.runtime_checks`) over a backend's
-matcher: distinct string items, distinct keys and key counts, at fixed paths.
+matcher: distinct items, distinct keys and key counts, at known paths.
 
 :class:`JsonChecks` reads the answer as it is written (a JSON scanner over the tokens' bytes:
 where each value sits, the decoded text of strings, the items and keys seen so far in each
-checked container) and narrows the backend's mask: a token is refused when its bytes would
-close a string item equal to an earlier item of a unique array, a key already present in a
-checked object, a checked object with fewer keys than its minimum, or start a member past its
-maximum. The language only narrows: nothing the backend refuses is let through. A state where no
+checked container, the text of an item compared whole) and narrows the backend's mask: a token is
+refused when its bytes would finish an item equal to an earlier item of a unique array (a string
+at its closing quote, an object or array at its closing bracket, a number at what follows it), a
+key already present in a checked object, a checked object with fewer keys than its minimum, or
+start a member past its maximum; also a prefix only repeats can finish (a listed string, a used
+literal). The language only narrows: nothing the backend refuses is let through. A state where no
 check can fire (no checked container open) costs nothing; otherwise only the few tokens that
 could fire are looked at: those closing a string into a repeated value (an index by the text
 before their quote), and those holding a quote, brace, comma or backslash, run through the
@@ -71,7 +73,7 @@ class ScanState(NamedTuple):
     text: bytes = b""  # the decoded bytes of the string in progress
     escape: str = ""  # "", "\\", or "u" and the hex digits read
     high: int = 0  # a pending UTF-16 high surrogate
-    capture: int = -1  # the frame of the object item being captured whole (-1: none)
+    capture: int = -1  # the array frame whose current item is kept whole (-1: none)
     raw: bytes = b""  # that item's text so far
 
 
@@ -277,9 +279,6 @@ def _end_item(state: ScanState, text: bytes) -> ScanState:
     return state._replace(frames=frames[:at] + (array._replace(seen=array.seen | {value}),) + frames[at + 1:])
 
 
-_LITERALS = (b"true", b"false", b"null")
-
-
 def _canonical(value: Any) -> Any:
     """A hashable form equal for equal JSON values (JSON Schema's equality: numbers by value,
     object members in any order, true distinct from 1)."""
@@ -292,6 +291,10 @@ def _canonical(value: Any) -> Any:
     return (type(value).__name__, value)
 
 
+# each literal's text and its canonical value
+_LITERALS = {b"true": _canonical(True), b"false": _canonical(False), b"null": _canonical(None)}
+
+
 def _exhausted(frame: Frame) -> bool:
     values = frame.check.item_values
     return values is not None and len(frame.seen) >= len(values)
@@ -302,9 +305,9 @@ def _dead_end(state: ScanState) -> bool:
     literal (``t`` can only be ``true``) in an array of whole items."""
     if state.mode == _BARE and state.capture >= 0 and state.capture == len(state.frames) - 1:
         raw = state.raw
-        options = [lit for lit in _LITERALS if lit.startswith(raw)]
+        options = [value for lit, value in _LITERALS.items() if lit.startswith(raw)]
         seen = state.frames[-1].seen
-        return bool(options) and all(_canonical(json.loads(lit)) in seen for lit in options)
+        return bool(options) and all(value in seen for value in options)
     if state.mode != _STRING or state.escape or state.high or not state.frames:
         return False
     top = state.frames[-1]
@@ -343,7 +346,6 @@ class TokenTable:
         self.many_quotes = ids[quotes > 1]
         # tokens whose closing of a string the index below cannot tell: escapes before the quote
         self.complex_quote = ids[(quotes > 0) & (has[b"\\"] | (quotes > 1))]
-        # tokens that open a container and may finish something in it (``{}``, ``["``, ...)
         # tokens that open a container and may finish something in it (``{}``, ``["a"``, ``[],``)
         finishing = has[b"}"] | has[b"]"] | has[b","] | (quotes > 1)
         self.opening = ids[(has[b"{"] | has[b"["]) & finishing]
@@ -385,10 +387,8 @@ class TokenTable:
 
     @classmethod
     def of(cls, ctx: TokenizerContext) -> "TokenTable":
-        table = ctx.cache.get("json_checks_table")
-        if table is None:
-            table = ctx.cache["json_checks_table"] = cls(ctx)
-        return table
+        """The table of ``ctx``'s tokenizer (built once, kept in its cache)."""
+        return ctx.cached("json_checks_table", lambda: cls(ctx))
 
 
 class JsonChecks(NarrowingMatcher):

@@ -60,13 +60,8 @@ _KEYWORD_LIMITS = (
 
 
 def _tokenizer(ctx: TokenizerContext) -> "llguidance.LLTokenizer":
-    tok = ctx.cache.get("llguidance")
-    if tok is None:
-        tok = llguidance.hf.from_tokenizer(
-            ctx.tokenizer, n_vocab=ctx.vocab_size, eos_token=list(ctx.stop_token_ids)
-        )
-        ctx.cache["llguidance"] = tok
-    return tok
+    return ctx.cached("llguidance", lambda: llguidance.hf.from_tokenizer(
+        ctx.tokenizer, n_vocab=ctx.vocab_size, eos_token=list(ctx.stop_token_ids)))
 
 
 class LLGuidanceMatcher(Matcher):

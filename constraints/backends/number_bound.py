@@ -57,10 +57,7 @@ class NumberTable:
     @classmethod
     def of(cls, ctx: TokenizerContext) -> "NumberTable":
         """The table of ``ctx``'s tokenizer (built once, kept in its cache)."""
-        table = ctx.cache.get("number_table")
-        if table is None:
-            table = ctx.cache["number_table"] = cls(ctx)
-        return table
+        return ctx.cached("number_table", lambda: cls(ctx))
 
 
 def _byte_automaton() -> tuple[list[Any], np.ndarray]:

@@ -5,7 +5,7 @@ token's bytes, the ordinary vocabulary) that several backends and the closing wa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 if TYPE_CHECKING:
     import xgrammar as xgr
@@ -21,6 +21,13 @@ class TokenizerContext:
     stop_token_ids: tuple[int, ...]
     fingerprint: str
     cache: dict[str, Any] = field(default_factory=dict)  # per-backend tokenizer objects
+
+    def cached(self, name: str, build: Callable[[], Any]) -> Any:
+        """The object kept under ``name`` for this tokenizer, built by ``build`` the first time."""
+        found = self.cache.get(name)
+        if found is None:
+            found = self.cache[name] = build()
+        return found
 
     def encode(self, text: str) -> list[int]:
         """Canonical tokenization of ``text`` without special tokens."""
@@ -47,24 +54,19 @@ def rust_tokenizer(tokenizer: Any) -> Any:
 
 def tokenizer_info(ctx: TokenizerContext) -> "xgr.TokenizerInfo":
     """xgrammar's view of the tokenizer (built once per context)."""
-    info = ctx.cache.get("xgrammar_info")
-    if info is None:
+    def build() -> "xgr.TokenizerInfo":
         import xgrammar as xgr
 
-        info = xgr.TokenizerInfo.from_huggingface(
+        return xgr.TokenizerInfo.from_huggingface(
             ctx.tokenizer, vocab_size=ctx.vocab_size, stop_token_ids=list(ctx.stop_token_ids)
         )
-        ctx.cache["xgrammar_info"] = info
-    return info
+
+    return ctx.cached("xgrammar_info", build)
 
 
 def token_bytes(ctx: TokenizerContext) -> list[bytes]:
     """Raw bytes of every token id (shared per tokenizer)."""
-    raw = ctx.cache.get("token_bytes")
-    if raw is None:
-        raw = [bytes(b) for b in tokenizer_info(ctx).decoded_vocab]
-        ctx.cache["token_bytes"] = raw
-    return raw
+    return ctx.cached("token_bytes", lambda: [bytes(b) for b in tokenizer_info(ctx).decoded_vocab])
 
 
 def special_ids(tokenizer: Any) -> set[int]:

@@ -23,11 +23,7 @@ MAX_FORCED_CHARS = 1 << 20  # text one step may force: jump-forward runs in the 
 
 
 def _compiler(ctx: TokenizerContext) -> "xgr.GrammarCompiler":
-    comp = ctx.cache.get("xgrammar")
-    if comp is None:
-        comp = xgr.GrammarCompiler(tokenizer_info(ctx), max_threads=1, cache_enabled=False)
-        ctx.cache["xgrammar"] = comp
-    return comp
+    return ctx.cached("xgrammar", lambda: xgr.GrammarCompiler(tokenizer_info(ctx), max_threads=1, cache_enabled=False))
 
 
 def layout_options(layout: str) -> dict[str, Any]:

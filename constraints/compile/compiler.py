@@ -332,7 +332,7 @@ class ConstraintCompiler:
         # a DFA that explodes gets half the budget; the lazy backends get the rest
         share = 1.0 if last or attempt.backend != "outlines" else 0.5
         payload = budget.run(self._pool, self.ATTEMPT_JOB, spec, attempt, share=share)
-        if getattr(attempt, "checks", ()):
+        if attempt.checks:
             payload = CheckedPayload(payload, attempt.checks)
         return self._load(attempt.backend, spec, payload), attempt.backend, payload
 

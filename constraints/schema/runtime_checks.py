@@ -1,23 +1,25 @@
-"""Keywords no grammar states, checked on the output as it is written: ``uniqueItems`` over
-strings and ``minProperties`` / ``maxProperties`` over open objects.
+"""Keywords no grammar states, checked on the output as it is written: ``uniqueItems`` and
+``minProperties`` / ``maxProperties`` over open objects.
 
 A grammar cannot say "no two items equal" over an unbounded item domain, nor count the keys of
 an object that takes any key. The matcher can: it sees the text, knows where each value sits
-(its *path*: property names and array positions from the root) and can refuse the token that
-would close a repeated string item, a repeated key, an object with too few keys or a member past
-the maximum (:mod:`constraints.backends.json_checks`). :func:`split_runtime_checks` takes such
-keywords out of the schema the backend compiles and returns them as :class:`JsonCheck` s, only
-where that is exact:
+(its *path*: property names, :class:`OtherKey` steps and array positions from the root) and can
+refuse the token that would finish a repeated item, a repeated key, an object with too few keys
+or a member past the maximum (:mod:`constraints.backends.json_checks`).
+:func:`split_runtime_checks` takes such keywords out of the schema the backend compiles and
+returns them as :class:`JsonCheck` s, only where that is exact:
 
-* every place the keyword's subschema applies is a fixed path (reached from the root through
-  ``$ref``, ``allOf``/``anyOf``/``oneOf``, ``properties`` and a single ``items`` schema, never
-  through ``not``, ``if``, ``contains``, ``propertyNames`` or a recursion), so the check knows
-  where to look and removing the keyword lets nothing else through;
+* every place the keyword's subschema applies is a known path (reached from the root through
+  ``$ref``, ``allOf``/``anyOf``/``oneOf``, ``properties``, ``additionalProperties`` and a single
+  ``items`` schema, never through ``not``, ``if``, ``contains``, ``patternProperties`` or a
+  recursion), so the check knows where to look and removing the keyword lets nothing else through;
 * at each such path every valid instance satisfies the keyword (it is not one ``anyOf`` branch
   among others that allow repeats), so checking it at the path refuses nothing valid;
 * a refused token always leaves a way on, so the answer never gets stuck: unique items are
-  strings of unbounded length (a repeat can always be written on past), a minimum of keys sits
-  on an object that takes any further key, a maximum on one that requires none.
+  strings of unbounded length, listed strings (at least as many as the items required), objects
+  that take further keys or values of unbounded types (a repeat can be written on past; a used
+  literal is refused at its first letter), a minimum of keys sits on an object that takes any
+  further key, a maximum on one that requires none.
 
 Elsewhere the keyword stays and strict mode refuses it by name, as before.
 """
@@ -30,6 +32,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 from .keywords import ANNOTATIONS, type_list
 from .tree import at_pointer, subschemas
+
 
 class OtherKey(NamedTuple):
     """A path step: any key of an object that none of its subschemas lists (``listed``), whose
@@ -48,19 +51,21 @@ _IN_PLACE_SINGLE = ("then", "else")
 _OPAQUE = ("not", "if", "contains", "propertyNames", "patternProperties",
            "prefixItems", "additionalItems", "unevaluatedProperties", "unevaluatedItems", "dependentSchemas",
            "dependencies")
-# keys that say nothing of a value by themselves (the subschemas they lead to are looked at)
-_STRUCTURAL = frozenset({"$ref", "allOf", "anyOf", "oneOf", "definitions", "$defs"}) | ANNOTATIONS
-# what an unbounded string item may say besides its type
-_PLAIN_STRING = frozenset({"type", "minLength", "$ref", "allOf", "anyOf", "definitions", "$defs"}) | ANNOTATIONS
+# keys that say nothing of a value by themselves (the subschemas they lead to are looked at;
+# not oneOf, whose "exactly one" narrows a union)
+_STRUCTURAL = frozenset({"$ref", "allOf", "definitions", "$defs"}) | ANNOTATIONS
+# what an unbounded string item may say besides its type (a union of unbounded strings is one)
+_PLAIN_STRING = _STRUCTURAL | {"type", "minLength", "anyOf"}
 # what makes an object's keys a closed or conditional set
 _CLOSING_KEYS = ("patternProperties", "propertyNames", "unevaluatedProperties")
 
 
 @dataclass(frozen=True)
 class JsonCheck:
-    """What the matcher checks on the value at ``path`` (property names, None for every item
-    of an array): its string items pairwise distinct; its number of distinct keys within
-    [min_properties, max_properties] (repeated keys refused)."""
+    """What the matcher checks on the value at ``path`` (property names, :class:`OtherKey`
+    steps, None for every item of an array): its items pairwise distinct (strings, listed
+    strings, objects or any values); its number of distinct keys within [min_properties,
+    max_properties] (repeated keys refused)."""
 
     path: Path
     unique_items: bool = False
@@ -189,9 +194,7 @@ def _any_values(root: dict, path: Path) -> bool:
     used)."""
     applying = list(_applying(root, path))
     if any(set(n) - _STRUCTURAL - {"type"} for n in applying):
-        return False
-    if any("anyOf" in n or "oneOf" in n for n in applying):
-        return False  # a union of types: the types allowed are not one conjunction
+        return False  # a union (anyOf / oneOf) is no conjunction of types either
     allowed = set(_UNBOUNDED_TYPES) | {"boolean", "null"}
     for node in applying:
         types = type_list(node.get("type")) if "type" in node else None
@@ -246,8 +249,8 @@ def _admits(node: dict, kind: str | None) -> bool:
 
 def _forces(root: dict, node: Any, path: Path, holds: Callable[[dict], bool], kind: str | None, seen: set) -> bool:
     """Whether every instance valid under ``node`` whose value at ``path`` exists (and is a
-    ``kind``, when one is named) has that value satisfy ``holds`` in some subschema it must meet. Conservative:
-    False where it cannot tell."""
+    ``kind``, when one is named) has that value satisfy ``holds`` in some subschema it must
+    meet. Conservative: False where it cannot tell."""
     if node is False:
         return True
     if not isinstance(node, dict):
@@ -274,7 +277,7 @@ def _forces(root: dict, node: Any, path: Path, holds: Callable[[dict], bool], ki
     return "if" in node and all(_forces(root, node.get(k, True), path, holds, kind, seen) for k in ("then", "else"))
 
 
-def _step_forces(root: dict, node: dict, path: Path, holds, kind: str, seen: set) -> bool:
+def _step_forces(root: dict, node: dict, path: Path, holds, kind: str | None, seen: set) -> bool:
     head, rest = path[0], path[1:]
     if head is None:
         items = node.get("items")
