@@ -21,6 +21,7 @@ from server.engine.sequence import GenerationRequest
 from server.generation import GenerationStream, GenerationTiming, TokenTexts, start_generation
 from server.memory import DERIVED_TEXT, IdleTrimmer, libc_malloc_trim
 from server.metrics import Metrics
+from server.passing_thread import run_in_passing_thread
 from server.render import PromptRenderer
 from server.model_loader import (ModelLoadError, ModelSource, check_quantization, load_lora_adapters,
                                  load_tokenizer, model_source)
@@ -252,7 +253,15 @@ def kv_cache_blocks(settings: Settings, shape: KVShape, dtype: torch.dtype, devi
 
 
 def build_state(settings: Settings, source: ModelSource | None = None) -> ServerState:
-    """Load the model and start the engine (blocking; seconds on the CPU)."""
+    """Load the model and start the engine (blocking; seconds on the CPU).
+
+    The loading runs on a thread of its own that ends when it is done (see
+    :mod:`server.passing_thread`: the engine thread's OpenMP team stays the only one).
+    """
+    return run_in_passing_thread(lambda: _build_state(settings, source))
+
+
+def _build_state(settings: Settings, source: ModelSource | None) -> ServerState:
     source = source or model_source(settings)
     device = pick_device(settings.device)
     if settings.cpu_threads > 0:
