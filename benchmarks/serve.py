@@ -57,6 +57,7 @@ class Sample:
     total: float
     tokens: int
     text: str = ""
+    failed: bool = False  # an error status, an error event in the stream, or the connection dropped
 
 
 async def one_request(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int,
@@ -76,19 +77,24 @@ async def one_request(client: httpx.AsyncClient, model: str, prompt: str, max_to
     first = None
     tokens = content_chunks = 0
     pieces: list[str] = []
-    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-            content = "".join(c.get("delta", {}).get("content") or "" for c in chunk.get("choices", []))
-            if content:
-                first = first or time.perf_counter()
-                content_chunks += 1
-                pieces.append(content)
+    try:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    raise ValueError(chunk["error"])
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                content = "".join(c.get("delta", {}).get("content") or "" for c in chunk.get("choices", []))
+                if content:
+                    first = first or time.perf_counter()
+                    content_chunks += 1
+                    pieces.append(content)
+    except (httpx.HTTPError, ValueError):  # counted, not fatal: a peer's grammar sampler may throw mid-stream
+        return Sample(ttft=0.0, total=time.perf_counter() - started, tokens=0, failed=True)
     end = time.perf_counter()
     # a server that reports no usage streams a token per chunk (llama.cpp's does)
     return Sample(ttft=(first or end) - started, total=end - started, tokens=tokens or content_chunks,
@@ -110,17 +116,20 @@ async def run_level(base_url: str, model: str, concurrency: int, requests: int, 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
+    failed = sum(s.failed for s in samples)
+    samples = [s for s in samples if not s.failed]
     ttfts = sorted(s.ttft for s in samples)
     tpot = [(s.total - s.ttft) / (s.tokens - 1) for s in samples if s.tokens > 1]
     return {
         "concurrency": concurrency,
         "requests": len(samples),
+        "failed": failed,
         "req_s": len(samples) / elapsed,
         "tok_s": sum(s.tokens for s in samples) / elapsed,
         "ttft_p50": _pct(ttfts, 50),
         "ttft_p95": _pct(ttfts, 95),
         "tpot_ms": 1000 * statistics.mean(tpot) if tpot else float("nan"),
-        "valid": sum(_valid(s.text) for s in samples) / len(samples) if extra and "response_format" in extra else None,
+        "valid": sum(_valid(s.text) for s in samples) / max(len(samples) + failed, 1) if extra and "response_format" in extra else None,
     }
 
 
@@ -211,8 +220,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             ours[(r["concurrency"], name)] = r["tok_s"]
     print(f"model={model} max_tokens={args.max_tokens}" + (f" peer={args.peer} ({peer_model})" if args.peer else ""))
     print("| concurrency | workload | requests | req/s | output tok/s | vs c=1 | vs free | vs peer | valid | "
-          "TTFT p50 s | TTFT p95 s | TPOT ms |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "TTFT p50 s | TTFT p95 s | TPOT ms | failed |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     results = []
     for name, r in rows:
         peer = name.endswith(" @ peer")
@@ -224,7 +233,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f"| {r['concurrency']} | {name} | {r['requests']} | {r['req_s']:.2f} | {r['tok_s']:.1f} | "
             f"{r['tok_s'] / base:.2f}x | {r['tok_s'] / free[(r['concurrency'], peer)]:.2f}x | "
             f"{'' if vs_peer is None else f'{vs_peer:.2f}x'} | {valid} | {r['ttft_p50']:.2f} | "
-            f"{r['ttft_p95']:.2f} | {r['tpot_ms']:.1f} |"
+            f"{r['ttft_p95']:.2f} | {r['tpot_ms']:.1f} | {r['failed']} |"
         )
     return results
 
