@@ -337,9 +337,10 @@ def _attend_token_by_token(
     """The torch path with ``meta.prompt_counts``: each row's prompt part on its own, one call
     per cache block it covers (the keys after it are not visible to it anyway; a scheduler that
     cuts prompts at block boundaries then makes the same calls however a prompt was chunked),
-    then each output query alone, as a lone decode row of its context length would be."""
+    then the output queries, each over exactly its visible keys (:func:`_attend_outputs_padded`)."""
     out = torch.empty_like(query)
     starts = _query_starts(meta)
+    outputs: list[tuple[int, int, int, int]] = []  # (row, token, first visible key, keys seen)
     for row, prompt in enumerate(meta.prompt_counts):
         q_len, ctx = meta.query_lens_host[row], meta.context_lens_host[row]
         begin = starts[row]
@@ -354,18 +355,90 @@ def _attend_token_by_token(
                                                               ctx=first + end, limits=_limits(meta, begin + done,
                                                                                               end - done))
             done = end
-        if prompt == q_len:
-            continue
-        keys = _gather_kv(k_cache, meta, row, ctx, "k")  # [ctx, kv, d]
-        values = _gather_kv(v_cache, meta, row, ctx, "v")
         for j in range(prompt, q_len):
             seen = ctx - q_len + 1 + j
             low = max(0, seen - sliding_window) if sliding_window is not None else 0
             if meta.visible_until is not None:  # a later limit (read back: this path is the CPU's)
                 seen = min(ctx, max(seen, int(meta.visible_until[begin + j]) + 1))
-            q = query[begin + j].view(1, 1, *query.shape[1:])
-            out[begin + j] = _attend(q, keys[None, low:seen], values[None, low:seen], None, scale, sinks, softcap)[0, 0]
+            outputs.append((row, begin + j, low, seen))
+    if outputs:
+        if sinks is None and not softcap:
+            _attend_outputs_padded(out, query, k_cache, v_cache, meta, outputs, scale)
+        else:
+            _attend_outputs_alone(out, query, k_cache, v_cache, meta, outputs, scale, sinks, softcap)
     return out
+
+
+def _attend_outputs_padded(out: torch.Tensor, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           meta: PagedAttentionMetadata, outputs: list[tuple[int, int, int, int]],
+                           scale: float) -> None:
+    """Output queries ``(row, token, low, seen)``, each a single query over its row's cache
+    blocks (padded to whole blocks) with a mask of keys ``low .. seen - 1``, batched: SDPA
+    computes a single query the same whatever the block-multiple padding and the other queries
+    of the call (tested: ``tests/kernels/test_paged_attention_token_by_token.py``), so a token's
+    output still depends on its context only. Rows read one by one make one call per output
+    query (their blocks a view of the cache when consecutive); rows gathered together
+    (:func:`_gather_rows_together`) make one call for the first output query of every row, then
+    one per further output query (drafts, forced runs)."""
+    per_row: dict[int, list[tuple[int, int, int, int]]] = {}
+    for item in outputs:
+        per_row.setdefault(item[0], []).append(item)
+    block = k_cache.shape[1]
+    widths = {row: -(-meta.context_lens_host[row] // block) * block for row in per_row}
+    if not _gather_rows_together(meta, widths):
+        for row, items in per_row.items():
+            width = widths[row]
+            keys = _gather_kv(k_cache, meta, row, width, "k").unsqueeze(0)  # [1, W, kv, d], a view
+            values = _gather_kv(v_cache, meta, row, width, "v").unsqueeze(0)
+            for item in items:  # one call each: an expanded batch of the row's keys is copied, and slower
+                _attend_group(out, query, keys, values, [item], scale)
+        return
+    rows = list(per_row)
+    width = max(widths.values())
+    keys = _gather_kv(k_cache, meta, rows, width, "k")  # [R, W, kv, d]
+    values = _gather_kv(v_cache, meta, rows, width, "v")
+    _attend_group(out, query, keys, values, [items[0] for items in per_row.values()], scale)
+    for i, items in enumerate(per_row.values()):  # drafts and forced runs: each query alone on its row's keys
+        for item in items[1:]:
+            _attend_group(out, query, keys[i : i + 1], values[i : i + 1], [item], scale)
+
+
+def _gather_rows_together(meta: PagedAttentionMetadata, widths: dict[int, int]) -> bool:
+    """Whether the rows' blocks are gathered into one tensor padded to the longest (one call for
+    their first output queries) rather than read row by row (a call per row): not when every
+    row's blocks are consecutive (each is then a view of the cache, nothing to copy), nor when the
+    padding would copy more keys than the calls it saves are worth (on the CPU a gathered key
+    costs ~0.15 µs a layer, an SDPA call ~30 µs: ~200 keys a row)."""
+    runs = meta.block_runs_host
+    if len(widths) == 1 or (runs is not None and all(runs[row] >= 0 for row in widths)):
+        return False
+    padding = len(widths) * max(widths.values()) - sum(widths.values())
+    return padding <= 200 * (len(widths) - 1)
+
+
+def _attend_group(out: torch.Tensor, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                  picked: list[tuple[int, int, int, int]], scale: float) -> None:
+    """One SDPA call: ``picked[i]``'s query over ``keys[i]`` / ``values[i]`` [n, W, kv, d] masked
+    to its keys, written to ``out``."""
+    width = keys.shape[1]
+    k_pos = torch.arange(width, device=query.device).view(1, -1)
+    bounds = torch.tensor([[low, seen] for _, _, low, seen in picked], device=query.device)
+    visible = ((k_pos >= bounds[:, :1]) & (k_pos < bounds[:, 1:])).view(len(picked), 1, width)
+    q = query[[token for _, token, _, _ in picked]].unsqueeze(1)  # [n, 1, h, d]
+    out[[token for _, token, _, _ in picked]] = _attend(q, keys, values, visible, scale, None, None).squeeze(1)
+
+
+def _attend_outputs_alone(out: torch.Tensor, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          meta: PagedAttentionMetadata, outputs: list[tuple[int, int, int, int]], scale: float,
+                          sinks: torch.Tensor | None, softcap: float | None) -> None:
+    """Output queries one call each over exactly their visible keys (sinks and softcaps, whose
+    extra key or float path would not keep a padded call's result the same)."""
+    for row, token, low, seen in outputs:
+        ctx = meta.context_lens_host[row]
+        keys = _gather_kv(k_cache, meta, row, ctx, "k")  # [ctx, kv, d]
+        values = _gather_kv(v_cache, meta, row, ctx, "v")
+        q = query[token].view(1, 1, *query.shape[1:])
+        out[token] = _attend(q, keys[None, low:seen], values[None, low:seen], None, scale, sinks, softcap)[0, 0]
 
 
 def _limits(meta: PagedAttentionMetadata, begin: int, count: int) -> torch.Tensor | None:

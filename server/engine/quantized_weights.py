@@ -17,7 +17,8 @@ at block boundaries and attention takes a prompt one block at a time.
 
 The kernel takes bf16 activations, and rounding to bf16 turns an ulp of difference into a
 different token now and then; so the kernel's route must compute a token the same way whatever
-else is in the step: output tokens are attended one by one and a row's prompt part on its own
+else is in the step: each output token is attended as a query of its own (the decode rows' in one
+padded call, which SDPA computes per query as it would alone) and a row's prompt part on its own
 (``PagedAttentionMetadata.prompt_counts``), and the kernels compute each row alone (tested),
 which makes drafts, jump-forward and batching change no output token. The prompt's route keeps
 the model's dtype, so how a prompt was chunked or batched matters no more than it does
