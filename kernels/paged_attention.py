@@ -397,10 +397,17 @@ def _attend_outputs_padded(out: torch.Tensor, query: torch.Tensor, k_cache: torc
     width = max(widths.values())
     keys = _gather_kv(k_cache, meta, rows, width, "k")  # [R, W, kv, d]
     values = _gather_kv(v_cache, meta, rows, width, "v")
-    _attend_group(out, query, keys, values, [items[0] for items in per_row.values()], scale)
-    for i, items in enumerate(per_row.values()):  # drafts and forced runs: each query alone on its row's keys
-        for item in items[1:]:
-            _attend_group(out, query, keys[i : i + 1], values[i : i + 1], [item], scale)
+    groups = list(per_row.values())
+    for rank in range(max(map(len, groups))):  # the n-th output query of each row (drafts, forced runs)
+        having = [i for i, items in enumerate(groups) if rank < len(items)]
+        idle = len(groups) - len(having)
+        if rank == 0 or (len(having) > 1 and idle * width <= KEYS_PER_CALL * (len(having) - 1)):
+            # together; a row without an n-th query repeats its first (its result is not kept)
+            picked = [items[rank] if rank < len(items) else items[0] for items in groups]
+            _attend_group(out, query, keys, values, picked, scale, keep=having if idle else None)
+        else:
+            for i in having:
+                _attend_group(out, query, keys[i : i + 1], values[i : i + 1], [groups[i][rank]], scale)
 
 
 def _gather_rows_together(meta: PagedAttentionMetadata, widths: dict[int, int]) -> bool:
@@ -408,24 +415,27 @@ def _gather_rows_together(meta: PagedAttentionMetadata, widths: dict[int, int]) 
     their first output queries) rather than read row by row (a call per row): not when every
     row's blocks are consecutive (each is then a view of the cache, nothing to copy), nor when the
     padding would copy more keys than the calls it saves are worth (on the CPU a gathered key
-    costs ~0.15 µs a layer, an SDPA call ~30 µs: ~200 keys a row)."""
+    costs ~0.15 µs a layer, an SDPA call ~30 µs: :data:`KEYS_PER_CALL`)."""
     runs = meta.block_runs_host
     if len(widths) == 1 or (runs is not None and all(runs[row] >= 0 for row in widths)):
         return False
     padding = len(widths) * max(widths.values()) - sum(widths.values())
-    return padding <= 200 * (len(widths) - 1)
+    return padding <= KEYS_PER_CALL * (len(widths) - 1)
 
 
 def _attend_group(out: torch.Tensor, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                  picked: list[tuple[int, int, int, int]], scale: float) -> None:
+                  picked: list[tuple[int, int, int, int]], scale: float, keep: list[int] | None = None) -> None:
     """One SDPA call: ``picked[i]``'s query over ``keys[i]`` / ``values[i]`` [n, W, kv, d] masked
-    to its keys, written to ``out``."""
+    to its keys, written to ``out`` (only at the indices ``keep``, when given)."""
     width = keys.shape[1]
     k_pos = torch.arange(width, device=query.device).view(1, -1)
     bounds = torch.tensor([[low, seen] for _, _, low, seen in picked], device=query.device)
     visible = ((k_pos >= bounds[:, :1]) & (k_pos < bounds[:, 1:])).view(len(picked), 1, width)
     q = query[[token for _, token, _, _ in picked]].unsqueeze(1)  # [n, 1, h, d]
-    out[[token for _, token, _, _ in picked]] = _attend(q, keys, values, visible, scale, None, None).squeeze(1)
+    result = _attend(q, keys, values, visible, scale, None, None).squeeze(1)
+    if keep is not None:
+        result, picked = result[keep], [picked[i] for i in keep]
+    out[[token for _, token, _, _ in picked]] = result
 
 
 def _attend_outputs_alone(out: torch.Tensor, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -454,6 +464,7 @@ def _query_starts(meta: PagedAttentionMetadata) -> list[int]:
     return starts
 
 
+KEYS_PER_CALL = 200  # on the CPU an SDPA call's overhead is worth ~200 keys gathered or attended in vain
 SHORT_QUERY = 64  # multi-token rows up to this long (drafts, forced runs) attend together in one call
 _WORKSPACE_MAX_BYTES = 64 << 20  # gathers up to this size reuse one buffer per thread
 _workspace = threading.local()

@@ -51,6 +51,7 @@ def test_an_output_token_gets_what_it_gets_as_a_lone_decode_row() -> None:
 @pytest.mark.parametrize("contexts,drafts", [
     ([700, 33, 16, 257, 1, 512, 95], [1, 4, 1, 2, 1, 1, 3]),  # lengths far apart: read row by row
     ([300, 291, 317, 305, 288, 310], [1, 1, 3, 1, 2, 1]),  # alike: gathered together, padded
+    ([300, 291, 317, 305, 288, 310], [3, 3, 3, 3, 2, 3]),  # drafts together too, one row's third repeated
 ])
 def test_lone_and_batched_agree_bit_for_bit_at_real_shapes(contexts: list[int], drafts: list[int]) -> None:
     """The output queries of a step share SDPA calls, padded to whole blocks (to the longest
