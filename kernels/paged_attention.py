@@ -443,10 +443,13 @@ def _attend_outputs_alone(out: torch.Tensor, query: torch.Tensor, k_cache: torch
                           sinks: torch.Tensor | None, softcap: float | None) -> None:
     """Output queries one call each over exactly their visible keys (sinks and softcaps, whose
     extra key or float path would not keep a padded call's result the same)."""
-    for row, token, low, seen in outputs:
-        ctx = meta.context_lens_host[row]
-        keys = _gather_kv(k_cache, meta, row, ctx, "k")  # [ctx, kv, d]
-        values = _gather_kv(v_cache, meta, row, ctx, "v")
+    gathered = None
+    for row, token, low, seen in outputs:  # in row order: each row's keys are gathered once
+        if gathered != row:
+            ctx = meta.context_lens_host[row]
+            keys = _gather_kv(k_cache, meta, row, ctx, "k")  # [ctx, kv, d]
+            values = _gather_kv(v_cache, meta, row, ctx, "v")
+            gathered = row
         q = query[token].view(1, 1, *query.shape[1:])
         out[token] = _attend(q, keys[None, low:seen], values[None, low:seen], None, scale, sinks, softcap)[0, 0]
 

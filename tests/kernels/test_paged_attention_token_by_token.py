@@ -86,3 +86,17 @@ def _shaped_meta(rows: list[tuple[list[int], int, int]], block: int, prompt_coun
     meta = PagedAttentionMetadata.build([t for t, _, _ in rows], [q for _, q, _ in rows], [c for _, _, c in rows],
                                         block, torch.device("cpu"))
     return replace(meta, prompt_counts=prompt_counts)
+
+
+@pytest.mark.parametrize("extra", [{"sinks": torch.tensor([0.5, -1.0, 2.0, 0.0])}, {"softcap": 5.0}])
+def test_sinks_and_softcaps_keep_each_output_query_alone(extra: dict) -> None:
+    """A sink's extra key or a softcap's float path is not padded: each output query keeps a call
+    of its own over exactly its keys, the same attention as the batched path's."""
+    k, v = _caches()
+    rows = [([1, 2, 3], 3, 11), ([4, 5], 1, 7)]  # a draft row and a decode row
+    query = torch.randn(4, HEADS, DIM)
+    alone = paged_attention_torch(query, k, v, _meta(rows, (0, 0)), scale=0.25, **extra)
+    batched = paged_attention_torch(query, k, v, _meta(rows), scale=0.25, **extra)
+    assert torch.allclose(alone, batched, atol=1e-5)
+    lone = paged_attention_torch(query[3:], k, v, _meta([([4, 5], 1, 7)], (0,)), scale=0.25, **extra)
+    assert torch.equal(lone[0], alone[3])
