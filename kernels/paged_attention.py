@@ -427,15 +427,25 @@ def _attend_group(out: torch.Tensor, query: torch.Tensor, keys: torch.Tensor, va
                   picked: list[tuple[int, int, int, int]], scale: float, keep: list[int] | None = None) -> None:
     """One SDPA call: ``picked[i]``'s query over ``keys[i]`` / ``values[i]`` [n, W, kv, d] masked
     to its keys, written to ``out`` (only at the indices ``keep``, when given)."""
-    width = keys.shape[1]
-    k_pos = torch.arange(width, device=query.device).view(1, -1)
-    bounds = torch.tensor([[low, seen] for _, _, low, seen in picked], device=query.device)
-    visible = ((k_pos >= bounds[:, :1]) & (k_pos < bounds[:, 1:])).view(len(picked), 1, width)
-    q = query[[token for _, token, _, _ in picked]].unsqueeze(1)  # [n, 1, h, d]
+    visible = _key_mask(tuple((low, seen) for _, _, low, seen in picked), keys.shape[1], query.device)
+    tokens = [token for _, token, _, _ in picked]
+    if tokens == list(range(tokens[0], tokens[0] + len(tokens))):
+        q = query[tokens[0] : tokens[0] + len(tokens)].unsqueeze(1)  # [n, 1, h, d], a view
+    else:
+        q = query[tokens].unsqueeze(1)
     result = _attend(q, keys, values, visible, scale, None, None).squeeze(1)
     if keep is not None:
         result, picked = result[keep], [picked[i] for i in keep]
     out[[token for _, token, _, _ in picked]] = result
+
+
+@functools.lru_cache(maxsize=64)
+def _key_mask(bounds: tuple[tuple[int, int], ...], width: int, device: torch.device) -> torch.Tensor:
+    """[n, 1, width] bool: query i sees keys ``bounds[i][0] .. bounds[i][1] - 1``. The same for
+    every layer of a step, so made once per step (never written to)."""
+    k_pos = torch.arange(width, device=device).view(1, -1)
+    limits = torch.tensor(bounds, device=device)
+    return ((k_pos >= limits[:, :1]) & (k_pos < limits[:, 1:])).view(len(bounds), 1, width)
 
 
 def _attend_outputs_alone(out: torch.Tensor, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import threading
-import time
+from pathlib import Path
 
 import pytest
-import torch
 
 from server.passing_thread import run_in_passing_thread
-
-
-def _os_threads() -> int:
-    return len(os.listdir("/proc/self/task"))
 
 
 def test_returns_the_result_from_another_thread():
@@ -30,23 +28,41 @@ def test_raises_the_work_s_own_exception():
         run_in_passing_thread(fail)
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or torch.get_num_threads() < 2,
-                    reason="needs Linux's /proc and a torch with more than one CPU thread")
+_PROBE = """
+import json, os, time
+import torch
+from server.passing_thread import run_in_passing_thread
+
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+before = threads()
+seen = []
+
+def parallel_work():
+    big = torch.ones(2048, 2048)
+    (big + big).sum()  # large enough to run on every torch thread
+    seen.append(threads())
+
+run_in_passing_thread(parallel_work)
+deadline = time.monotonic() + 10
+while threads() > before and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(json.dumps({"before": before, "during": seen[0], "after": threads()}))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or (os.cpu_count() or 1) < 2,
+                    reason="needs Linux's /proc and more than one CPU")
 def test_the_thread_s_openmp_workers_end_with_it():
     """A parallel region on the passing thread starts an OpenMP team of its own; once the thread
     has ended, the process holds no more threads than before (the engine thread's team stays
-    the only new one: see server/passing_thread.py)."""
-    before = _os_threads()
-    seen: list[int] = []
-
-    def parallel_work() -> None:
-        big = torch.ones(2048, 2048)
-        (big + big).sum()  # large enough to run on every torch thread
-        seen.append(_os_threads())
-
-    run_in_passing_thread(parallel_work)
-    assert seen[0] >= before + 2  # the thread itself and at least one OpenMP worker
-    deadline = time.monotonic() + 10
-    while _os_threads() > before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _os_threads() <= before
+    the only new one: see server/passing_thread.py). In a fresh interpreter: this one's torch
+    thread settings are whatever earlier tests left."""
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    run = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120, env=env,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert run.returncode == 0, run.stderr
+    counts = json.loads(run.stdout.strip().splitlines()[-1])
+    assert counts["during"] >= counts["before"] + 2  # the thread itself and at least one OpenMP worker
+    assert counts["after"] <= counts["before"]
