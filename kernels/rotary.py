@@ -28,13 +28,16 @@ def rope_write_kv_reference(
     head_dim = k_cache.shape[-1]
     tokens = qkv.shape[0]
     q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
-    q = q.view(tokens, num_heads, head_dim)
-    k = k.view(tokens, num_kv_heads, head_dim)
-    if q_norm is not None:  # per head: the norm is over the last dimension
-        q, k = add_rmsnorm_reference(q, None, q_norm, eps), add_rmsnorm_reference(k, None, k_norm, eps)
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [N, 1, d]
-    q = q * cos + _rotate_half(q) * sin
-    k = k * cos + _rotate_half(k) * sin
+    if q_norm is None:  # queries and keys rotate as one tensor: the same elementwise ops, half the calls
+        qk = qkv[:, : (num_heads + num_kv_heads) * head_dim].view(tokens, num_heads + num_kv_heads, head_dim)
+        qk = qk * cos + _rotate_half(qk) * sin
+        q, k = qk[:, :num_heads], qk[:, num_heads:]
+    else:  # per head: the norm is over the last dimension
+        q = add_rmsnorm_reference(q.view(tokens, num_heads, head_dim), None, q_norm, eps)
+        k = add_rmsnorm_reference(k.view(tokens, num_kv_heads, head_dim), None, k_norm, eps)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
     write_kv(k_cache, v_cache, k, v.view(tokens, num_kv_heads, head_dim), slot_mapping)
     return q
 
