@@ -340,7 +340,6 @@ def _attend_token_by_token(
     then the output queries, each over exactly its visible keys (:func:`_attend_outputs_padded`)."""
     out = torch.empty_like(query)
     starts = _query_starts(meta)
-    outputs: list[tuple[int, int, int, int]] = []  # (row, token, first visible key, keys seen)
     for row, prompt in enumerate(meta.prompt_counts):
         q_len, ctx = meta.query_lens_host[row], meta.context_lens_host[row]
         begin = starts[row]
@@ -355,24 +354,42 @@ def _attend_token_by_token(
                                                               ctx=first + end, limits=_limits(meta, begin + done,
                                                                                               end - done))
             done = end
+    per_row = _output_queries(meta, sliding_window)
+    if per_row:
+        if sinks is None and not softcap:
+            _attend_outputs_padded(out, query, k_cache, v_cache, meta, per_row, scale)
+        else:
+            _attend_outputs_alone(out, query, k_cache, v_cache, meta, per_row, scale, sinks, softcap)
+    return out
+
+
+OutputQuery = tuple[int, int, int, int]  # (row, token, first visible key, keys seen)
+
+
+def _output_queries(meta: PagedAttentionMetadata, sliding_window: int | None) -> dict[int, list[OutputQuery]]:
+    """The output queries (past each row's prompt part), by row. The same in every layer of a
+    step: worked out once per metadata (the last one is kept, per thread)."""
+    last = getattr(_workspace, "outputs", None)
+    if last is not None and last[0] is meta and last[1] == sliding_window:
+        return last[2]
+    starts = _query_starts(meta)
+    per_row: dict[int, list[OutputQuery]] = {}
+    for row, prompt in enumerate(meta.prompt_counts):
+        q_len, ctx, begin = meta.query_lens_host[row], meta.context_lens_host[row], starts[row]
         for j in range(prompt, q_len):
             seen = ctx - q_len + 1 + j
             low = max(0, seen - sliding_window) if sliding_window is not None else 0
             if meta.visible_until is not None:  # a later limit (read back: this path is the CPU's)
                 seen = min(ctx, max(seen, int(meta.visible_until[begin + j]) + 1))
-            outputs.append((row, begin + j, low, seen))
-    if outputs:
-        if sinks is None and not softcap:
-            _attend_outputs_padded(out, query, k_cache, v_cache, meta, outputs, scale)
-        else:
-            _attend_outputs_alone(out, query, k_cache, v_cache, meta, outputs, scale, sinks, softcap)
-    return out
+            per_row.setdefault(row, []).append((row, begin + j, low, seen))
+    _workspace.outputs = (meta, sliding_window, per_row)
+    return per_row
 
 
 def _attend_outputs_padded(out: torch.Tensor, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           meta: PagedAttentionMetadata, outputs: list[tuple[int, int, int, int]],
+                           meta: PagedAttentionMetadata, per_row: dict[int, list[OutputQuery]],
                            scale: float) -> None:
-    """Output queries ``(row, token, low, seen)``, each a single query over its row's cache
+    """Output queries ``(row, token, low, seen)`` by row, each a single query over its row's cache
     blocks (padded to whole blocks) with a mask of keys ``low .. seen - 1``, batched: SDPA
     computes a single query the same whatever the block-multiple padding and the other queries
     of the call (tested: ``tests/kernels/test_paged_attention_token_by_token.py``), so a token's
@@ -380,9 +397,6 @@ def _attend_outputs_padded(out: torch.Tensor, query: torch.Tensor, k_cache: torc
     query (their blocks a view of the cache when consecutive); rows gathered together
     (:func:`_gather_rows_together`) make one call for the first output query of every row, then
     one per further output query (drafts, forced runs)."""
-    per_row: dict[int, list[tuple[int, int, int, int]]] = {}
-    for item in outputs:
-        per_row.setdefault(item[0], []).append(item)
     block = k_cache.shape[1]
     widths = {row: -(-meta.context_lens_host[row] // block) * block for row in per_row}
     if not _gather_rows_together(meta, widths):
@@ -424,7 +438,7 @@ def _gather_rows_together(meta: PagedAttentionMetadata, widths: dict[int, int]) 
 
 
 def _attend_group(out: torch.Tensor, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                  picked: list[tuple[int, int, int, int]], scale: float, keep: list[int] | None = None) -> None:
+                  picked: list[OutputQuery], scale: float, keep: list[int] | None = None) -> None:
     """One SDPA call: ``picked[i]``'s query over ``keys[i]`` / ``values[i]`` [n, W, kv, d] masked
     to its keys, written to ``out`` (only at the indices ``keep``, when given)."""
     visible = _key_mask(tuple((low, seen) for _, _, low, seen in picked), keys.shape[1], query.device)
@@ -449,19 +463,17 @@ def _key_mask(bounds: tuple[tuple[int, int], ...], width: int, device: torch.dev
 
 
 def _attend_outputs_alone(out: torch.Tensor, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                          meta: PagedAttentionMetadata, outputs: list[tuple[int, int, int, int]], scale: float,
+                          meta: PagedAttentionMetadata, per_row: dict[int, list[OutputQuery]], scale: float,
                           sinks: torch.Tensor | None, softcap: float | None) -> None:
     """Output queries one call each over exactly their visible keys (sinks and softcaps, whose
     extra key or float path would not keep a padded call's result the same)."""
-    gathered = None
-    for row, token, low, seen in outputs:  # in row order: each row's keys are gathered once
-        if gathered != row:
-            ctx = meta.context_lens_host[row]
-            keys = _gather_kv(k_cache, meta, row, ctx, "k")  # [ctx, kv, d]
-            values = _gather_kv(v_cache, meta, row, ctx, "v")
-            gathered = row
-        q = query[token].view(1, 1, *query.shape[1:])
-        out[token] = _attend(q, keys[None, low:seen], values[None, low:seen], None, scale, sinks, softcap)[0, 0]
+    for row, items in per_row.items():
+        ctx = meta.context_lens_host[row]
+        keys = _gather_kv(k_cache, meta, row, ctx, "k")  # [ctx, kv, d]
+        values = _gather_kv(v_cache, meta, row, ctx, "v")
+        for _, token, low, seen in items:
+            q = query[token].view(1, 1, *query.shape[1:])
+            out[token] = _attend(q, keys[None, low:seen], values[None, low:seen], None, scale, sinks, softcap)[0, 0]
 
 
 def _limits(meta: PagedAttentionMetadata, begin: int, count: int) -> torch.Tensor | None:

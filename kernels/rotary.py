@@ -27,13 +27,14 @@ def rope_write_kv_reference(
     """The torch oracle of :func:`rope_write_kv` (the CPU path)."""
     head_dim = k_cache.shape[-1]
     tokens = qkv.shape[0]
-    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
+    qk, v = qkv.split([(num_heads + num_kv_heads) * head_dim, num_kv_heads * head_dim], dim=-1)
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [N, 1, d]
     if q_norm is None:  # queries and keys rotate as one tensor: the same elementwise ops, half the calls
-        qk = qkv[:, : (num_heads + num_kv_heads) * head_dim].view(tokens, num_heads + num_kv_heads, head_dim)
+        qk = qk.view(tokens, num_heads + num_kv_heads, head_dim)
         qk = qk * cos + _rotate_half(qk) * sin
         q, k = qk[:, :num_heads], qk[:, num_heads:]
     else:  # per head: the norm is over the last dimension
+        q, k = qk.split([num_heads * head_dim, num_kv_heads * head_dim], dim=-1)
         q = add_rmsnorm_reference(q.view(tokens, num_heads, head_dim), None, q_norm, eps)
         k = add_rmsnorm_reference(k.view(tokens, num_kv_heads, head_dim), None, k_norm, eps)
         q = q * cos + _rotate_half(q) * sin
