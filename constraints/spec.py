@@ -26,9 +26,13 @@ DEFAULT_JSON_LAYOUT = "dumps"
 # significant digits, a 3-digit exponent, constraints.schema.number_form) or "any" JSON number.
 # The flexible layout always takes any number.
 JSON_NUMBERS = ("bounded", "any")
+# Which orders an object's listed properties may be written in: "any" (the default; JSON objects
+# have no order) or "declared" (the order ``properties`` lists them in, as OpenAI's structured
+# outputs write them: a "reasoning" key declared first is written first).
+JSON_PROPERTY_ORDERS = ("any", "declared")
 _OPTION_DEFAULTS: dict[str, Any] = {
     "strict": True, "backend": "auto", "disable_any_whitespace": False, "json_layout": DEFAULT_JSON_LAYOUT,
-    "json_numbers": "bounded",
+    "json_numbers": "bounded", "json_property_order": "any",
 }
 _OPTION_TYPES: dict[str, type] = {
     "strict": bool,
@@ -37,6 +41,7 @@ _OPTION_TYPES: dict[str, type] = {
     "whitespace_pattern": str,
     "json_layout": str,
     "json_numbers": str,
+    "json_property_order": str,
 }
 
 
@@ -56,6 +61,9 @@ def _normalise_options(options: Mapping[str, Any] | None) -> Mapping[str, Any]:
         if name == "json_numbers" and value not in JSON_NUMBERS:
             raise InvalidConstraintError(f"json_numbers must be one of {', '.join(JSON_NUMBERS)}, got {value!r}",
                                          param=name)
+        if name == "json_property_order" and value not in JSON_PROPERTY_ORDERS:
+            raise InvalidConstraintError(
+                f"json_property_order must be one of {', '.join(JSON_PROPERTY_ORDERS)}, got {value!r}", param=name)
         out[name] = value
     _resolve_layout(out)
     out = {k: v for k, v in out.items() if v != _OPTION_DEFAULTS.get(k, object())}
@@ -102,8 +110,9 @@ class ConstraintSpec:
     grammar text, the list of choices (``choice``), the structural-tag dict, or ``None``
     (``json_object``). ``options`` may hold ``json_layout`` (one of :data:`JSON_LAYOUTS`,
     default ``"dumps"``), ``whitespace_pattern`` (a custom flexible layout),
-    ``disable_any_whitespace`` (stored as ``json_layout="compact"``), ``strict`` (default True)
-    and ``backend`` (default ``"auto"``); defaults are dropped.
+    ``disable_any_whitespace`` (stored as ``json_layout="compact"``), ``json_numbers`` (one of
+    :data:`JSON_NUMBERS`), ``json_property_order`` (one of :data:`JSON_PROPERTY_ORDERS`),
+    ``strict`` (default True) and ``backend`` (default ``"auto"``); defaults are dropped.
     ``param`` (keyword-only, not part of the key) names the request field, for error messages.
     """
 
@@ -379,6 +388,13 @@ def _options(fields: Mapping[str, Any], kind: str, strict: Any) -> dict[str, Any
             raise InvalidConstraintError(f"json_numbers must be one of {', '.join(JSON_NUMBERS)}, got {value!r}",
                                          param=param)
         opts["json_numbers"] = value
+    order = _json_layout(fields, so, "json_property_order")
+    if order is not None:
+        param, value = order
+        if value not in JSON_PROPERTY_ORDERS:
+            raise InvalidConstraintError(
+                f"json_property_order must be one of {', '.join(JSON_PROPERTY_ORDERS)}, got {value!r}", param=param)
+        opts["json_property_order"] = value
     wsp = so.get("whitespace_pattern") if isinstance(so, Mapping) else None
     wsp = wsp if wsp is not None else fields.get("guided_whitespace_pattern")
     if wsp is not None:
@@ -395,7 +411,7 @@ def _options(fields: Mapping[str, Any], kind: str, strict: Any) -> dict[str, Any
     if strict is False:
         opts["strict"] = False
     if kind not in ("json_schema", "json_object"):
-        for name in ("whitespace_pattern", "disable_any_whitespace", "json_layout", "json_numbers"):
+        for name in ("whitespace_pattern", "disable_any_whitespace", "json_layout", "json_numbers", "json_property_order"):
             opts.pop(name, None)
     try:
         _resolve_layout(dict(opts))

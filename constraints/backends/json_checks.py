@@ -140,6 +140,8 @@ class Scanner:
                 check = top.check
                 if check is not None and check.max_properties is not None and len(top.seen) >= check.max_properties:
                     raise _Refused  # a member past the maximum
+                if check is not None and _no_key_left(top):
+                    raise _Refused
                 return state._replace(mode=_KEY, text=b"")
             return _begin_item(state, byte)._replace(mode=_STRING, text=b"")
         if byte == ord("{") or byte == ord("["):
@@ -148,8 +150,8 @@ class Scanner:
             frame = Frame(is_object, path, self._check_for(path, is_object), expect_key=is_object)
             return _begin_item(state, byte)._replace(frames=frames + (frame,))
         if byte == ord("}") or byte == ord("]"):
-            if top is not None and top.is_object and top.check is not None and len(top.seen) < top.check.min_properties:
-                raise _Refused  # too few keys
+            if top is not None and top.is_object and top.check is not None and _unmet(top):
+                raise _Refused  # too few keys, or a required one missing
             state = state._replace(frames=frames[:-1])
             if state.capture >= 0 and state.capture == len(frames) - 2:  # a container item closed
                 return _end_item(state, state.raw)
@@ -159,6 +161,8 @@ class Scanner:
                 check = top.check
                 if check is not None and check.max_properties is not None and len(top.seen) >= check.max_properties:
                     raise _Refused
+                if check is not None and _no_key_left(top):
+                    raise _Refused  # every key the object takes is written already
                 return state._replace(frames=frames[:-1] + (top._replace(expect_key=True),))
             if top is not None and top.check is not None and _exhausted(top):
                 raise _Refused  # every listed item is written already
@@ -170,7 +174,7 @@ class Scanner:
         if check is None:
             return None
         if is_object:
-            return check if check.min_properties or check.max_properties is not None else None
+            return check if check.on_object else None
         return check if check.unique_items else None
 
     def _child_path(self, frames: tuple) -> tuple:
@@ -295,6 +299,19 @@ def _canonical(value: Any) -> Any:
 _LITERALS = {b"true": _canonical(True), b"false": _canonical(False), b"null": _canonical(None)}
 
 
+def _unmet(frame: Frame) -> bool:
+    """Whether the checked object ``frame`` may not close yet (too few keys, a required one
+    missing)."""
+    check = frame.check
+    return len(frame.seen) < check.min_properties or any(k not in frame.seen for k in check.required)
+
+
+def _no_key_left(frame: Frame) -> bool:
+    """Whether the checked object ``frame`` takes only its listed keys and holds all of them."""
+    check = frame.check
+    return check.closed and len(frame.seen) >= len(check.free_keys)
+
+
 def _exhausted(frame: Frame) -> bool:
     values = frame.check.item_values
     return values is not None and len(frame.seen) >= len(values)
@@ -308,9 +325,14 @@ def _dead_end(state: ScanState) -> bool:
         options = [value for lit, value in _LITERALS.items() if lit.startswith(raw)]
         seen = state.frames[-1].seen
         return bool(options) and all(value in seen for value in options)
-    if state.mode != _STRING or state.escape or state.high or not state.frames:
+    if state.mode not in (_STRING, _KEY) or state.escape or state.high or not state.frames:
         return False
     top = state.frames[-1]
+    if state.mode == _KEY:  # a key of an object that takes only listed ones, all of them used
+        if not top.is_object or top.check is None or not top.check.closed:
+            return False
+        text = state.text
+        return not any(b.startswith(text) and k not in top.seen for b, k in _encoded_keys(top.check))
     if top.is_object or top.check is None or top.check.item_values is None:
         return False
     text = state.text
@@ -320,6 +342,11 @@ def _dead_end(state: ScanState) -> bool:
 @functools.lru_cache(maxsize=256)
 def _encoded(check: JsonCheck) -> tuple[bytes, ...]:
     return tuple(v.encode("utf-8", "surrogatepass") for v in check.item_values or ())
+
+
+@functools.lru_cache(maxsize=256)
+def _encoded_keys(check: JsonCheck) -> tuple[tuple[bytes, str], ...]:
+    return tuple((k.encode("utf-8", "surrogatepass"), k) for k in check.free_keys or ())
 
 
 class TokenTable:
@@ -378,8 +405,10 @@ class TokenTable:
                 parts.append(self.quote_and_comma if in_string else self.with_comma)
                 if key_next and not in_string:
                     parts.append(self.with_quote)
-            if listed and not in_string:
-                parts.append(self.with_comma)
+            if listed:  # listed items or a closed object's keys: what starts one
+                parts.append(self.quote_and_comma if in_string else self.with_comma)
+                if key_next and not in_string:
+                    parts.append(self.with_quote)
             if repeat:
                 parts.append(self.complex_quote)
             found = self._candidates[kinds] = np.unique(np.concatenate(parts))
@@ -419,20 +448,22 @@ class JsonChecks(NarrowingMatcher):
         in_string = state.mode in (_KEY, _STRING)
         counted = [f for f in state.frames if f.is_object and f.check is not None]
         listed = not top.is_object and top.check is not None and top.check.item_values is not None
+        closed = top.is_object and top.check is not None and top.check.closed  # only listed keys, once each
         whole = _captures(top)  # at (or in a string or number of) an item compared whole
         if (in_string and (state.escape or state.high or (listed and state.mode == _STRING))) or (
-                whole and state.mode == _BARE):
-            ids = np.flatnonzero(_bits(words))  # mid-escape, in a listed item or a number: the few allowed
+                whole and state.mode == _BARE) or (closed and state.mode == _KEY):
+            # mid-escape, in a listed item, a number or a closed object's key: the few allowed
+            ids = np.flatnonzero(_bits(words))
         else:
             kinds = (
                 in_string,
                 # a token may close containers before it opens one: any check below the root
                 # counts, and an item opened and closed in one token (`` {},``)
                 self.scanner.has_below(()) or whole,
-                any(len(f.seen) < f.check.min_properties for f in counted),
+                any(_unmet(f) for f in counted),
                 any(f.check.max_properties is not None and len(f.seen) >= f.check.max_properties for f in counted),
                 top.is_object and top.expect_key,
-                listed,
+                listed or closed,
                 # inside an item compared whole, which could repeat one: what closes it
                 state.capture >= 0 and not whole and bool(state.frames[state.capture].seen),
                 whole and state.mode == _SYNTAX,  # a literal or a whole item may start

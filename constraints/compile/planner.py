@@ -193,7 +193,9 @@ def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
     check_schema_productive(schema)
     if not spec.strict:  # best effort: whatever compiles, fastest first
         return Plan(_only(forced, [Attempt("xgrammar", schema), Attempt("llguidance", schema)]), schema)
-    rewritten, checks = split_runtime_checks(rewrite_schema(schema))
+    free_order = spec.options.get("json_property_order", "any") == "any"
+    base = rewrite_schema(schema)
+    rewritten, checks = split_runtime_checks(base, free_order=free_order)
     if (pointer := open_property_count(rewritten)) is not None:
         raise UnsupportedConstraintError(
             f"keyword 'minProperties' at {pointer} is not supported for enforcement{LIMIT_REASONS['minProperties']}",
@@ -203,14 +205,21 @@ def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
     # llguidance takes small objects' properties in any order; xgrammar keeps the declared
     # order (an anyOf of objects costs it seconds to compile); refusals name the keyword where
     # the client wrote it (pointers of ``rewritten``)
-    attempts = [Attempt("llguidance", any_order(precompute_intersections(rewritten)))]
+    intersected = precompute_intersections(rewritten)
+    attempts = [Attempt("llguidance", any_order(intersected) if free_order else intersected)]
     if needs_lark(rewritten):  # llguidance's JSON compiler refuses contains: as a Lark grammar
         attempts.insert(0, Attempt("llguidance", LarkSchema(rewritten)))
         if before_draft_06(rewritten) and not needs_lark(schema):
             del attempts[1]  # ... or skips it in draft 3 / 4, where the rewrite's contains is no keyword
-    gaps = xgrammar_gaps(rewritten)
+    if checks:
+        attempts = [dataclasses.replace(a, checks=checks) for a in attempts]
+    # xgrammar takes no patternProperties: it keeps the declared order
+    declared, declared_checks = rewritten, checks
+    if any(c.free_keys is not None for c in checks):
+        declared, declared_checks = split_runtime_checks(base, free_order=False)
+    gaps = xgrammar_gaps(declared)
     if not gaps:
-        attempts.append(Attempt("xgrammar", rewritten))
+        attempts.append(Attempt("xgrammar", declared, checks=declared_checks))
     elif forced == "xgrammar":
         pointer, keyword = gaps[0]
         raise UnsupportedConstraintError(
@@ -218,6 +227,4 @@ def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
             pointer=pointer,
             keyword=keyword,
         )
-    if checks:
-        attempts = [dataclasses.replace(a, checks=checks) for a in attempts]
     return Plan(_only(forced, attempts), rewritten)

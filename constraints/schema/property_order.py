@@ -12,7 +12,7 @@ The property values are moved to ``$defs`` and referenced from each copy, so a v
 is built once, not once per order. Orders grow as n!, so only objects of at most
 :data:`MAX_PROPERTIES` properties are rewritten, outermost first, until :data:`MAX_BRANCHES`
 copies were made in the whole schema; the rest keep the declared order (fewer spellings, never
-a wrong instance). Members an object does not list (``additionalProperties`` /
+a wrong instance) unless :mod:`.runtime_checks` freed it (larger objects, checked as written). Members an object does not list (``additionalProperties`` /
 ``patternProperties``) still come after the listed ones, as the backends write them.
 """
 

@@ -30,6 +30,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, NamedTuple
 
+from ..regex.frontend import schema_pattern
 from .keywords import ANNOTATIONS, type_list
 from .tree import at_pointer, subschemas
 
@@ -65,7 +66,9 @@ class JsonCheck:
     """What the matcher checks on the value at ``path`` (property names, :class:`OtherKey`
     steps, None for every item of an array): its items pairwise distinct (strings, listed
     strings, objects or any values); its number of distinct keys within [min_properties,
-    max_properties] (repeated keys refused)."""
+    max_properties] (repeated keys refused); for an object whose listed properties may come in
+    any order (``free_keys``), no repeated key, the ``required`` keys present before it closes
+    and, when ``closed``, no key but the listed ones."""
 
     path: Path
     unique_items: bool = False
@@ -74,18 +77,29 @@ class JsonCheck:
     item_values: tuple[str, ...] | None = None  # the unique items' strings when they are listed
     object_items: bool = False  # the unique items are objects that take further keys
     any_values: bool = False  # the unique items are any JSON values (of a few unbounded types)
+    free_keys: tuple[str, ...] | None = None  # the listed keys of an object written in any order
+    required: tuple[str, ...] = ()
+    closed: bool = False  # the object takes no key but ``free_keys``
 
     def merged(self, other: "JsonCheck") -> "JsonCheck":
         highs = [h for h in (self.max_properties, other.max_properties) if h is not None]
         values = self.item_values if self.item_values is not None else other.item_values
+        free = self.free_keys if self.free_keys is not None else other.free_keys
         return JsonCheck(self.path, self.unique_items or other.unique_items,
                          max(self.min_properties, other.min_properties), min(highs) if highs else None, values,
-                         self.object_items or other.object_items, self.any_values or other.any_values)
+                         self.object_items or other.object_items, self.any_values or other.any_values,
+                         free, tuple(sorted({*self.required, *other.required})), self.closed or other.closed)
+
+    @property
+    def on_object(self) -> bool:
+        """Whether an object at the path is checked (its keys counted, required or unique)."""
+        return bool(self.min_properties) or self.max_properties is not None or self.free_keys is not None
 
 
-def split_runtime_checks(schema: Any) -> tuple[Any, tuple[JsonCheck, ...]]:
+def split_runtime_checks(schema: Any, free_order: bool = True) -> tuple[Any, tuple[JsonCheck, ...]]:
     """``schema`` without the keywords that are checked at run time instead, and those checks
-    (``schema`` itself and no checks when none applies; the input is not modified)."""
+    (``schema`` itself and no checks when none applies; the input is not modified). With
+    ``free_order``, objects of many listed properties take them in any order where that is exact."""
     if not isinstance(schema, dict) or any(isinstance(n, dict) and _UNFOLLOWED.intersection(n)
                                            for _, n in subschemas(schema)):
         return schema, ()
@@ -93,26 +107,95 @@ def split_runtime_checks(schema: Any) -> tuple[Any, tuple[JsonCheck, ...]]:
     walk = _Walk(root)
     if not walk.run():
         return schema, ()
-    found = [(walk.nodes[i], *f) for i, paths in walk.paths.items()
-             if i not in walk.unplaceable and (f := _node_checks(root, walk.nodes[i], paths)) is not None]
+    placed = [(walk.nodes[i], paths) for i, paths in walk.paths.items() if i not in walk.unplaceable]
+    found = [(node, *f) for node, paths in placed if (f := _node_checks(root, node, paths)) is not None]
     # an object item is compared whole once it closes: no other check may sit inside one
     paths_checked = [c.path for _, _, node_checks in found for c in node_checks]
     found = [(node, keys, node_checks) for node, keys, node_checks in found
-             if not any((c.object_items or c.any_values)
-                        and any(len(p) > len(c.path) and p[:len(c.path)] == c.path for p in paths_checked)
+             if not any((c.object_items or c.any_values) and any(_below(p, c.path) for p in paths_checked)
                         for c in node_checks)]
+    whole = [c.path for _, _, node_checks in found for c in node_checks if c.object_items or c.any_values]
+    free = [(node, f) for node, paths in placed if free_order and (f := _free_order_checks(root, node, paths))
+            is not None and not any(_below(c.path, w) for c in f for w in whole)]
     checks: dict[Path, JsonCheck] = {}
-    stripped: list[tuple[dict, tuple[str, ...]]] = []
-    for node, keys, node_checks in found:
-        stripped.append((node, keys))
-        for check in node_checks:
-            checks[check.path] = checks[check.path].merged(check) if check.path in checks else check
+    for check in [c for _, _, node_checks in found for c in node_checks] + [c for _, f in free for c in f]:
+        checks[check.path] = checks[check.path].merged(check) if check.path in checks else check
     if not checks:
         return schema, ()
-    for node, keys in stripped:
+    for node, keys, _ in found:
         for key in keys:
             node.pop(key, None)
+    for node, _ in free:
+        _free_the_order(node)
     return root, tuple(checks[p] for p in sorted(checks, key=repr))
+
+
+def _below(path: Path, above: Path) -> bool:
+    return len(path) > len(above) and path[:len(above)] == above
+
+
+# -- properties in any order ----------------------------------------------------------------------
+#
+# llguidance and xgrammar write an object's listed properties in the order ``properties`` gives
+# them; :mod:`.property_order` spells out every order of a small object. A larger one has its
+# ``properties`` turned into ``patternProperties`` of the exact key names (the backend then takes
+# them in any order, each with its own value schema, but any number of times) and its
+# ``required`` taken out: the matcher refuses a repeated key, a close before the required keys
+# and, when the object takes no other key, a key no unused name can complete.
+
+FREE_ORDER_MIN = 5  # objects of fewer listed properties get every order spelled out
+# what an order-free object may say besides its properties (each copied as it is)
+_FREE_ORDER_KEYS = frozenset({"type", "properties", "required", "additionalProperties"}) | ANNOTATIONS
+# keywords of another subschema at the same place that would bind the object's keys
+_OBJECT_KEYWORDS = frozenset({"properties", "required", "patternProperties", "additionalProperties", "propertyNames",
+                              "minProperties", "maxProperties", "dependencies", "dependentRequired",
+                              "dependentSchemas", "unevaluatedProperties", "enum", "const"})
+_PATTERN_SPECIALS = frozenset("\\^$.|?*+()[]{}/")
+
+
+def _many_properties(node: dict) -> bool:
+    props = node.get("properties")
+    return isinstance(props, dict) and len(props) >= FREE_ORDER_MIN
+
+
+def _free_order_checks(root: dict, node: dict, paths: set[Path]) -> list[JsonCheck] | None:
+    """The checks that let ``node``'s listed properties come in any order at ``paths``, or None
+    where that would not be exact: the node says more than its properties, another subschema
+    at one of its places binds the keys, or it does not apply to every object there."""
+    if not _many_properties(node) or set(node) - _FREE_ORDER_KEYS or not _admits(node, "object"):
+        return None
+    props, required = node["properties"], node.get("required", [])
+    if not all(_plain_key(k) for k in props) or not isinstance(required, list) or not set(required) <= set(props):
+        return None
+    extra = node.get("additionalProperties", True)
+    if not isinstance(extra, (bool, dict)):
+        return None
+    for path in paths:
+        if any(other is not node and _OBJECT_KEYWORDS.intersection(other) for other in _applying(root, path)):
+            return None
+        if not _forces(root, root, path, lambda n: n is node, "object", set()):
+            return None
+    return [JsonCheck(path, free_keys=tuple(props), required=tuple(sorted(set(required))), closed=extra is False)
+            for path in paths]
+
+
+def _plain_key(key: str) -> bool:
+    """A key whose exact pattern is plain: printable BMP characters, no quote or backslash."""
+    return all(" " <= ch <= "\uffff" and ch not in '"\\' and not "\ud800" <= ch <= "\udfff" for ch in key)
+
+
+def _free_the_order(node: dict) -> None:
+    """``node`` (changed in place) with its properties as exact-name patterns, any order."""
+    props = node.pop("properties")
+    node.pop("required", None)
+    node["patternProperties"] = {_exact_pattern(k): v for k, v in props.items()}
+
+
+def _exact_pattern(key: str) -> str:
+    escaped = "".join("\\" + ch if ch in _PATTERN_SPECIALS else ch for ch in key)
+    regex = schema_pattern(f"^{escaped}$")
+    assert regex is not None  # a literal always matches itself
+    return regex
 
 
 def _node_checks(root: dict, node: dict, paths: set[Path]) -> tuple[tuple[str, ...], list[JsonCheck]] | None:
@@ -372,7 +455,7 @@ class _Walk:
             self._mark_below(node)  # a recursion: paths without end
             return
         stack = stack | {id(node)}
-        if node.get("uniqueItems") is True or "minProperties" in node or "maxProperties" in node:
+        if node.get("uniqueItems") is True or "minProperties" in node or "maxProperties" in node or _many_properties(node):
             self.nodes[id(node)] = node
             self.paths.setdefault(id(node), set()).add(path)
         if "$ref" in node:

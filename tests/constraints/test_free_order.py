@@ -1,0 +1,163 @@
+"""Larger objects accept their properties in any order (constraints/schema/runtime_checks.py,
+"properties in any order"; constraints/backends/json_checks.py): valid objects are accepted in
+every order tried, invalid ones are refused (a repeated key, a required key missing, a key a
+closed object does not list, a wrong value), checked against jsonschema; random walks never get
+stuck and always end valid; where freeing the order would not be exact the declared order stays;
+``json_property_order: "declared"`` keeps it on request."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+
+import jsonschema
+import pytest
+import torch
+
+from constraints import ConstraintSpec, spec_from_request
+from constraints.schema.runtime_checks import JsonCheck, split_runtime_checks
+
+from .conftest import allowed_ids, assert_classified, new_mask, walk_json, walk_text
+
+S = {"type": "string", "maxLength": 8}
+NAMES = ["name", "email", "product", "order_id", "issue", "priority"]
+TICKET = {"type": "object", "properties": {n: S for n in NAMES}, "required": ["name", "email", "issue"],
+          "additionalProperties": False}
+FULL = {n: n[:3] for n in NAMES}
+
+
+def _orders(value: dict) -> list[dict]:
+    items = list(value.items())
+    rng = random.Random(len(items))
+    shuffled = [dict(rng.sample(items, len(items))) for _ in range(3)]
+    return [value, dict(reversed(items)), *shuffled]
+
+
+CASES = [
+    (  # closed: listed keys only, each once, the required ones before it closes
+        TICKET,
+        [*_orders(FULL), {"issue": "x", "email": "e", "name": "n"}, {"name": "n", "issue": "i", "email": "e"}],
+        [{"name": "n", "email": "e"}, {"issue": "x", "email": "e", "name": "n", "extra": "y"}, {"issue": 1, "email": "e", "name": "n"}, {}],
+    ),
+    (  # open: other keys take additionalProperties, anywhere among the listed ones
+        {**TICKET, "additionalProperties": {"type": "integer"}},
+        [{"extra": 1, "issue": "x", "email": "e", "name": "n"}, {"issue": "x", "nam": 2, "email": "e", "name": "n"}],
+        [{"extra": "s", "issue": "x", "email": "e", "name": "n"}, {"email": "e", "issue": "x"}],
+    ),
+    (  # under array items, through a $ref, beside a unique list inside it
+        {"type": "array", "items": {"$ref": "#/$defs/t"}, "$defs": {"t": {
+            **TICKET, "properties": {**TICKET["properties"], "tags": {"type": "array", "uniqueItems": True,
+                                                                       "items": {"type": "string"}}}}}},
+        [[dict(reversed(FULL.items())), {"tags": ["a", "b"], "name": "n", "email": "e", "issue": "i"}]],
+        [[{"tags": ["a", "a"], "name": "n", "email": "e", "issue": "i"}], [{"name": "n", "email": "e"}]],
+    ),
+    (  # nested: both levels freed
+        {"type": "object", "properties": {**{n: S for n in "abcd"}, "inner": TICKET}, "additionalProperties": False},
+        [{"inner": dict(reversed(FULL.items())), "d": "x", "a": "y"}],
+        [{"inner": {"name": "n"}, "a": "y"}, {"a": "y", "b": 1}],
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "valid", "invalid"), CASES)
+def test_any_order_classifies_like_jsonschema(compiler, tok, schema, valid, invalid):
+    assert any(c.free_keys for c in split_runtime_checks(schema)[1])
+    assert_classified(compiler, tok, schema, valid, invalid)
+
+
+@pytest.mark.parametrize("additional", [False, {"type": "integer"}])
+def test_a_repeated_key_is_refused(compiler, tok, additional):
+    compiled = compiler.compile(ConstraintSpec("json_schema", {**TICKET, "additionalProperties": additional}))
+    assert walk_text(compiled, tok, '{"issue": "x", "email": "e", "name": "n"}')
+    assert not walk_text(compiled, tok, '{"issue": "x", "email": "e", "name": "n", "email": "f"}')
+    assert not walk_text(compiled, tok, '{"name": "n", "email": "e", "name": "m", "issue": "x"}')
+
+
+def test_every_order_of_a_small_subset(compiler, tok):
+    compiled = compiler.compile(ConstraintSpec("json_schema", TICKET))
+    for order in itertools.permutations(["name", "email", "issue", "priority"]):
+        assert walk_json(compiled, tok, {k: k[:2] for k in order}), order
+
+
+def test_the_checks_and_the_rewrite():
+    stripped, checks = split_runtime_checks(TICKET)
+    assert checks == (JsonCheck((), free_keys=tuple(NAMES), required=("email", "issue", "name"), closed=True),)
+    assert "properties" not in stripped and "required" not in stripped
+    assert list(stripped["patternProperties"]) == [f"^{n}$" for n in NAMES]
+    keys = {"type": "object", "properties": {f"a.{i}": S for i in range(5)}}
+    assert list(split_runtime_checks(keys)[0]["patternProperties"]) == [f"^a\\.{i}$" for i in range(5)]
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        # fewer than five properties: property_order spells the orders out
+        {"type": "object", "properties": {n: S for n in "abcd"}},
+        # another subschema at the same place binds the keys
+        {"allOf": [TICKET, {"required": ["product"]}]},
+        # one anyOf branch among objects of other keys
+        {"anyOf": [TICKET, {"type": "object", "properties": {"x": S}}]},
+        # the node says more than its properties
+        {**TICKET, "patternProperties": {"^x": S}},
+        {**TICKET, "dependentRequired": {"name": ["email"]}},
+        # a recursion: no path to check it at
+        {"$defs": {"t": {"type": "object", "properties": {**{n: S for n in NAMES}, "child": {"$ref": "#/$defs/t"}}}},
+         "$ref": "#/$defs/t"},
+        # a key whose pattern would not be plain
+        {"type": "object", "properties": {**{n: S for n in NAMES}, 'say "hi"': S}},
+    ],
+)
+def test_inexact_places_keep_the_declared_order(schema):
+    assert split_runtime_checks(schema) == (schema, ())
+
+
+def test_declared_order_on_request(compiler, tok):
+    spec = spec_from_request({"structured_outputs": {"json": TICKET, "json_property_order": "declared"}})
+    assert spec.options == {"json_property_order": "declared"}
+    compiled = compiler.compile(spec)
+    assert walk_json(compiled, tok, FULL)
+    assert not walk_json(compiled, tok, dict(reversed(FULL.items())))
+    small = {"type": "object", "properties": {"b": S, "a": S}}
+    compiled = compiler.compile(ConstraintSpec("json_schema", small, {"json_property_order": "declared"}))
+    assert walk_json(compiled, tok, {"b": "x", "a": "y"}) and not walk_json(compiled, tok, {"a": "y", "b": "x"})
+    with pytest.raises(Exception, match="json_property_order"):
+        spec_from_request({"structured_outputs": {"json": TICKET, "json_property_order": "sorted"}})
+
+
+def test_random_walks_end_valid_and_never_stuck(compiler, tok):
+    """Walks through the mask, often towards a quote or a brace: every state offers a token,
+    every allowed token is accepted, every finished answer is valid."""
+    closers = {i for i, text in enumerate(tok.convert_ids_to_tokens(list(range(len(tok))))) if any(c in text for c in '"},')}
+    rng = random.Random(11)
+    for schema, _, _ in CASES:
+        compiled = compiler.compile(ConstraintSpec("json_schema", schema))
+        check = jsonschema.Draft202012Validator(schema).is_valid
+        for _ in range(4):
+            matcher, ids = compiled.new_matcher(), []
+            for _ in range(120):
+                mask = new_mask()
+                matcher.fill_bitmask(mask, 0)
+                options = sorted(allowed_ids(mask))
+                assert options, tok.decode(ids)
+                closing = [t for t in options if t in closers]
+                t = rng.choice(closing if closing and rng.random() < 0.7 else options)
+                assert matcher.accept_token(t)
+                if matcher.is_terminated():
+                    assert check(json.loads(tok.decode(ids))), tok.decode(ids)
+                    break
+                ids.append(t)
+
+
+def test_a_closed_object_refuses_a_key_only_used_names_complete(compiler, tok):
+    schema = {"type": "object", "properties": {n: S for n in ["ab", "abc", "x1", "x2", "x3"]},
+              "additionalProperties": False}
+    compiled = compiler.compile(ConstraintSpec("json_schema", schema))
+    matcher = compiled.new_matcher()
+    for t in tok.encode('{"abc": "q", "ab": "r", "', add_special_tokens=False):
+        assert matcher.accept_token(t)
+    mask = new_mask()
+    matcher.fill_bitmask(mask, 0)
+    assert not any(tok.decode([t]).startswith("a") for t in allowed_ids(mask))
+    assert any(tok.decode([t]).startswith("x") for t in allowed_ids(mask))
+    assert torch.any(mask != 0)
