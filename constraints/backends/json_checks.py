@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from ..schema.runtime_checks import JsonCheck, OtherKey
+from ..regex.disjoint import match_progress
+from ..schema.runtime_checks import JsonCheck, OtherKey, PatternKey
 from .base import CompiledConstraint, Matcher
 from .narrowing import NarrowingConstraint, NarrowingMatcher
 from .vocabulary import TokenizerContext, special_ids, token_bytes
@@ -39,6 +40,7 @@ _ESCAPES = {ord("n"): b"\n", ord("t"): b"\t", ord("r"): b"\r", ord("b"): b"\b", 
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")
 _STRUCTURAL_END = frozenset(b",}]")
 
+_VALUE_STATES_KEPT = 16  # string-value states whose refusals a matcher keeps
 # scanner modes: between tokens of JSON syntax, in a key, in a string value, in a number/literal
 _SYNTAX, _KEY, _STRING, _BARE = 0, 1, 2, 3
 
@@ -95,6 +97,17 @@ class Scanner:
         # objects whose unlisted keys lead to a check: the names they list
         self._others = {c.path[:n]: step.listed for c in checks for n, step in enumerate(c.path)
                         if isinstance(step, OtherKey)}
+        # objects whose unlisted keys all match one pattern leading to a check: that step
+        self._patterned = {c.path[:n]: step for c in checks for n, step in enumerate(c.path)
+                           if isinstance(step, PatternKey)}
+
+    def plain_keys(self, frame: Frame) -> bool:
+        """Whether ``frame``'s keys must be written without escapes: an object whose listed keys
+        the backend takes as exact-name patterns, or whose unlisted keys lead to a check through
+        a pattern (the backends match a pattern against the key as written, where the checks
+        read the key it spells)."""
+        return frame.is_object and ((frame.check is not None and frame.check.free_keys is not None)
+                                    or frame.path in self._patterned)
 
     def has_below(self, path: tuple) -> bool:
         """Whether a checked container may open inside the value at ``path``."""
@@ -183,6 +196,9 @@ class Scanner:
         top = frames[-1]
         if not top.is_object:
             return (*top.path, None)
+        patterned = self._patterned.get(top.path)
+        if patterned is not None and top.key not in patterned.listed:
+            return (*top.path, patterned)
         listed = self._others.get(top.path)
         return (*top.path, OtherKey(listed) if listed is not None and top.key not in listed else top.key)
 
@@ -190,6 +206,8 @@ class Scanner:
         escape = state.escape
         if escape == "":
             if byte == _BACKSLASH:
+                if state.mode == _KEY and self.plain_keys(state.frames[-1]):
+                    raise _Refused  # an escape the backend may not read as the key it spells
                 return state._replace(escape="\\")
             if byte == _QUOTE:
                 return self._close_string(state)
@@ -302,14 +320,31 @@ _LITERALS = {b"true": _canonical(True), b"false": _canonical(False), b"null": _c
 def _unmet(frame: Frame) -> bool:
     """Whether the checked object ``frame`` may not close yet (too few keys, a required one
     missing)."""
-    check = frame.check
-    return len(frame.seen) < check.min_properties or any(k not in frame.seen for k in check.required)
+    check, seen = frame.check, frame.seen
+    return len(seen) < check.min_properties or any(k not in seen for k in check.required) or any(
+        name in seen and any(k not in seen for k in needed) for name, needed in check.dependent_required)
 
 
 def _no_key_left(frame: Frame) -> bool:
     """Whether the checked object ``frame`` takes only its listed keys and holds all of them."""
     check = frame.check
-    return check.closed and len(frame.seen) >= len(check.free_keys)
+    return check.closed and not check.key_patterns and len(frame.seen) >= len(check.free_keys)
+
+
+def _progress(pattern: str, text: bytes) -> str:
+    """How far a key starting with ``text`` (UTF-8, perhaps cut inside a character) is from
+    matching ``pattern`` (:func:`constraints.regex.disjoint.match_progress`)."""
+    try:
+        decoded = text.decode("utf-8")
+    except UnicodeDecodeError:
+        return "live"  # mid-character: decided once the character is whole
+    return match_progress(pattern, decoded) or "live"
+
+
+def _key_settled(state: ScanState) -> bool:
+    """Whether the key in progress can match one of its closed object's patterns however it
+    goes on (no token can leave it at a dead end)."""
+    return any(_progress(p, state.text) == "safe" for p in state.frames[-1].check.key_patterns)
 
 
 def _exhausted(frame: Frame) -> bool:
@@ -332,7 +367,8 @@ def _dead_end(state: ScanState) -> bool:
         if not top.is_object or top.check is None or not top.check.closed:
             return False
         text = state.text
-        return not any(b.startswith(text) and k not in top.seen for b, k in _encoded_keys(top.check))
+        return not any(b.startswith(text) and k not in top.seen for b, k in _encoded_keys(top.check)) and all(
+            _progress(p, text) == "dead" for p in top.check.key_patterns)
     if top.is_object or top.check is None or top.check.item_values is None:
         return False
     text = state.text
@@ -370,6 +406,7 @@ class TokenTable:
         self.with_quote = ids[quotes > 0]
         self.with_brace = ids[has[b"}"]]
         self.with_comma = ids[has[b","]]
+        self.with_backslash = ids[has[b"\\"]]
         self.many_quotes = ids[quotes > 1]
         # tokens whose closing of a string the index below cannot tell: escapes before the quote
         self.complex_quote = ids[(quotes > 0) & (has[b"\\"] | (quotes > 1))]
@@ -388,10 +425,10 @@ class TokenTable:
         """The tokens to run through the scanner in a state of these ``kinds`` (in a string, a
         checked container below, a minimum unmet, a maximum reached, a key next, listed items, an
         item compared whole that could repeat one, the start of such an item, a string that could
-        repeat one), sorted; one array per combination, made once."""
+        repeat one, a key written without escapes), sorted; one array per combination, made once."""
         found = self._candidates.get(kinds)
         if found is None:
-            in_string, below, low, high, key_next, listed, capturing, item_start, repeat = kinds
+            in_string, below, low, high, key_next, listed, capturing, item_start, repeat, plain_keys = kinds
             parts = [self.many_quotes]
             if below:
                 parts.append(self.opening_quoted if in_string else self.opening)
@@ -411,6 +448,8 @@ class TokenTable:
                     parts.append(self.with_quote)
             if repeat:
                 parts.append(self.complex_quote)
+            if plain_keys:
+                parts.append(self.with_backslash)
             found = self._candidates[kinds] = np.unique(np.concatenate(parts))
         return found
 
@@ -427,6 +466,8 @@ class JsonChecks(NarrowingMatcher):
         super().__init__(inner, ScanState())
         self.table = table
         self.scanner = Scanner(checks)
+        # per open containers (a string value in progress): tokens looked at, tokens refused
+        self._after_value: dict[tuple, tuple[np.ndarray, set[int]]] = {}
 
     # -- the checks ----------------------------------------------------------------------------
 
@@ -442,18 +483,24 @@ class JsonChecks(NarrowingMatcher):
         """Tokens allowed in ``words`` that a check refuses from the current state."""
         state = self._states[-1]
         table, refused = self.table, []
-        if not any(f.check is not None for f in state.frames):
+        top = state.frames[-1] if state.frames else None
+        if not any(f.check is not None for f in state.frames) and not (
+                state.mode in (_SYNTAX, _KEY) and top is not None and self.scanner.plain_keys(top)):
             return [t for t in _allowed(words, table.opening).tolist() if self._after(state, t) is None]
-        top = state.frames[-1]
         in_string = state.mode in (_KEY, _STRING)
         counted = [f for f in state.frames if f.is_object and f.check is not None]
         listed = not top.is_object and top.check is not None and top.check.item_values is not None
         closed = top.is_object and top.check is not None and top.check.closed  # only listed keys, once each
         whole = _captures(top)  # at (or in a string or number of) an item compared whole
-        if (in_string and (state.escape or state.high or (listed and state.mode == _STRING))) or (
-                whole and state.mode == _BARE) or (closed and state.mode == _KEY):
-            # mid-escape, in a listed item, a number or a closed object's key: the few allowed
+        mid_escape = in_string and bool(state.escape or state.high)
+        if (in_string and listed and state.mode == _STRING) or (whole and state.mode == _BARE) or (
+                closed and state.mode == _KEY and not _key_settled(state)):
+            # in a listed item, a number or a closed object's key: the few allowed
             ids = np.flatnonzero(_bits(words))
+        elif mid_escape:
+            # what the escape stands for is not known yet: a token can only refuse by closing
+            # the string after it (the text before its quote is no literal text to index)
+            ids = _allowed(words, table.with_quote)
         else:
             kinds = (
                 in_string,
@@ -461,22 +508,47 @@ class JsonChecks(NarrowingMatcher):
                 # counts, and an item opened and closed in one token (`` {},``)
                 self.scanner.has_below(()) or whole,
                 any(_unmet(f) for f in counted),
-                any(f.check.max_properties is not None and len(f.seen) >= f.check.max_properties for f in counted),
+                # a maximum reached or every key written: a comma (perhaps after closing inner
+                # containers) is refused
+                any((f.check.max_properties is not None and len(f.seen) >= f.check.max_properties)
+                    or _no_key_left(f) for f in counted),
                 top.is_object and top.expect_key,
                 listed or closed,
                 # inside an item compared whole, which could repeat one: what closes it
                 state.capture >= 0 and not whole and bool(state.frames[state.capture].seen),
                 whole and state.mode == _SYNTAX,  # a literal or a whole item may start
                 in_string and top.check is not None and (state.mode == _KEY) == top.is_object,
+                # a key of an object whose keys are written without escapes may start or go on
+                state.mode in (_SYNTAX, _KEY) and self.scanner.plain_keys(top),
             )
             ids = _allowed(words, table.candidates(kinds))
-            if kinds[-1]:  # closing into a repeat: the index by the text before the quote
+            if kinds[8]:  # closing into a repeat: the index by the text before the quote
                 text = state.text
                 for value in _string_items(top):
                     if value.startswith(text):
                         refused.extend(table.closing.get(value[len(text):], ()))
-        refused.extend(t for t in ids.tolist() if self._after(state, t) is None)
+        if state.mode == _STRING and state.capture < 0 and (top.is_object or top.check is None):
+            refused.extend(self._refused_after_value(state, ids))
+        else:
+            refused.extend(t for t in ids.tolist() if self._after(state, t) is None)
         return refused
+
+    def _refused_after_value(self, state: ScanState, ids: np.ndarray) -> list[int]:
+        """The tokens among ``ids`` a check refuses in a plain string value: only what follows
+        its closing quote can fire, so the answer depends on the open containers (and an
+        escape in progress) alone and is kept per such state (a value's tokens are looked at
+        once, not at every step)."""
+        key = (state.frames, state.escape, state.high)
+        entry = self._after_value.get(key)
+        if entry is None:
+            if len(self._after_value) >= _VALUE_STATES_KEPT:
+                self._after_value.pop(next(iter(self._after_value)))
+            entry = self._after_value[key] = (np.zeros(len(self.table.data), dtype=bool), set())
+        looked, refused = entry
+        fresh = ids[~looked[ids]]
+        refused.update(t for t in fresh.tolist() if self._after(state, t) is None)
+        looked[fresh] = True
+        return [t for t in ids.tolist() if t in refused] if refused else []
 
     def narrow(self, bitmask: "torch.Tensor", row: int) -> None:
         """Clear from ``bitmask[row]`` (the backend's mask of this state) what the checks refuse."""

@@ -72,6 +72,48 @@ def _pattern_language(pattern: str):
         return None
 
 
+def match_progress(pattern: str, text: str) -> str | None:
+    """How far a string starting with ``text`` is from containing a match of ``pattern`` (as
+    :func:`patterns_disjoint` reads it): ``"dead"`` when no continuation matches, ``"safe"``
+    when every continuation can still match, else ``"live"``; None when the pattern has no DFA
+    here."""
+    fsm = pattern_language(pattern)
+    if fsm is None:
+        return None
+    state = fsm.initial
+    for ch in text:
+        state = fsm.map.get(state, {}).get(fsm.alphabet[ch])
+        if state is None:
+            return "dead"
+    live, safe = _state_kinds(pattern)
+    return "safe" if state in safe else "live" if state in live else "dead"
+
+
+@lru_cache(maxsize=256)
+def _state_kinds(pattern: str) -> tuple[frozenset, frozenset]:
+    """The states of the pattern's DFA from which a final state can be reached (live), and
+    those from which every reachable state is live and no symbol leads nowhere (safe)."""
+    fsm = pattern_language(pattern)
+    live = set(fsm.finals)
+    grew = True
+    while grew:
+        grew = False
+        for state, moves in fsm.map.items():
+            if state not in live and any(target in live for target in moves.values()):
+                live.add(state)
+                grew = True
+    symbols = set(fsm.alphabet.by_transition) if hasattr(fsm.alphabet, "by_transition") else None
+    safe = {s for s in live if symbols is not None and set(fsm.map.get(s, {})) >= symbols}
+    shrank = True
+    while shrank:
+        shrank = False
+        for state in list(safe):
+            if any(target not in safe for target in fsm.map.get(state, {}).values()):
+                safe.discard(state)
+                shrank = True
+    return frozenset(live), frozenset(safe)
+
+
 def _strip_outer_anchors(pattern: str) -> tuple[str | None, bool, bool]:
     """(pattern without a leading ``^`` / trailing unescaped ``$``, had ^, had $); body None
     when an anchor belongs to a top-level alternative only (``^a|b``)."""

@@ -10,9 +10,10 @@ or a member past the maximum (:mod:`constraints.backends.json_checks`).
 returns them as :class:`JsonCheck` s, only where that is exact:
 
 * every place the keyword's subschema applies is a known path (reached from the root through
-  ``$ref``, ``allOf``/``anyOf``/``oneOf``, ``properties``, ``additionalProperties`` and a single
-  ``items`` schema, never through ``not``, ``if``, ``contains``, ``patternProperties`` or a
-  recursion), so the check knows where to look and removing the keyword lets nothing else through;
+  ``$ref``, ``allOf``/``anyOf``/``oneOf``, ``properties``, ``additionalProperties``, a single
+  ``items`` schema and the one ``patternProperties`` pattern of an object that takes no other
+  unlisted key, never through ``not``, ``if``, ``contains`` or a recursion), so the check knows
+  where to look and removing the keyword lets nothing else through;
 * at each such path every valid instance satisfies the keyword (it is not one ``anyOf`` branch
   among others that allow repeats), so checking it at the path refuses nothing valid;
 * a refused token always leaves a way on, so the answer never gets stuck: unique items are
@@ -27,12 +28,15 @@ Elsewhere the keyword stays and strict mode refuses it by name, as before.
 from __future__ import annotations
 
 import copy
+import functools
+import json
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, NamedTuple
 
+from ..regex.disjoint import pattern_language, patterns_disjoint
 from ..regex.frontend import schema_pattern
 from .keywords import ANNOTATIONS, type_list
-from .tree import at_pointer, subschemas
+from .tree import at_pointer, escape_part, pointer_parts, subschemas
 
 
 class OtherKey(NamedTuple):
@@ -42,14 +46,23 @@ class OtherKey(NamedTuple):
     listed: frozenset
 
 
-Path = tuple  # property names (str), OtherKey steps and None for "any array item"
+class PatternKey(NamedTuple):
+    """A path step: any key of an object that none of its subschemas lists (``listed``), in an
+    object whose only other keys are those its one ``patternProperties`` ``pattern`` takes (so
+    every such key matches it)."""
+
+    listed: frozenset
+    pattern: str
+
+
+Path = tuple  # property names (str), OtherKey / PatternKey steps and None for "any array item"
 MAX_VISITS = 20_000  # (subschema, path) pairs the walk may visit before it gives up
 
 # in-place applicators: their subschemas describe the same instance
 _IN_PLACE_LISTS = ("allOf", "anyOf", "oneOf")
 _IN_PLACE_SINGLE = ("then", "else")
 # where a subschema's path cannot be told (any key, a position, ...) or its meaning is negated
-_OPAQUE = ("not", "if", "contains", "propertyNames", "patternProperties",
+_OPAQUE = ("not", "if", "contains", "propertyNames",
            "prefixItems", "additionalItems", "unevaluatedProperties", "unevaluatedItems", "dependentSchemas",
            "dependencies")
 # keys that say nothing of a value by themselves (the subschemas they lead to are looked at;
@@ -79,7 +92,9 @@ class JsonCheck:
     any_values: bool = False  # the unique items are any JSON values (of a few unbounded types)
     free_keys: tuple[str, ...] | None = None  # the listed keys of an object written in any order
     required: tuple[str, ...] = ()
-    closed: bool = False  # the object takes no key but ``free_keys``
+    closed: bool = False  # the object takes no key but ``free_keys`` and those ``key_patterns`` match
+    key_patterns: tuple[str, ...] = ()
+    dependent_required: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (key, the keys it needs)
 
     def merged(self, other: "JsonCheck") -> "JsonCheck":
         highs = [h for h in (self.max_properties, other.max_properties) if h is not None]
@@ -88,7 +103,9 @@ class JsonCheck:
         return JsonCheck(self.path, self.unique_items or other.unique_items,
                          max(self.min_properties, other.min_properties), min(highs) if highs else None, values,
                          self.object_items or other.object_items, self.any_values or other.any_values,
-                         free, tuple(sorted({*self.required, *other.required})), self.closed or other.closed)
+                         free, tuple(sorted({*self.required, *other.required})), self.closed or other.closed,
+                         self.key_patterns or other.key_patterns,
+                         tuple(sorted({*self.dependent_required, *other.dependent_required})))
 
     @property
     def on_object(self) -> bool:
@@ -115,8 +132,10 @@ def split_runtime_checks(schema: Any, free_order: bool = True) -> tuple[Any, tup
              if not any((c.object_items or c.any_values) and any(_below(p, c.path) for p in paths_checked)
                         for c in node_checks)]
     whole = [c.path for _, _, node_checks in found for c in node_checks if c.object_items or c.any_values]
-    free = [(node, f) for node, paths in placed if free_order and (f := _free_order_checks(root, node, paths))
-            is not None and not any(_below(c.path, w) for c in f for w in whole)]
+    pinned = _properties_referenced(root) if free_order else set()
+    free = [(node, f) for node, paths in placed if free_order and id(node) not in pinned
+            and (f := _free_order_checks(root, node, paths)) is not None
+            and not any(_below(c.path, w) for c in f for w in whole)]
     checks: dict[Path, JsonCheck] = {}
     for check in [c for _, _, node_checks in found for c in node_checks] + [c for _, f in free for c in f]:
         checks[check.path] = checks[check.path].merged(check) if check.path in checks else check
@@ -134,6 +153,23 @@ def _below(path: Path, above: Path) -> bool:
     return len(path) > len(above) and path[:len(above)] == above
 
 
+def _properties_referenced(root: dict) -> set[int]:
+    """The ids of the nodes whose ``properties`` a local ``$ref`` points into (freeing their
+    order would move what it names)."""
+    pinned: set[int] = set()
+    for _, node in subschemas(root):
+        ref = node.get("$ref") if isinstance(node, dict) else None
+        if not isinstance(ref, str) or not ref.startswith("#/"):
+            continue
+        parts = pointer_parts(ref[1:])
+        for i, part in enumerate(parts):
+            if part == "properties":
+                holder = at_pointer(root, "".join("/" + escape_part(p) for p in parts[:i]))
+                if isinstance(holder, dict):
+                    pinned.add(id(holder))
+    return pinned
+
+
 # -- properties in any order ----------------------------------------------------------------------
 #
 # llguidance and xgrammar write an object's listed properties in the order ``properties`` gives
@@ -144,8 +180,16 @@ def _below(path: Path, above: Path) -> bool:
 # and, when the object takes no other key, a key no unused name can complete.
 
 FREE_ORDER_MIN = 5  # objects of fewer listed properties get every order spelled out
-# what an order-free object may say besides its properties (each copied as it is)
-_FREE_ORDER_KEYS = frozenset({"type", "properties", "required", "additionalProperties"}) | ANNOTATIONS
+# distinct value schemas of one order-free object (each is one pattern: llguidance's compile
+# time grows faster than linearly with an object's patterns)
+FREE_ORDER_MAX_PATTERNS = 48
+# what an order-free object may not say beside its properties: keywords that bind its keys in a
+# way the rewrite would change, or whose meaning a new place could change (its in-place
+# subschemas, ``allOf`` / ``$ref`` / ..., are looked at as other subschemas at the same place)
+_NOT_FREED_BESIDE = frozenset({"propertyNames", "dependencies", "dependentRequired", "dependentSchemas",
+                               "unevaluatedProperties", "minProperties", "maxProperties", "enum", "const",
+                               "$dynamicRef", "$recursiveRef", "$dynamicAnchor", "$recursiveAnchor", "extends",
+                               "disallow"})
 # keywords of another subschema at the same place that would bind the object's keys
 _OBJECT_KEYWORDS = frozenset({"properties", "required", "patternProperties", "additionalProperties", "propertyNames",
                               "minProperties", "maxProperties", "dependencies", "dependentRequired",
@@ -162,21 +206,65 @@ def _free_order_checks(root: dict, node: dict, paths: set[Path]) -> list[JsonChe
     """The checks that let ``node``'s listed properties come in any order at ``paths``, or None
     where that would not be exact: the node says more than its properties, another subschema
     at one of its places binds the keys, or it does not apply to every object there."""
-    if not _many_properties(node) or set(node) - _FREE_ORDER_KEYS or not _admits(node, "object"):
+    if not _many_properties(node) or _NOT_FREED_BESIDE.intersection(node) or not _admits(node, "object"):
         return None
     props, required = node["properties"], node.get("required", [])
     if not all(_plain_key(k) for k in props) or not isinstance(required, list) or not set(required) <= set(props):
         return None
+    patterns = node.get("patternProperties", {})
+    if not isinstance(patterns, dict) or not all(
+            patterns_disjoint(_exact_pattern(k), p) for k in props for p in patterns):
+        return None  # a listed key a pattern also takes must meet both subschemas
     extra = node.get("additionalProperties", True)
-    if not isinstance(extra, (bool, dict)):
+    if not isinstance(extra, (bool, dict)) or len(_key_groups(props)) > FREE_ORDER_MAX_PATTERNS:
         return None
+    dependencies = _dependency_members(node)
+    if not all(set(needed) | {name} <= set(props) for _, _, name, needed in dependencies):
+        return None
+    known = {id(n) for member, held, _, _ in dependencies for n in (member, *held)}
     for path in paths:
-        if any(other is not node and _OBJECT_KEYWORDS.intersection(other) for other in _applying(root, path)):
+        if any(other is not node and id(other) not in known and _OBJECT_KEYWORDS.intersection(other)
+               for other in _applying(root, path)):
             return None
         if not _forces(root, root, path, lambda n: n is node, "object", set()):
             return None
-    return [JsonCheck(path, free_keys=tuple(props), required=tuple(sorted(set(required))), closed=extra is False)
-            for path in paths]
+    closed = extra is False
+    if closed and any(pattern_language(p) is None for p in patterns):
+        return None  # which key a closed object can still take would not be known
+    needs = tuple(sorted((name, needed) for _, _, name, needed in dependencies))
+    takes = tuple(k for k, v in props.items() if v is not False)  # a key whose value is false is never written
+    return [JsonCheck(path, free_keys=takes, required=tuple(sorted(set(required))), closed=closed,
+                      key_patterns=tuple(patterns) if closed else (), dependent_required=needs) for path in paths]
+
+
+def _dependency_members(node: dict) -> list[tuple[dict, list[dict], str, tuple[str, ...]]]:
+    """The members of ``node``'s ``allOf`` that state property dependencies as the rewrite of
+    ``dependencies`` writes them (``{"anyOf": [{"properties": {name: false}}, {"required":
+    [name, *needed]}]}``, or an ``allOf`` of those): (member, the subschemas it holds, name,
+    the keys it needs), once per dependency."""
+    found = []
+    for member in node.get("allOf") or []:
+        parts = member.get("allOf") if isinstance(member, dict) and set(member) == {"allOf"} else [member]
+        stated = [_dependency(part) for part in parts] if isinstance(parts, list) else [None]
+        if stated and all(d is not None for d in stated):
+            for part, (name, needed) in zip(parts, stated):
+                found.append((member, [part, *part["anyOf"]], name, needed))
+    return found
+
+
+def _dependency(part: Any) -> tuple[str, tuple[str, ...]] | None:
+    branches = part.get("anyOf") if isinstance(part, dict) and set(part) == {"anyOf"} else None
+    if not isinstance(branches, list) or len(branches) != 2:
+        return None
+    absent, present = branches
+    if not (isinstance(absent, dict) and set(absent) == {"properties"} and isinstance(absent["properties"], dict)
+            and list(absent["properties"].values()) == [False]):
+        return None
+    (name,) = absent["properties"]
+    needed = present.get("required") if isinstance(present, dict) and set(present) == {"required"} else None
+    if isinstance(needed, list) and needed and needed[0] == name and all(isinstance(k, str) for k in needed):
+        return name, tuple(needed[1:])
+    return None
 
 
 def _plain_key(key: str) -> bool:
@@ -186,14 +274,41 @@ def _plain_key(key: str) -> bool:
 
 def _free_the_order(node: dict) -> None:
     """``node`` (changed in place) with its properties as exact-name patterns, any order."""
+    dependencies = {id(member) for member, _, _, _ in _dependency_members(node)}
+    if dependencies:
+        node["allOf"] = [m for m in node["allOf"] if id(m) not in dependencies]
+        if not node["allOf"]:
+            del node["allOf"]
     props = node.pop("properties")
     node.pop("required", None)
-    node["patternProperties"] = {_exact_pattern(k): v for k, v in props.items()}
+    named = {_names_pattern(keys): props[keys[0]] for keys in _key_groups(props)}
+    node["patternProperties"] = {**named, **node.get("patternProperties", {})}
 
 
+def _key_groups(props: dict) -> list[tuple[str, ...]]:
+    """The listed keys grouped by equal value schemas (one pattern each), in listed order."""
+    groups: dict[str, list[str]] = {}
+    for key, value in props.items():
+        groups.setdefault(json.dumps(value, sort_keys=True), []).append(key)
+    return [tuple(keys) for keys in groups.values()]
+
+
+def _names_pattern(keys: tuple[str, ...]) -> str:
+    """The backend pattern of exactly these keys."""
+    if len(keys) == 1:
+        return _exact_pattern(keys[0])
+    regex = schema_pattern("^(?:" + "|".join(map(_escaped, keys)) + ")$")
+    assert regex is not None  # literals always match themselves
+    return regex
+
+
+def _escaped(key: str) -> str:
+    return "".join("\\" + ch if ch in _PATTERN_SPECIALS else ch for ch in key)
+
+
+@functools.lru_cache(maxsize=4096)
 def _exact_pattern(key: str) -> str:
-    escaped = "".join("\\" + ch if ch in _PATTERN_SPECIALS else ch for ch in key)
-    regex = schema_pattern(f"^{escaped}$")
+    regex = schema_pattern(f"^{_escaped(key)}$")
     assert regex is not None  # a literal always matches itself
     return regex
 
@@ -366,9 +481,12 @@ def _step_forces(root: dict, node: dict, path: Path, holds, kind: str | None, se
         items = node.get("items")
         return isinstance(items, (dict, bool)) and "prefixItems" not in node and _forces(root, items, rest, holds, kind, seen)
     props = node.get("properties")
-    if not isinstance(head, OtherKey) and isinstance(props, dict) and head in props:
+    if isinstance(head, str) and isinstance(props, dict) and head in props:
         return _forces(root, props[head], rest, holds, kind, seen)
-    if node.get("patternProperties"):
+    patterns = node.get("patternProperties")
+    if isinstance(head, PatternKey) and isinstance(patterns, dict) and list(patterns) == [head.pattern]:
+        return _forces(root, patterns[head.pattern], rest, holds, kind, seen)
+    if patterns:
         return False  # a pattern may or may not take the key
     extra = node.get("additionalProperties", True)
     return extra is False or (isinstance(extra, dict) and _forces(root, extra, rest, holds, kind, seen))
@@ -417,7 +535,7 @@ def _children_at(node: dict, step: Any) -> list[Any]:
         listed = items if isinstance(items, list) else [items]
         return [*listed, *(node.get("prefixItems") or []), *extra]
     props = node.get("properties")
-    listed = not isinstance(step, OtherKey) and isinstance(props, dict) and step in props
+    listed = isinstance(step, str) and isinstance(props, dict) and step in props
     out = [props[step]] if listed else []
     patterns = node.get("patternProperties")
     out.extend(patterns.values() if isinstance(patterns, dict) else [])
@@ -472,6 +590,14 @@ class _Walk:
         if isinstance(props, dict):
             for name, sub in props.items():
                 self._visit(sub, (*path, name), stack)
+        patterns = node.get("patternProperties")
+        if isinstance(patterns, dict) and patterns:
+            step = self._pattern_step(node, path)
+            for sub in patterns.values():
+                if step is None:
+                    self._mark_below(sub)
+                else:
+                    self._visit(sub, (*path, step), stack)
         extra = node.get("additionalProperties")
         if isinstance(extra, dict):
             self._visit_other_keys(extra, props if isinstance(props, dict) else {}, path, stack)
@@ -481,6 +607,25 @@ class _Walk:
         elif isinstance(items, list):
             for sub in items:
                 self._mark_below(sub)
+
+    def _pattern_step(self, node: dict, path: Path) -> PatternKey | None:
+        """The step to the keys ``node``'s ``patternProperties`` take at ``path``, where every
+        key none of the subschemas there lists must match its one pattern (no other key is
+        allowed; no listed key can match it, so none takes two subschemas); else None."""
+        patterns = node["patternProperties"]
+        if len(patterns) != 1 or node.get("additionalProperties") is not False:
+            return None
+        applying = self._applying.get(path)
+        if applying is None:
+            applying = self._applying[path] = list(_applying(self.root, path))
+        if any(n is not node and n.get("patternProperties") for n in applying):
+            return None
+        (pattern,) = patterns
+        listed = frozenset(k for n in applying if isinstance(n.get("properties"), dict) for k in n["properties"])
+        if not all(isinstance(k, str) and _plain_key(k) and patterns_disjoint(_exact_pattern(k), pattern)
+                   for k in listed):
+            return None
+        return PatternKey(listed, pattern)
 
     def _visit_other_keys(self, extra: dict, props: dict, path: Path, stack: frozenset) -> None:
         """``additionalProperties`` applies to the keys its object does not list: those another

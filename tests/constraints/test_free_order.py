@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from constraints import ConstraintSpec, spec_from_request
-from constraints.schema.runtime_checks import JsonCheck, split_runtime_checks
+from constraints.schema.analysis import rewrite_schema
+from constraints.schema.runtime_checks import JsonCheck, PatternKey, split_runtime_checks
 
 from .conftest import allowed_ids, assert_classified, new_mask, walk_json, walk_text
 
@@ -52,6 +53,38 @@ CASES = [
         [[dict(reversed(FULL.items())), {"tags": ["a", "b"], "name": "n", "email": "e", "issue": "i"}]],
         [[{"tags": ["a", "a"], "name": "n", "email": "e", "issue": "i"}], [{"name": "n", "email": "e"}]],
     ),
+    (  # beside patterns no listed key matches, and other keywords that leave keys alone
+        {**TICKET, "patternProperties": {"^x-": {"type": "integer"}}, "$comment": "c", "x-custom": {"k": 1},
+         "allOf": [{"type": "object"}], "definitions": {"unused": {"required": ["a"]}}},
+        [{"x-a": 1, "issue": "x", "email": "e", "x-b": 2, "name": "n"}],
+        [{"x-a": "s", "issue": "x", "email": "e", "name": "n"}, {"x-a": 1, "issue": "x", "email": "e"}],
+    ),
+    (  # under the one pattern of a map that takes no other key (docker-compose's services)
+        {"type": "object", "properties": {"version": S, "services": {
+            "type": "object", "patternProperties": {"^[a-z]+$": {"$ref": "#/definitions/service"}},
+            "additionalProperties": False}},
+         "definitions": {"service": {
+             "type": "object", "properties": {**{n: S for n in NAMES}, "ports": {
+                 "type": "array", "uniqueItems": True, "items": {"type": "string"}}},
+             "patternProperties": {"^x-": {}}, "additionalProperties": False, "required": ["name"]}}},
+        [{"services": {"web": {"ports": ["80"], "x-a": [1], "name": "w"}, "db": {"issue": "i", "name": "d"}},
+          "version": "3"}],
+        [{"services": {"web": {"ports": ["80", "80"], "name": "w"}}}, {"services": {"web": {"issue": "i"}}},
+         {"services": {"Web": {"name": "w"}}}, {"services": {"web": {"name": "w", "other": 1}}}],
+    ),
+    (  # property dependencies, checked as it closes
+        {**TICKET, "$schema": "http://json-schema.org/draft-07/schema#",
+         "dependencies": {"product": ["order_id"], "priority": ["issue", "product"]}},
+        [{"issue": "x", "email": "e", "name": "n"}, {"order_id": "o", "product": "p", "issue": "x", "email": "e",
+                                                      "name": "n"}, {**FULL}],
+        [{"product": "p", "issue": "x", "email": "e", "name": "n"},
+         {"priority": "p", "order_id": "o", "issue": "x", "email": "e", "name": "n"}],
+    ),
+    (  # a key no value can follow is never offered (the closed object could not go on)
+        {**TICKET, "properties": {**TICKET["properties"], "never": False, "nix": False}},
+        [{"issue": "x", "email": "e", "name": "n", "priority": "p"}],
+        [{"issue": "x", "email": "e", "name": "n", "never": "p"}],
+    ),
     (  # nested: both levels freed
         {"type": "object", "properties": {**{n: S for n in "abcd"}, "inner": TICKET}, "additionalProperties": False},
         [{"inner": dict(reversed(FULL.items())), "d": "x", "a": "y"}],
@@ -62,7 +95,7 @@ CASES = [
 
 @pytest.mark.parametrize(("schema", "valid", "invalid"), CASES)
 def test_any_order_classifies_like_jsonschema(compiler, tok, schema, valid, invalid):
-    assert any(c.free_keys for c in split_runtime_checks(schema)[1])
+    assert any(c.free_keys for c in split_runtime_checks(rewrite_schema(schema))[1])
     assert_classified(compiler, tok, schema, valid, invalid)
 
 
@@ -74,19 +107,37 @@ def test_a_repeated_key_is_refused(compiler, tok, additional):
     assert not walk_text(compiled, tok, '{"name": "n", "email": "e", "name": "m", "issue": "x"}')
 
 
+@pytest.mark.parametrize("additional", [False, True, {"type": "string"}])
+def test_keys_are_written_without_escapes(compiler, tok, additional):
+    """The backend matches the exact-name patterns against the key as written: an escaped
+    spelling of a listed key could reach additionalProperties while the checks count the key."""
+    compiled = compiler.compile(ConstraintSpec("json_schema", {**TICKET, "additionalProperties": additional}))
+    assert not walk_text(compiled, tok, '{"issue": "x", "email": "e", "n\\u0061me": "n"}')
+    assert not walk_text(compiled, tok, '{"issue": "x", "email": "e", "name": "n", "n\\u0061me": 1}')
+    assert walk_text(compiled, tok, '{"issue": "x", "email": "e\\u0041", "name": "n"}')
+
+
 def test_every_order_of_a_small_subset(compiler, tok):
     compiled = compiler.compile(ConstraintSpec("json_schema", TICKET))
     for order in itertools.permutations(["name", "email", "issue", "priority"]):
         assert walk_json(compiled, tok, {k: k[:2] for k in order}), order
 
 
+def test_a_pattern_map_is_a_path():
+    paths = {c.path for c in split_runtime_checks(CASES[4][0])[1]}
+    step = PatternKey(frozenset(), "^[a-z]+$")
+    assert paths == {("services", step), ("services", step, "ports")}
+
+
 def test_the_checks_and_the_rewrite():
     stripped, checks = split_runtime_checks(TICKET)
     assert checks == (JsonCheck((), free_keys=tuple(NAMES), required=("email", "issue", "name"), closed=True),)
     assert "properties" not in stripped and "required" not in stripped
-    assert list(stripped["patternProperties"]) == [f"^{n}$" for n in NAMES]
-    keys = {"type": "object", "properties": {f"a.{i}": S for i in range(5)}}
+    assert list(stripped["patternProperties"]) == ["^(?:" + "|".join(NAMES) + ")$"]  # one value schema
+    keys = {"type": "object", "properties": {f"a.{i}": {"type": "integer", "minimum": i} for i in range(5)}}
     assert list(split_runtime_checks(keys)[0]["patternProperties"]) == [f"^a\\.{i}$" for i in range(5)]
+    many = {"type": "object", "properties": {f"k{i}": {"type": "integer", "minimum": i} for i in range(100)}}
+    assert split_runtime_checks(many) == (many, ())  # too many patterns for the backend's compile time
 
 
 @pytest.mark.parametrize(
@@ -99,11 +150,13 @@ def test_the_checks_and_the_rewrite():
         # one anyOf branch among objects of other keys
         {"anyOf": [TICKET, {"type": "object", "properties": {"x": S}}]},
         # the node says more than its properties
-        {**TICKET, "patternProperties": {"^x": S}},
+        {**TICKET, "patternProperties": {"^n": S}},  # "name" must also meet the pattern's subschema
         {**TICKET, "dependentRequired": {"name": ["email"]}},
         # a recursion: no path to check it at
         {"$defs": {"t": {"type": "object", "properties": {**{n: S for n in NAMES}, "child": {"$ref": "#/$defs/t"}}}},
          "$ref": "#/$defs/t"},
+        # a reference into its properties
+        {"type": "object", "properties": {**{n: S for n in NAMES}, "copy": {"$ref": "#/properties/name"}}},
         # a key whose pattern would not be plain
         {"type": "object", "properties": {**{n: S for n in NAMES}, 'say "hi"': S}},
     ],
