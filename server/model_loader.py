@@ -19,6 +19,7 @@ import os
 import re
 import struct
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -105,16 +106,25 @@ def convert_gguf(gguf: Path, target: Path, *, show_progress: bool = True) -> Pat
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = target.with_name(target.name + ".tmp")
+    import shutil
+
+    # one folder per converting process: processes starting together (compile workers, a test
+    # run's first use) each convert in their own and the first to finish is kept
+    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     tmp.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / _CONVERTED_MARKER).write_text(json.dumps({"source": str(gguf)}))
-    if target.exists():
-        import shutil
-
-        shutil.rmtree(target)
-    tmp.rename(target)
+    if _is_converted(target):
+        shutil.rmtree(tmp, ignore_errors=True)
+        return target
+    shutil.rmtree(target, ignore_errors=True)  # a partial folder of an older layout
+    try:
+        tmp.rename(target)
+    except OSError:
+        if not _is_converted(target):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # another process finished first
     if show_progress:
         print("trellis: conversion done", file=sys.stderr)
     return target

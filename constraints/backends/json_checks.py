@@ -77,6 +77,7 @@ class ScanState(NamedTuple):
     high: int = 0  # a pending UTF-16 high surrogate
     capture: int = -1  # the array frame whose current item is kept whole (-1: none)
     raw: bytes = b""  # that item's text so far
+    escaped: bool = False  # the key in progress holds an escape
 
 
 @dataclass(frozen=True)
@@ -102,11 +103,12 @@ class Scanner:
                            if isinstance(step, PatternKey)}
 
     def plain_keys(self, frame: Frame) -> bool:
-        """Whether ``frame``'s keys must be written without escapes: an object whose listed keys
-        the backend takes as exact-name patterns, or whose unlisted keys lead to a check through
-        a pattern (the backends match a pattern against the key as written, where the checks
-        read the key it spells)."""
-        return frame.is_object and ((frame.check is not None and frame.check.free_keys is not None)
+        """Whether ``frame``'s keys must be written without escapes: a closed order-free object
+        (the backend takes its listed keys as exact-name patterns), or one whose unlisted keys
+        lead to a check through a pattern (the backends match a pattern against the key as
+        written, where the checks read the key it spells). An open order-free object takes an
+        escaped key that spells no listed one."""
+        return frame.is_object and ((frame.check is not None and frame.check.closed)
                                     or frame.path in self._patterned)
 
     def has_below(self, path: tuple) -> bool:
@@ -155,7 +157,7 @@ class Scanner:
                     raise _Refused  # a member past the maximum
                 if check is not None and _no_key_left(top):
                     raise _Refused
-                return state._replace(mode=_KEY, text=b"")
+                return state._replace(mode=_KEY, text=b"", escaped=False)
             return _begin_item(state, byte)._replace(mode=_STRING, text=b"")
         if byte == ord("{") or byte == ord("["):
             path = self._child_path(frames)
@@ -208,7 +210,7 @@ class Scanner:
             if byte == _BACKSLASH:
                 if state.mode == _KEY and self.plain_keys(state.frames[-1]):
                     raise _Refused  # an escape the backend may not read as the key it spells
-                return state._replace(escape="\\")
+                return state._replace(escape="\\", escaped=state.mode == _KEY or state.escaped)
             if byte == _QUOTE:
                 return self._close_string(state)
             return state._replace(text=state.text + bytes((byte,)))
@@ -249,6 +251,8 @@ class Scanner:
             if top.check is not None:
                 if key in seen:
                     raise _Refused  # a repeated key
+                if state.escaped and top.check.free_keys is not None and key in top.check.free_keys:
+                    raise _Refused  # a listed key spelled with escapes: the backend reads another key
                 seen = seen | {key}
             top = top._replace(seen=seen, key=key, expect_key=False)
             return state._replace(frames=frames[:-1] + (top,), mode=_SYNTAX, text=b"", escape="", high=0)
@@ -385,6 +389,21 @@ def _encoded_keys(check: JsonCheck) -> tuple[tuple[bytes, str], ...]:
     return tuple((k.encode("utf-8", "surrogatepass"), k) for k in check.free_keys or ())
 
 
+class Kinds(NamedTuple):
+    """What a scanner state can refuse, which decides the tokens worth running through it."""
+
+    in_string: bool
+    below: bool  # a checked container may open or close below
+    low: bool  # an object's minimum of keys, required or dependent keys unmet
+    high: bool  # a maximum of keys reached, or every key of a closed object written
+    key_next: bool
+    listed: bool  # listed items, or a closed object's keys
+    capturing: bool  # inside an item compared whole that could repeat one
+    item_start: bool  # a literal or a whole item may start
+    repeat: bool  # a string that could repeat a key or an item
+    plain_keys: bool  # a key written without escapes may start or go on
+
+
 class TokenTable:
     """Per tokenizer: each token's bytes and the token lists the checks look at."""
 
@@ -421,11 +440,9 @@ class TokenTable:
 
         self._candidates: dict[tuple, np.ndarray] = {}
 
-    def candidates(self, kinds: tuple) -> np.ndarray:
-        """The tokens to run through the scanner in a state of these ``kinds`` (in a string, a
-        checked container below, a minimum unmet, a maximum reached, a key next, listed items, an
-        item compared whole that could repeat one, the start of such an item, a string that could
-        repeat one, a key written without escapes), sorted; one array per combination, made once."""
+    def candidates(self, kinds: "Kinds") -> np.ndarray:
+        """The tokens to run through the scanner in a state of these ``kinds``, sorted; one
+        array per combination, made once."""
         found = self._candidates.get(kinds)
         if found is None:
             in_string, below, low, high, key_next, listed, capturing, item_start, repeat, plain_keys = kinds
@@ -494,7 +511,7 @@ class JsonChecks(NarrowingMatcher):
         whole = _captures(top)  # at (or in a string or number of) an item compared whole
         mid_escape = in_string and bool(state.escape or state.high)
         if (in_string and listed and state.mode == _STRING) or (whole and state.mode == _BARE) or (
-                closed and state.mode == _KEY and not _key_settled(state)):
+                closed and state.mode == _KEY and not _key_settled(state)) or (state.mode == _KEY and state.escaped):
             # in a listed item, a number or a closed object's key: the few allowed
             ids = np.flatnonzero(_bits(words))
         elif mid_escape:
@@ -502,7 +519,7 @@ class JsonChecks(NarrowingMatcher):
             # the string after it (the text before its quote is no literal text to index)
             ids = _allowed(words, table.with_quote)
         else:
-            kinds = (
+            kinds = Kinds(
                 in_string,
                 # a token may close containers before it opens one: any check below the root
                 # counts, and an item opened and closed in one token (`` {},``)
@@ -522,7 +539,7 @@ class JsonChecks(NarrowingMatcher):
                 state.mode in (_SYNTAX, _KEY) and self.scanner.plain_keys(top),
             )
             ids = _allowed(words, table.candidates(kinds))
-            if kinds[8]:  # closing into a repeat: the index by the text before the quote
+            if kinds.repeat:  # closing into a repeat: the index by the text before the quote
                 text = state.text
                 for value in _string_items(top):
                     if value.startswith(text):

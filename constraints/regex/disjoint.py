@@ -90,6 +90,47 @@ def match_progress(pattern: str, text: str) -> str | None:
 
 
 @lru_cache(maxsize=256)
+def unbounded_completions(pattern: str) -> bool | None:
+    """Whether every prefix of a string matching ``pattern`` has infinitely many completions
+    that match (so finitely many used strings can never leave a prefix with no way on); None
+    when the pattern has no DFA here."""
+    fsm = pattern_language(pattern)
+    if fsm is None:
+        return None
+    live, _ = _state_kinds(pattern)
+    reachable, stack = {fsm.initial}, [fsm.initial]
+    while stack:
+        for target in fsm.map.get(stack.pop(), {}).values():
+            if target in live and target not in reachable:
+                reachable.add(target)
+                stack.append(target)
+    # states on a cycle of live states, then every state that reaches one
+    on_cycle = {s for s in reachable if _reaches(fsm, live, s, s)}
+    endless = set(on_cycle)
+    grew = True
+    while grew:
+        grew = False
+        for state in reachable - endless:
+            if any(t in endless for t in fsm.map.get(state, {}).values()):
+                endless.add(state)
+                grew = True
+    return reachable <= endless
+
+
+def _reaches(fsm, live: frozenset, start, goal) -> bool:
+    """Whether ``goal`` is reached from ``start`` in one or more steps through live states."""
+    seen, stack = set(), [t for t in fsm.map.get(start, {}).values() if t in live]
+    while stack:
+        state = stack.pop()
+        if state == goal:
+            return True
+        if state not in seen:
+            seen.add(state)
+            stack.extend(t for t in fsm.map.get(state, {}).values() if t in live)
+    return False
+
+
+@lru_cache(maxsize=256)
 def _state_kinds(pattern: str) -> tuple[frozenset, frozenset]:
     """The states of the pattern's DFA from which a final state can be reached (live), and
     those from which every reachable state is live and no symbol leads nowhere (safe)."""

@@ -23,6 +23,7 @@ import json
 from typing import Any
 from urllib.parse import unquote
 
+from .runtime_checks import FREED_MARK
 from .tree import SCHEMA_KEYS, SCHEMA_LIST_KEYS, SCHEMA_MAP_KEYS, at_pointer, escape_part, subschemas
 
 MAX_PROPERTIES = 4  # 4! = 24 orders
@@ -125,9 +126,11 @@ class _State:
         patterns = node.get("patternProperties")
         if not isinstance(patterns, dict) or not patterns:
             return
+        exact = set(node.get(FREED_MARK) or ())  # exact names no other pattern matches
         for key in ("properties", "patternProperties"):
             for name in node.get(key) or {}:
-                self.kept_branches.add(f"{pointer}/{key}/{escape_part(name)}")
+                if name not in exact:
+                    self.kept_branches.add(f"{pointer}/{key}/{escape_part(name)}")
 
     def _children(self, node: dict, pointer: str) -> None:
         for key in SCHEMA_MAP_KEYS:

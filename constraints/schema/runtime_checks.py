@@ -33,7 +33,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, NamedTuple
 
-from ..regex.disjoint import pattern_language, patterns_disjoint
+from ..regex.analysis import finite_strings
+from ..regex.disjoint import patterns_disjoint, unbounded_completions
 from ..regex.frontend import schema_pattern
 from .keywords import ANNOTATIONS, type_list
 from .tree import at_pointer, escape_part, pointer_parts, subschemas
@@ -180,6 +181,9 @@ def _properties_referenced(root: dict) -> set[int]:
 # and, when the object takes no other key, a key no unused name can complete.
 
 FREE_ORDER_MIN = 5  # objects of fewer listed properties get every order spelled out
+# set on an object made order-free: the patterns of its exact names, disjoint from each other
+# and from the patterns it had (an annotation to validators and backends)
+FREED_MARK = "x-trellis-free-order"
 # distinct value schemas of one order-free object (each is one pattern: llguidance's compile
 # time grows faster than linearly with an object's patterns)
 FREE_ORDER_MAX_PATTERNS = 48
@@ -229,12 +233,19 @@ def _free_order_checks(root: dict, node: dict, paths: set[Path]) -> list[JsonChe
         if not _forces(root, root, path, lambda n: n is node, "object", set()):
             return None
     closed = extra is False
-    if closed and any(pattern_language(p) is None for p in patterns):
-        return None  # which key a closed object can still take would not be known
+    named, open_patterns = [], []  # a closed object's other keys: spelled out, or never exhausted
+    for pattern in patterns if closed else ():
+        names = finite_strings(pattern)
+        if names is not None:
+            named += [n for n in names if n not in props]
+        elif unbounded_completions(pattern):
+            open_patterns.append(pattern)
+        else:
+            return None  # used keys could leave a key in progress no way on
     needs = tuple(sorted((name, needed) for _, _, name, needed in dependencies))
     takes = tuple(k for k, v in props.items() if v is not False)  # a key whose value is false is never written
-    return [JsonCheck(path, free_keys=takes, required=tuple(sorted(set(required))), closed=closed,
-                      key_patterns=tuple(patterns) if closed else (), dependent_required=needs) for path in paths]
+    return [JsonCheck(path, free_keys=takes + tuple(named), required=tuple(sorted(set(required))), closed=closed,
+                      key_patterns=tuple(open_patterns), dependent_required=needs) for path in paths]
 
 
 def _dependency_members(node: dict) -> list[tuple[dict, list[dict], str, tuple[str, ...]]]:
@@ -283,6 +294,7 @@ def _free_the_order(node: dict) -> None:
     node.pop("required", None)
     named = {_names_pattern(keys): props[keys[0]] for keys in _key_groups(props)}
     node["patternProperties"] = {**named, **node.get("patternProperties", {})}
+    node[FREED_MARK] = list(named)
 
 
 def _key_groups(props: dict) -> list[tuple[str, ...]]:

@@ -85,6 +85,11 @@ CASES = [
         [{"issue": "x", "email": "e", "name": "n", "priority": "p"}],
         [{"issue": "x", "email": "e", "name": "n", "never": "p"}],
     ),
+    (  # a closed object's finite pattern: its names are written once, like listed keys
+        {**TICKET, "patternProperties": {"^\\$schema$": {"const": "s"}, "^(?:a|b)$": {"type": "integer"}}},
+        [{"$schema": "s", "issue": "x", "a": 1, "email": "e", "name": "n", "b": 2}],
+        [{"$schema": "t", "issue": "x", "email": "e", "name": "n"}, {"c": 1, "issue": "x", "email": "e", "name": "n"}],
+    ),
     (  # nested: both levels freed
         {"type": "object", "properties": {**{n: S for n in "abcd"}, "inner": TICKET}, "additionalProperties": False},
         [{"inner": dict(reversed(FULL.items())), "d": "x", "a": "y"}],
@@ -115,6 +120,21 @@ def test_keys_are_written_without_escapes(compiler, tok, additional):
     assert not walk_text(compiled, tok, '{"issue": "x", "email": "e", "n\\u0061me": "n"}')
     assert not walk_text(compiled, tok, '{"issue": "x", "email": "e", "name": "n", "n\\u0061me": 1}')
     assert walk_text(compiled, tok, '{"issue": "x", "email": "e\\u0041", "name": "n"}')
+    # an escaped key that spells no listed one is an other key, where the object takes those
+    other = '{"issue": "x", "email": "e", "name": "n", "caf\\u00e9": "x"}'
+    assert walk_text(compiled, tok, other) == (additional is not False)
+
+
+def test_a_used_name_of_a_finite_pattern_is_not_begun_again(compiler, tok):
+    schema = {**TICKET, "patternProperties": {"^\\$schema$": {"const": "s"}}}
+    compiled = compiler.compile(ConstraintSpec("json_schema", schema))
+    assert walk_text(compiled, tok, '{"$schema": "s", "issue": "x", "email": "e", "name": "n"}')
+    matcher = compiled.new_matcher()
+    for t in tok.encode('{"$schema": "s", "', add_special_tokens=False):
+        assert matcher.accept_token(t)
+    mask = new_mask()
+    matcher.fill_bitmask(mask, 0)
+    assert not any(tok.decode([t]).startswith("$") for t in allowed_ids(mask))
 
 
 def test_every_order_of_a_small_subset(compiler, tok):
