@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .dialect import class_items, ecma_regex
-from .disjoint import pattern_language, top_level_alternation
+from .disjoint import live_states, pattern_language, top_level_alternation
 
 MAX_STATES = 64  # complement DFAs larger than this are not written out (elimination stops past MAX_PATTERN_CHARS)
 MAX_PATTERN_CHARS = 4_000  # nor are results longer than this
@@ -65,14 +65,7 @@ def complement_pattern(pattern: str) -> str | None:
 def trimmed(fsm: Any) -> Any:
     """``fsm`` without the states from which no final state can be reached (None when that
     leaves nothing: the complement is empty, which ``not`` handles on its own)."""
-    live = set(fsm.finals)
-    changed = True
-    while changed:
-        changed = False
-        for state, moves in fsm.map.items():
-            if state not in live and any(target in live for target in moves.values()):
-                live.add(state)
-                changed = True
+    live = live_states(fsm)
     if fsm.initial not in live:
         return None
     from interegular.fsm import FSM

@@ -130,11 +130,8 @@ def _reaches(fsm, live: frozenset, start, goal) -> bool:
     return False
 
 
-@lru_cache(maxsize=256)
-def _state_kinds(pattern: str) -> tuple[frozenset, frozenset]:
-    """The states of the pattern's DFA from which a final state can be reached (live), and
-    those from which every reachable state is live and no symbol leads nowhere (safe)."""
-    fsm = pattern_language(pattern)
+def live_states(fsm) -> set:
+    """The states of an interegular ``fsm`` from which a final state can be reached."""
     live = set(fsm.finals)
     grew = True
     while grew:
@@ -143,6 +140,15 @@ def _state_kinds(pattern: str) -> tuple[frozenset, frozenset]:
             if state not in live and any(target in live for target in moves.values()):
                 live.add(state)
                 grew = True
+    return live
+
+
+@lru_cache(maxsize=256)
+def _state_kinds(pattern: str) -> tuple[frozenset, frozenset]:
+    """The states of the pattern's DFA from which a final state can be reached (live), and
+    those from which every reachable state is live and no symbol leads nowhere (safe)."""
+    fsm = pattern_language(pattern)
+    live = live_states(fsm)
     symbols = set(fsm.alphabet.by_transition) if hasattr(fsm.alphabet, "by_transition") else None
     safe = {s for s in live if symbols is not None and set(fsm.map.get(s, {})) >= symbols}
     shrank = True

@@ -67,3 +67,30 @@ def assert_classified(compiler, tok, schema, valid, invalid) -> None:
         assert check(value) and walk_json(compiled, tok, value), value
     for value in invalid:
         assert not check(value) and not walk_json(compiled, tok, value), value
+
+
+def closing_tokens(tok, chars: str) -> set[int]:
+    """Ids of the tokens holding any of ``chars`` (what closes strings and containers)."""
+    return {i for i, text in enumerate(tok.convert_ids_to_tokens(list(range(len(tok))))) if any(c in text for c in chars)}
+
+
+def random_walk(matcher, tok, rng, steps: int, closers: set[int], closing_share: float, check=None, on_mask=None) -> None:
+    """Walk ``matcher`` through its own mask for up to ``steps`` tokens, ``closing_share`` of the
+    time towards a token of ``closers``: every state offers a token, every allowed token is
+    accepted, and a finished answer satisfies ``check`` (its JSON value). ``on_mask(mask)``
+    sees every mask."""
+    ids: list[int] = []
+    for _ in range(steps):
+        mask = new_mask()
+        matcher.fill_bitmask(mask, 0)
+        if on_mask is not None:
+            on_mask(mask)
+        options = sorted(allowed_ids(mask))
+        assert options, tok.decode(ids)
+        closing = [t for t in options if t in closers]
+        t = rng.choice(closing if closing and rng.random() < closing_share else options)
+        assert matcher.accept_token(t)
+        if matcher.is_terminated():
+            assert check is None or check(json.loads(tok.decode(ids))), tok.decode(ids)
+            return
+        ids.append(t)

@@ -8,18 +8,16 @@ stuck and always end valid; where freeing the order would not be exact the decla
 from __future__ import annotations
 
 import itertools
-import json
 import random
 
 import jsonschema
 import pytest
-import torch
 
 from constraints import ConstraintSpec, spec_from_request
 from constraints.schema.analysis import rewrite_schema
 from constraints.schema.runtime_checks import JsonCheck, PatternKey, split_runtime_checks
 
-from .conftest import allowed_ids, assert_classified, new_mask, walk_json, walk_text
+from .conftest import allowed_ids, assert_classified, closing_tokens, new_mask, random_walk, walk_json, walk_text
 
 S = {"type": "string", "maxLength": 8}
 NAMES = ["name", "email", "product", "order_id", "issue", "priority"]
@@ -129,12 +127,8 @@ def test_a_used_name_of_a_finite_pattern_is_not_begun_again(compiler, tok):
     schema = {**TICKET, "patternProperties": {"^\\$schema$": {"const": "s"}}}
     compiled = compiler.compile(ConstraintSpec("json_schema", schema))
     assert walk_text(compiled, tok, '{"$schema": "s", "issue": "x", "email": "e", "name": "n"}')
-    matcher = compiled.new_matcher()
-    for t in tok.encode('{"$schema": "s", "', add_special_tokens=False):
-        assert matcher.accept_token(t)
-    mask = new_mask()
-    matcher.fill_bitmask(mask, 0)
-    assert not any(tok.decode([t]).startswith("$") for t in allowed_ids(mask))
+    offered = _offered_after(compiler, tok, schema, '{"$schema": "s", "')
+    assert offered and not any(t.startswith("$") for t in offered)
 
 
 def test_every_order_of_a_small_subset(compiler, tok):
@@ -201,36 +195,27 @@ def test_declared_order_on_request(compiler, tok):
 def test_random_walks_end_valid_and_never_stuck(compiler, tok):
     """Walks through the mask, often towards a quote or a brace: every state offers a token,
     every allowed token is accepted, every finished answer is valid."""
-    closers = {i for i, text in enumerate(tok.convert_ids_to_tokens(list(range(len(tok))))) if any(c in text for c in '"},')}
+    closers = closing_tokens(tok, '"},')
     rng = random.Random(11)
     for schema, _, _ in CASES:
         compiled = compiler.compile(ConstraintSpec("json_schema", schema))
         check = jsonschema.Draft202012Validator(schema).is_valid
         for _ in range(4):
-            matcher, ids = compiled.new_matcher(), []
-            for _ in range(120):
-                mask = new_mask()
-                matcher.fill_bitmask(mask, 0)
-                options = sorted(allowed_ids(mask))
-                assert options, tok.decode(ids)
-                closing = [t for t in options if t in closers]
-                t = rng.choice(closing if closing and rng.random() < 0.7 else options)
-                assert matcher.accept_token(t)
-                if matcher.is_terminated():
-                    assert check(json.loads(tok.decode(ids))), tok.decode(ids)
-                    break
-                ids.append(t)
+            random_walk(compiled.new_matcher(), tok, rng, 120, closers, 0.7, check)
+
+
+def _offered_after(compiler, tok, schema: dict, text: str) -> list[str]:
+    """The texts of the tokens the mask offers once ``text`` is written."""
+    matcher = compiler.compile(ConstraintSpec("json_schema", schema)).new_matcher()
+    for t in tok.encode(text, add_special_tokens=False):
+        assert matcher.accept_token(t)
+    mask = new_mask()
+    matcher.fill_bitmask(mask, 0)
+    return [tok.decode([t]) for t in allowed_ids(mask)]
 
 
 def test_a_closed_object_refuses_a_key_only_used_names_complete(compiler, tok):
     schema = {"type": "object", "properties": {n: S for n in ["ab", "abc", "x1", "x2", "x3"]},
               "additionalProperties": False}
-    compiled = compiler.compile(ConstraintSpec("json_schema", schema))
-    matcher = compiled.new_matcher()
-    for t in tok.encode('{"abc": "q", "ab": "r", "', add_special_tokens=False):
-        assert matcher.accept_token(t)
-    mask = new_mask()
-    matcher.fill_bitmask(mask, 0)
-    assert not any(tok.decode([t]).startswith("a") for t in allowed_ids(mask))
-    assert any(tok.decode([t]).startswith("x") for t in allowed_ids(mask))
-    assert torch.any(mask != 0)
+    offered = _offered_after(compiler, tok, schema, '{"abc": "q", "ab": "r", "')
+    assert not any(t.startswith("a") for t in offered) and any(t.startswith("x") for t in offered)

@@ -18,7 +18,7 @@ from constraints.backends.batch_fill import fill_bitmasks
 from constraints.backends.json_checks import JsonChecks
 from constraints.schema.runtime_checks import JsonCheck, split_runtime_checks
 
-from .conftest import VOCAB, allowed, allowed_ids, assert_classified, new_mask, walk_text
+from .conftest import VOCAB, allowed, allowed_ids, assert_classified, closing_tokens, new_mask, random_walk, walk_text
 
 TAGS = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True, "items": {"type": "string"}}},
         "required": ["tags"]}
@@ -201,27 +201,20 @@ def test_mask_and_accept_agree_on_random_walks(compiler, tok):
     gives the same rows."""
     import jsonschema
 
-    closers = {i for i, text in enumerate(tok.convert_ids_to_tokens(list(range(len(tok))))) if any(c in text for c in '"]}')}
+    closers = closing_tokens(tok, '"]}')
     rng = random.Random(7)
     for schema, _, _ in CASES:
         compiled = compiler.compile(ConstraintSpec("json_schema", schema))
         check = jsonschema.Draft202012Validator(schema).is_valid
         for _ in range(3):
-            matcher, ids = compiled.new_matcher(), []
-            for _ in range(40):
-                mask = _mask(matcher)
+            matcher = compiled.new_matcher()
+
+            def batched_like_alone(mask, matcher=matcher):
                 batch = torch.zeros((2, mask.shape[1]), dtype=torch.int32)
                 fill_bitmasks([matcher, matcher], batch)  # two rows: the batched path
                 assert torch.equal(batch[0], mask[0]) and torch.equal(batch[1], mask[0])
-                options = sorted(allowed_ids(mask))
-                assert options
-                closing = [t for t in options if t in closers]
-                t = rng.choice(closing if closing and rng.random() < 0.5 else options)
-                assert matcher.accept_token(t)
-                if matcher.is_terminated():
-                    assert check(json.loads(tok.decode(ids))), tok.decode(ids)
-                    break
-                ids.append(t)
+
+            random_walk(matcher, tok, rng, 40, closers, 0.5, check, batched_like_alone)
 
 
 def test_a_token_closing_one_checked_object_and_opening_another(compiler, tok):
