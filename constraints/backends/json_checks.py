@@ -511,12 +511,12 @@ class JsonChecks(NarrowingMatcher):
         whole = _captures(top)  # at (or in a string or number of) an item compared whole
         mid_escape = in_string and bool(state.escape or state.high)
         if (in_string and listed and state.mode == _STRING) or (whole and state.mode == _BARE) or (
-                closed and state.mode == _KEY and not _key_settled(state)) or (state.mode == _KEY and state.escaped):
+                closed and state.mode == _KEY and not _key_settled(state)):
             # in a listed item, a number or a closed object's key: the few allowed
             ids = np.flatnonzero(_bits(words))
-        elif mid_escape:
-            # what the escape stands for is not known yet: a token can only refuse by closing
-            # the string after it (the text before its quote is no literal text to index)
+        elif mid_escape or (state.mode == _KEY and state.escaped):
+            # what the escape stands for is not known yet, or a key holds one (it may spell a
+            # listed key): a token can only refuse by closing the string after it
             ids = _allowed(words, table.with_quote)
         else:
             kinds = Kinds(
