@@ -246,8 +246,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     parser.add_argument("--show", action="store_true", help="print every answer (speculation auto)")
-    parser.add_argument("--property-order", default="any", choices=["any", "declared"],
-                        help="json_property_order of the schemas (declared: keys in the schema's order)")
+    parser.add_argument("--property-order", default="auto", choices=["auto", "any", "declared"],
+                        help="json_property_order of the schemas (auto, the default: objects of 5 or more "
+                             "properties in the declared order)")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))

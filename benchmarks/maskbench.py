@@ -42,8 +42,9 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # trellis-any: Trellis with json_numbers "any" (the schema's language; "trellis" bounds how
-# numbers are spelled under the default layout, as served)
-ENGINES = ("trellis", "xgrammar", "llguidance", "outlines", "trellis-any")
+# numbers are spelled under the default layout, as served); trellis-any-order: Trellis with
+# json_property_order "any" (objects of 5 or more properties in any order too)
+ENGINES = ("trellis", "xgrammar", "llguidance", "outlines", "trellis-any", "trellis-any-order")
 VERSIONS = {"xgrammar": "xgrammar", "llguidance": "llguidance", "outlines": "outlines_core"}
 MAX_MASK_SAMPLES = 400  # mask timings kept per schema (all are measured)
 
@@ -62,7 +63,8 @@ def init_worker(engine: str) -> None:
 
     tok = load_tokenizer(default_model_dir())
     _engine = {"trellis": _Trellis, "xgrammar": _XGrammar, "llguidance": _LLGuidance,
-               "outlines": _Outlines, "trellis-any": _TrellisAnyNumbers}[engine](tok)
+               "outlines": _Outlines, "trellis-any": _TrellisAnyNumbers,
+               "trellis-any-order": _TrellisAnyOrder}[engine](tok)
 
 
 class _Engine:
@@ -114,6 +116,10 @@ class _Trellis(_Engine):
 
 class _TrellisAnyNumbers(_Trellis):
     options = {"json_numbers": "any"}
+
+
+class _TrellisAnyOrder(_Trellis):
+    options = {"json_property_order": "any"}
 
 
 class _XGrammar(_Engine):
@@ -500,6 +506,8 @@ def _version(engine: str) -> str:
         return "Trellis"
     if engine == "trellis-any":
         return "Trellis, json_numbers any"
+    if engine == "trellis-any-order":
+        return "Trellis, json_property_order any"
     from importlib.metadata import version
 
     return f"{engine} {version(VERSIONS[engine].replace('_', '-'))}"

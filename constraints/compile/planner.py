@@ -193,7 +193,8 @@ def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
     check_schema_productive(schema)
     if not spec.strict:  # best effort: whatever compiles, fastest first
         return Plan(_only(forced, [Attempt("xgrammar", schema), Attempt("llguidance", schema)]), schema)
-    free_order = spec.options.get("json_property_order", "any") == "any"
+    order = spec.options.get("json_property_order", "auto")
+    free_order = order == "any"  # larger objects too, by run-time checks
     base = rewrite_schema(schema)
     rewritten, checks = split_runtime_checks(base, free_order=free_order)
     if (pointer := open_property_count(rewritten)) is not None:
@@ -206,7 +207,7 @@ def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
     # order (an anyOf of objects costs it seconds to compile); refusals name the keyword where
     # the client wrote it (pointers of ``rewritten``)
     intersected = precompute_intersections(rewritten)
-    attempts = [Attempt("llguidance", any_order(intersected) if free_order else intersected)]
+    attempts = [Attempt("llguidance", any_order(intersected) if order != "declared" else intersected)]
     if needs_lark(rewritten):  # llguidance's JSON compiler refuses contains: as a Lark grammar
         attempts.insert(0, Attempt("llguidance", LarkSchema(rewritten)))
         if before_draft_06(rewritten) and not needs_lark(schema):

@@ -54,15 +54,16 @@ def walk_json(compiled, tok, value) -> bool:
     return walk_text(compiled, tok, json.dumps(value))
 
 
-def assert_classified(compiler, tok, schema, valid, invalid) -> None:
-    """Compile ``schema`` (strict): each value is walked to EOS exactly when jsonschema, in the
-    schema's own draft, calls it valid (and the lists agree with jsonschema)."""
+def assert_classified(compiler, tok, schema, valid, invalid, options=None) -> None:
+    """Compile ``schema`` (strict, with these spec ``options``): each value is walked to EOS
+    exactly when jsonschema, in the schema's own draft, calls it valid (and the lists agree
+    with jsonschema)."""
     import jsonschema
 
     from constraints import ConstraintSpec
 
     check = jsonschema.validators.validator_for(schema)(schema).is_valid
-    compiled = compiler.compile(ConstraintSpec("json_schema", schema))
+    compiled = compiler.compile(ConstraintSpec("json_schema", schema, options))
     for value in valid:
         assert check(value) and walk_json(compiled, tok, value), value
     for value in invalid:

@@ -24,6 +24,7 @@ NAMES = ["name", "email", "product", "order_id", "issue", "priority"]
 TICKET = {"type": "object", "properties": {n: S for n in NAMES}, "required": ["name", "email", "issue"],
           "additionalProperties": False}
 FULL = {n: n[:3] for n in NAMES}
+ANY = {"json_property_order": "any"}  # larger objects too (the default keeps their declared order)
 
 
 def _orders(value: dict) -> list[dict]:
@@ -99,12 +100,12 @@ CASES = [
 @pytest.mark.parametrize(("schema", "valid", "invalid"), CASES)
 def test_any_order_classifies_like_jsonschema(compiler, tok, schema, valid, invalid):
     assert any(c.free_keys for c in split_runtime_checks(rewrite_schema(schema))[1])
-    assert_classified(compiler, tok, schema, valid, invalid)
+    assert_classified(compiler, tok, schema, valid, invalid, ANY)
 
 
 @pytest.mark.parametrize("additional", [False, {"type": "integer"}])
 def test_a_repeated_key_is_refused(compiler, tok, additional):
-    compiled = compiler.compile(ConstraintSpec("json_schema", {**TICKET, "additionalProperties": additional}))
+    compiled = compiler.compile(ConstraintSpec("json_schema", {**TICKET, "additionalProperties": additional}, ANY))
     assert walk_text(compiled, tok, '{"issue": "x", "email": "e", "name": "n"}')
     assert not walk_text(compiled, tok, '{"issue": "x", "email": "e", "name": "n", "email": "f"}')
     assert not walk_text(compiled, tok, '{"name": "n", "email": "e", "name": "m", "issue": "x"}')
@@ -114,7 +115,7 @@ def test_a_repeated_key_is_refused(compiler, tok, additional):
 def test_keys_are_written_without_escapes(compiler, tok, additional):
     """The backend matches the exact-name patterns against the key as written: an escaped
     spelling of a listed key could reach additionalProperties while the checks count the key."""
-    compiled = compiler.compile(ConstraintSpec("json_schema", {**TICKET, "additionalProperties": additional}))
+    compiled = compiler.compile(ConstraintSpec("json_schema", {**TICKET, "additionalProperties": additional}, ANY))
     assert not walk_text(compiled, tok, '{"issue": "x", "email": "e", "n\\u0061me": "n"}')
     assert not walk_text(compiled, tok, '{"issue": "x", "email": "e", "name": "n", "n\\u0061me": 1}')
     assert walk_text(compiled, tok, '{"issue": "x", "email": "e\\u0041", "name": "n"}')
@@ -125,14 +126,14 @@ def test_keys_are_written_without_escapes(compiler, tok, additional):
 
 def test_a_used_name_of_a_finite_pattern_is_not_begun_again(compiler, tok):
     schema = {**TICKET, "patternProperties": {"^\\$schema$": {"const": "s"}}}
-    compiled = compiler.compile(ConstraintSpec("json_schema", schema))
+    compiled = compiler.compile(ConstraintSpec("json_schema", schema, ANY))
     assert walk_text(compiled, tok, '{"$schema": "s", "issue": "x", "email": "e", "name": "n"}')
     offered = _offered_after(compiler, tok, schema, '{"$schema": "s", "')
     assert offered and not any(t.startswith("$") for t in offered)
 
 
 def test_every_order_of_a_small_subset(compiler, tok):
-    compiled = compiler.compile(ConstraintSpec("json_schema", TICKET))
+    compiled = compiler.compile(ConstraintSpec("json_schema", TICKET, ANY))
     for order in itertools.permutations(["name", "email", "issue", "priority"]):
         assert walk_json(compiled, tok, {k: k[:2] for k in order}), order
 
@@ -179,12 +180,19 @@ def test_inexact_places_keep_the_declared_order(schema):
     assert split_runtime_checks(schema) == (schema, ())
 
 
-def test_declared_order_on_request(compiler, tok):
-    spec = spec_from_request({"structured_outputs": {"json": TICKET, "json_property_order": "declared"}})
-    assert spec.options == {"json_property_order": "declared"}
-    compiled = compiler.compile(spec)
-    assert walk_json(compiled, tok, FULL)
-    assert not walk_json(compiled, tok, dict(reversed(FULL.items())))
+def test_the_default_and_declared_order(compiler, tok):
+    """By default (``auto``) a larger object keeps its declared order and a small one takes any;
+    ``declared`` keeps every order; ``any`` is asked for by name."""
+    assert spec_from_request({"structured_outputs": {"json": TICKET}}).options == {}
+    spec = spec_from_request({"structured_outputs": {"json": TICKET, "json_property_order": "any"}})
+    assert spec.options == ANY
+    assert walk_json(compiler.compile(spec), tok, dict(reversed(FULL.items())))
+    for options in ({}, {"json_property_order": "declared"}):
+        compiled = compiler.compile(ConstraintSpec("json_schema", TICKET, options))
+        assert walk_json(compiled, tok, FULL)
+        assert not walk_json(compiled, tok, dict(reversed(FULL.items())))
+    small = {"type": "object", "properties": {"b": S, "a": S}}
+    assert walk_json(compiler.compile(ConstraintSpec("json_schema", small)), tok, {"a": "y", "b": "x"})
     small = {"type": "object", "properties": {"b": S, "a": S}}
     compiled = compiler.compile(ConstraintSpec("json_schema", small, {"json_property_order": "declared"}))
     assert walk_json(compiled, tok, {"b": "x", "a": "y"}) and not walk_json(compiled, tok, {"a": "y", "b": "x"})
@@ -198,7 +206,7 @@ def test_random_walks_end_valid_and_never_stuck(compiler, tok):
     closers = closing_tokens(tok, '"},')
     rng = random.Random(11)
     for schema, _, _ in CASES:
-        compiled = compiler.compile(ConstraintSpec("json_schema", schema))
+        compiled = compiler.compile(ConstraintSpec("json_schema", schema, ANY))
         check = jsonschema.Draft202012Validator(schema).is_valid
         for _ in range(4):
             random_walk(compiled.new_matcher(), tok, rng, 120, closers, 0.7, check)
@@ -206,7 +214,7 @@ def test_random_walks_end_valid_and_never_stuck(compiler, tok):
 
 def _offered_after(compiler, tok, schema: dict, text: str) -> list[str]:
     """The texts of the tokens the mask offers once ``text`` is written."""
-    matcher = compiler.compile(ConstraintSpec("json_schema", schema)).new_matcher()
+    matcher = compiler.compile(ConstraintSpec("json_schema", schema, ANY)).new_matcher()
     for t in tok.encode(text, add_special_tokens=False):
         assert matcher.accept_token(t)
     mask = new_mask()
