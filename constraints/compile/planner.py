@@ -203,9 +203,9 @@ def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
             pointer=pointer,
             keyword="minProperties",
         )
-    # llguidance takes small objects' properties in any order; xgrammar keeps the declared
-    # order (an anyOf of objects costs it seconds to compile); refusals name the keyword where
-    # the client wrote it (pointers of ``rewritten``)
+    # llguidance takes small objects' properties in any order (unless "declared" is asked for);
+    # xgrammar keeps the declared order (an anyOf of objects costs it seconds to compile);
+    # refusals name the keyword where the client wrote it (pointers of ``rewritten``)
     intersected = precompute_intersections(rewritten)
     attempts = [Attempt("llguidance", any_order(intersected) if order != "declared" else intersected)]
     if needs_lark(rewritten):  # llguidance's JSON compiler refuses contains: as a Lark grammar
