@@ -47,6 +47,17 @@ _OPTION_TYPES: dict[str, type] = {
 }
 
 
+# options that take one of a few words, beside json_layout
+_CHOICES: dict[str, tuple[str, ...]] = {"json_numbers": JSON_NUMBERS, "json_property_order": JSON_PROPERTY_ORDERS}
+
+
+def _check_choice(name: str, value: Any, param: str) -> Any:
+    """``value`` when it is one of option ``name``'s words; else a 400 naming ``param``."""
+    if value not in _CHOICES[name]:
+        raise InvalidConstraintError(f"{name} must be one of {', '.join(_CHOICES[name])}, got {value!r}", param=param)
+    return value
+
+
 def _normalise_options(options: Mapping[str, Any] | None) -> Mapping[str, Any]:
     out: dict[str, Any] = {}
     for name, value in (options or {}).items():
@@ -60,12 +71,8 @@ def _normalise_options(options: Mapping[str, Any] | None) -> Mapping[str, Any]:
             )
         if name == "backend":
             value = _normalise_backend(value, name)
-        if name == "json_numbers" and value not in JSON_NUMBERS:
-            raise InvalidConstraintError(f"json_numbers must be one of {', '.join(JSON_NUMBERS)}, got {value!r}",
-                                         param=name)
-        if name == "json_property_order" and value not in JSON_PROPERTY_ORDERS:
-            raise InvalidConstraintError(
-                f"json_property_order must be one of {', '.join(JSON_PROPERTY_ORDERS)}, got {value!r}", param=name)
+        if name in _CHOICES:
+            _check_choice(name, value, name)
         out[name] = value
     _resolve_layout(out)
     out = {k: v for k, v in out.items() if v != _OPTION_DEFAULTS.get(k, object())}
@@ -383,20 +390,11 @@ def _options(fields: Mapping[str, Any], kind: str, strict: Any) -> dict[str, Any
                 f"json_layout must be one of {', '.join(JSON_LAYOUTS)}, got {value!r}", param=param
             )
         opts["json_layout"] = value
-    numbers = _json_layout(fields, so, "json_numbers")
-    if numbers is not None:
-        param, value = numbers
-        if value not in JSON_NUMBERS:
-            raise InvalidConstraintError(f"json_numbers must be one of {', '.join(JSON_NUMBERS)}, got {value!r}",
-                                         param=param)
-        opts["json_numbers"] = value
-    order = _json_layout(fields, so, "json_property_order")
-    if order is not None:
-        param, value = order
-        if value not in JSON_PROPERTY_ORDERS:
-            raise InvalidConstraintError(
-                f"json_property_order must be one of {', '.join(JSON_PROPERTY_ORDERS)}, got {value!r}", param=param)
-        opts["json_property_order"] = value
+    for name in _CHOICES:
+        found = _json_layout(fields, so, name)
+        if found is not None:
+            param, value = found
+            opts[name] = _check_choice(name, value, param)
     wsp = so.get("whitespace_pattern") if isinstance(so, Mapping) else None
     wsp = wsp if wsp is not None else fields.get("guided_whitespace_pattern")
     if wsp is not None:

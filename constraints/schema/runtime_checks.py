@@ -135,18 +135,18 @@ def split_runtime_checks(schema: Any, free_order: bool = True) -> tuple[Any, tup
     whole = [c.path for _, _, node_checks in found for c in node_checks if c.object_items or c.any_values]
     pinned = _properties_referenced(root) if free_order else set()
     free = [(node, f) for node, paths in placed if free_order and id(node) not in pinned
-            and (f := _free_order_checks(root, node, paths)) is not None
-            and not any(_below(c.path, w) for c in f for w in whole)]
+            and (f := _free_order(root, node, paths)) is not None
+            and not any(_below(c.path, w) for c in f.checks for w in whole)]
     checks: dict[Path, JsonCheck] = {}
-    for check in [c for _, _, node_checks in found for c in node_checks] + [c for _, f in free for c in f]:
+    for check in [c for _, _, node_checks in found for c in node_checks] + [c for _, f in free for c in f.checks]:
         checks[check.path] = checks[check.path].merged(check) if check.path in checks else check
     if not checks:
         return schema, ()
     for node, keys, _ in found:
         for key in keys:
             node.pop(key, None)
-    for node, _ in free:
-        _free_the_order(node)
+    for node, freeing in free:
+        _free_the_order(node, freeing)
     return root, tuple(checks[p] for p in sorted(checks, key=repr))
 
 
@@ -206,10 +206,19 @@ def _many_properties(node: dict) -> bool:
     return isinstance(props, dict) and len(props) >= FREE_ORDER_MIN
 
 
-def _free_order_checks(root: dict, node: dict, paths: set[Path]) -> list[JsonCheck] | None:
-    """The checks that let ``node``'s listed properties come in any order at ``paths``, or None
-    where that would not be exact: the node says more than its properties, another subschema
-    at one of its places binds the keys, or it does not apply to every object there."""
+class _Freeing(NamedTuple):
+    """How an object is made order-free: its checks, its keys grouped by value schema (one
+    pattern each) and the ids of the ``allOf`` members stating dependencies the checks take."""
+
+    checks: list[JsonCheck]
+    groups: list[tuple[str, ...]]
+    dependency_members: set[int]
+
+
+def _free_order(root: dict, node: dict, paths: set[Path]) -> _Freeing | None:
+    """How ``node``'s listed properties may come in any order at ``paths``, or None where that
+    would not be exact: the node says more than its properties, another subschema at one of its
+    places binds the keys, or it does not apply to every object there."""
     if not _many_properties(node) or _NOT_FREED_BESIDE.intersection(node) or not _admits(node, "object"):
         return None
     props, required = node["properties"], node.get("required", [])
@@ -219,8 +228,8 @@ def _free_order_checks(root: dict, node: dict, paths: set[Path]) -> list[JsonChe
     if not isinstance(patterns, dict) or not all(
             patterns_disjoint(_exact_pattern(k), p) for k in props for p in patterns):
         return None  # a listed key a pattern also takes must meet both subschemas
-    extra = node.get("additionalProperties", True)
-    if not isinstance(extra, (bool, dict)) or len(_key_groups(props)) > FREE_ORDER_MAX_PATTERNS:
+    extra, groups = node.get("additionalProperties", True), _key_groups(props)
+    if not isinstance(extra, (bool, dict)) or len(groups) > FREE_ORDER_MAX_PATTERNS:
         return None
     dependencies = _dependency_members(node)
     if not all(set(needed) | {name} <= set(props) for _, _, name, needed in dependencies):
@@ -244,8 +253,9 @@ def _free_order_checks(root: dict, node: dict, paths: set[Path]) -> list[JsonChe
             return None  # used keys could leave a key in progress no way on
     needs = tuple(sorted((name, needed) for _, _, name, needed in dependencies))
     takes = tuple(k for k, v in props.items() if v is not False)  # a key whose value is false is never written
-    return [JsonCheck(path, free_keys=takes + tuple(named), required=tuple(sorted(set(required))), closed=closed,
-                      key_patterns=tuple(open_patterns), dependent_required=needs) for path in paths]
+    checks = [JsonCheck(path, free_keys=takes + tuple(named), required=tuple(sorted(set(required))), closed=closed,
+                        key_patterns=tuple(open_patterns), dependent_required=needs) for path in paths]
+    return _Freeing(checks, groups, {id(member) for member, _, _, _ in dependencies})
 
 
 def _dependency_members(node: dict) -> list[tuple[dict, list[dict], str, tuple[str, ...]]]:
@@ -283,16 +293,15 @@ def _plain_key(key: str) -> bool:
     return all(" " <= ch <= "\uffff" and ch not in '"\\' and not "\ud800" <= ch <= "\udfff" for ch in key)
 
 
-def _free_the_order(node: dict) -> None:
+def _free_the_order(node: dict, freeing: _Freeing) -> None:
     """``node`` (changed in place) with its properties as exact-name patterns, any order."""
-    dependencies = {id(member) for member, _, _, _ in _dependency_members(node)}
-    if dependencies:
-        node["allOf"] = [m for m in node["allOf"] if id(m) not in dependencies]
+    if freeing.dependency_members:
+        node["allOf"] = [m for m in node["allOf"] if id(m) not in freeing.dependency_members]
         if not node["allOf"]:
             del node["allOf"]
     props = node.pop("properties")
     node.pop("required", None)
-    named = {_names_pattern(keys): props[keys[0]] for keys in _key_groups(props)}
+    named = {_names_pattern(keys): props[keys[0]] for keys in freeing.groups}
     node["patternProperties"] = {**named, **node.get("patternProperties", {})}
     node[FREED_MARK] = list(named)
 
