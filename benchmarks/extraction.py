@@ -14,6 +14,13 @@ identical and every output is valid JSON of its schema.
 
     python benchmarks/extraction.py                        # default model, 1 8 16 clients
     python benchmarks/extraction.py --clients 1 --docs 2   # quicker
+    python benchmarks/extraction.py --shape 1b --tokenizer DIR   # a GPU: random weights, the step cost
+
+``--shape 1b|8b`` builds a random-init Llama of that shape (bf16 on CUDA, ``benchmarks/gpu.py``'s
+models; the tokenizer from ``--tokenizer``) with the server's CUDA graphs: its answers are not a
+real model's, so its acceptance says nothing; what it measures is the step-cost side, printed
+after each row as the speculation policy's fit (a forward's fixed and per-token ms, and the host
+ms verification spends per draft token), from which the policy prices drafts at that batch.
 """
 
 from __future__ import annotations
@@ -154,6 +161,7 @@ class Run:
     stats: dict = field(default_factory=dict)
     first_at: dict[int, float] = field(default_factory=dict)  # request -> when its first token came
     done_at: dict[int, float] = field(default_factory=dict)
+    step_cost: str = ""  # the speculation policy's fit after the run (see step_cost)
 
     @property
     def tpot_ms(self) -> float:
@@ -206,6 +214,8 @@ def run(runner, tokenizer, compiled: dict, prompts: list[list[int]], docs: list[
     engine.flush()
     result.seconds = time.perf_counter() - started
     result.stats = {name: getattr(engine.stats, name) - before[name] for name in STAT_FIELDS}
+    result.step_cost = step_cost(engine)
+    engine.shutdown()
     return result
 
 
@@ -227,9 +237,33 @@ def valid_outputs(tokenizer, outputs: list[list[int]], docs: list[Document]) -> 
     return True
 
 
-def load(device: torch.device, dtype: str):
-    directory = default_model_dir(show_progress=True)
-    return load_hf_model(directory, resolve_dtype(dtype, device), device), load_tokenizer(directory)
+def load(device: torch.device, dtype: str, shape: str | None = None, tokenizer_dir: Path | None = None):
+    """The default model, or a random-init one of ``shape`` (``benchmarks/gpu.py``'s shapes)."""
+    if shape is None:
+        directory = default_model_dir(show_progress=True)
+        return load_hf_model(directory, resolve_dtype(dtype, device), device), load_tokenizer(directory)
+    from benchmarks.gpu import build_model
+
+    tokenizer = load_tokenizer(tokenizer_dir or default_model_dir())
+    return build_model(shape, len(tokenizer), tokenizer.eos_token_id, resolve_dtype(dtype, device), device), tokenizer
+
+
+def make_runner(model, clients: int, max_len: int, quantization: str):
+    """A runner for ``clients`` sequences; on CUDA with the server's decode and piecewise graphs."""
+    runner = ModelRunner.for_sequences(model, clients, max_len, quantization=quantization)
+    if runner.device.type != "cuda":
+        return runner
+    from server.engine.cuda_graphs import graph_decode_steps
+
+    return graph_decode_steps(runner, max_batch_size=clients, max_model_len=max_len)
+
+
+def step_cost(engine: Engine) -> str:
+    """The speculation policy's fitted forward cost and verification cost, as a line."""
+    policy = engine.drafts.policy
+    cost = policy.cost()
+    fit = "not fitted (one step size)" if cost is None else f"{1000 * cost[0]:.3f} ms + {1000 * cost[1]:.4f} ms/token"
+    return f"forward {fit}; verification {1000 * policy.verify_s_per_token:.3f} host ms per draft token"
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -246,13 +280,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     parser.add_argument("--show", action="store_true", help="print every answer (speculation auto)")
+    parser.add_argument("--shape", default=None, choices=["1b", "8b", "tiny"],
+                        help="a random-init model of this shape instead of the default model (the step cost)")
+    parser.add_argument("--tokenizer", type=Path, default=None, help="with --shape: the tokenizer's folder")
     parser.add_argument("--property-order", default="auto", choices=["auto", "any", "declared"],
                         help="json_property_order of the schemas (auto, the default: objects of 5 or more "
                              "properties in the declared order)")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
-    hf, tokenizer = load(device, args.dtype)
+    hf, tokenizer = load(device, args.dtype, args.shape, args.tokenizer)
     compiler = ConstraintCompiler(tokenizer, hf.config.vocab_size, stop_token_ids=[tokenizer.eos_token_id])
     order = {"json_property_order": args.property_order}
     compiled = {kind: compiler.compile(ConstraintSpec("json_schema", schema, order))
@@ -273,13 +310,15 @@ def main(argv: list[str] | None = None) -> dict:
                 prompts = [render(tokenizer, doc) for doc in docs]
                 max_len = max(len(p) for p in prompts) + args.max_tokens + 8
                 model = copy.deepcopy(hf) if quantization != "none" else hf  # quantizing re-points its modules
-                runner = ModelRunner.for_sequences(model, clients, max_len, quantization=quantization)
+                runner = make_runner(model, clients, max_len, quantization)
                 off, auto = (run(runner, tokenizer, compiled, prompts, docs, clients=clients, speculation=flag,
                                  max_tokens=args.max_tokens, max_len=max_len) for flag in (False, True))
                 row = summarise(workload, clients, prompts, off, auto, valid_outputs(tokenizer, auto.outputs, docs)
                                 and valid_outputs(tokenizer, off.outputs, docs))
                 rows.append(row)
                 print(format_row(row), flush=True)
+                if args.shape:
+                    print(f"    step cost, speculation auto: {auto.step_cost}", flush=True)
                 if args.show:
                     for tokens in auto.outputs:
                         print("   ", tokenizer.decode(tokens, skip_special_tokens=True))

@@ -197,6 +197,7 @@ class Engine:
         self.policy = OverlapPolicy(self.overlap)  # per step: launch before reading, or read first
         self._forward_events: tuple | None = None  # recorded around this step's forward launch
         self._forward_tokens = 0  # tokens this step's forward fed (the speculation policy's cost fit)
+        self._forward_launch_s = 0.0  # host seconds this step's forward took to launch
         self._inflight: InFlight | None = None  # the last sampler pass, not yet read by the host
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -552,6 +553,7 @@ class Engine:
         elapsed = time.perf_counter() - started
         self.stats.forward_s += elapsed
         self._forward_tokens = int(batch.tokens.shape[0])
+        self._forward_launch_s = elapsed
         if self.runner.device.type == "cpu":  # synchronous: the wall time is the forward's cost
             self.drafts.policy.record(self._forward_tokens, elapsed)
         first_rows = None  # with per-position logits: each row's first position
@@ -631,7 +633,8 @@ class Engine:
         for seq in sampled:
             seq.pending = [SAMPLED]
         self._inflight = InFlight(sampled, pending, event, hidden if hidden_rows else None, hidden_rows,
-                                  forward_events=self._forward_events, forward_tokens=self._forward_tokens)
+                                  forward_events=self._forward_events, forward_tokens=self._forward_tokens,
+                                  forward_launch_s=self._forward_launch_s)
         self._forward_events = None  # draft positions sampled after it have no forward of their own
         self.stats.sample_s += time.perf_counter() - started
 
@@ -647,7 +650,7 @@ class Engine:
             forward_ms = inflight.forward_ms()
             self.policy.record_forward(forward_ms)
             if forward_ms is not None:
-                self.drafts.policy.record(inflight.forward_tokens, forward_ms / 1000)
+                self.drafts.policy.record_launched(inflight.forward_tokens, forward_ms / 1000, inflight.forward_launch_s)
         except Exception as exc:
             for seq in inflight.seqs:
                 resolve(seq, 0)  # the placeholder must not stay in the cache's token record

@@ -60,6 +60,7 @@ class InFlight:
     hidden_rows: list[int] = field(default_factory=list)
     forward_events: tuple[Any, Any] | None = None  # recorded around the forward's launch
     forward_tokens: int = 0  # tokens the forward fed
+    forward_launch_s: float = 0.0  # host seconds the forward took to launch
     _row_of: dict[int, int] | None = None
 
     def row_of(self, seq: Sequence) -> int | None:

@@ -40,8 +40,16 @@ class SpeculationPolicy:
             self.verify_s_per_token += VERIFY_WEIGHT * (seconds / draft_tokens - self.verify_s_per_token)
             self._last = None
 
+    def record_launched(self, tokens: int, device_s: float, launch_s: float) -> None:
+        """A forward timed on an asynchronous device: it costs the longer of its device time and
+        the host's time to launch it. A step of full graphs launches in microseconds, but a mixed
+        step (drafts, forced tokens) replays piecewise graphs a layer at a time, and when that
+        launch outlasts the device's work the device waits on the host: its events show only the
+        work, so the fit would price drafts as nearly free on a card that is mostly idle."""
+        self.record(tokens, max(device_s, launch_s))
+
     def record(self, tokens: int, seconds: float) -> None:
-        """One forward fed ``tokens`` tokens and took ``seconds`` (device time)."""
+        """One forward fed ``tokens`` tokens and took ``seconds`` (its cost to the step)."""
         if tokens <= 0 or seconds <= 0:
             return
         x, y = float(tokens), float(seconds)

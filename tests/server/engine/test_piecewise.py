@@ -12,7 +12,7 @@ import torch
 from constraints import ConstraintCompiler, ConstraintSpec
 from sampler import SamplingParams
 from server.engine.admission import WaitAdmission
-from server.engine.cuda_graphs import GraphedRunner, is_plain_decode
+from server.engine.cuda_graphs import NULL_BLOCK, GraphedRunner, is_plain_decode
 from server.engine.engine import Engine
 from server.engine.model import ModelRunner, load_hf_model
 from server.engine.piecewise import supports_pieces, token_buckets
@@ -214,8 +214,10 @@ def test_captured_pieces_give_the_eager_logits_on_cuda(tiny_hf):
     for batch in mixed_batches("cuda")[:5]:  # the last one is a plain decode: its full graph
         expected = eager.forward(batch)
         torch.testing.assert_close(graphed.forward(batch), expected, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(graphed.kv.k, eager.kv.k, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(graphed.kv.v, eager.kv.v, atol=1e-4, rtol=1e-4)
+        # every block but the null one: a padded graph's filler tokens write there, eager has none
+        owned = slice(NULL_BLOCK + 1, None)
+        torch.testing.assert_close(graphed.kv.k[:, owned], eager.kv.k[:, owned], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(graphed.kv.v[:, owned], eager.kv.v[:, owned], atol=1e-4, rtol=1e-4)
     assert graphed.path_counts == {"full_graph": 0, "piecewise": 5, "eager": 0}
 
 

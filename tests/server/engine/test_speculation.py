@@ -136,6 +136,18 @@ def test_policy_prices_draft_tokens_from_the_fitted_step_cost() -> None:
     assert policy.worth(0.3, 1) and not policy.worth(0.3, 64)  # 64 tokens: 0.128 / 0.168 needed
 
 
+def test_policy_prices_a_launch_that_outlasts_the_device() -> None:
+    """The H100's mixed steps: a one-token step replays its full graph at once (device-bound),
+    a draft step launches piecewise graphs a layer at a time (host-bound, the device idles)."""
+    policy = SpeculationPolicy()
+    for tokens in [1, 3, 1, 5] * 4:
+        launch = 0.0001 if tokens == 1 else 0.004 * tokens
+        policy.record_launched(tokens, device_s=0.006, launch_s=launch)
+    fixed, slope = policy.cost()
+    assert slope > 0.003  # the device's 6 ms alone would make drafts free
+    assert not policy.worth(0.5, 1)  # a draft token must be kept more often than not to pay
+
+
 def test_a_refused_value_start_does_not_shorten_the_copies() -> None:
     """A copy's length follows its copied tokens: a guessed value start refused (the model picked
     another field) neither halves it nor makes the sequence wait; a copied token refused does."""
