@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels._backend import layer_kernels, select_backend
+from kernels.cpu_layer import cpu_layer_ops, fusable
 
 
 def silu_mul_reference(x: torch.Tensor) -> torch.Tensor:
@@ -15,10 +16,13 @@ def silu_mul_reference(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def silu_mul(x: torch.Tensor, *, use_triton: bool | None = None) -> torch.Tensor:
-    """``silu(x[:, :I]) * x[:, I:]`` for x [N, 2 * I] (contiguous last dimension): [N, I]."""
+def silu_mul(x: torch.Tensor, *, use_triton: bool | None = None, cpu_fused: bool = False) -> torch.Tensor:
+    """``silu(x[:, :I]) * x[:, I:]`` for x [N, 2 * I] (contiguous last dimension): [N, I].
+    ``cpu_fused``: a float32 CPU ``x`` goes through :mod:`kernels.cpu_layer` where it is built."""
     if x.dim() != 2 or x.shape[1] % 2 or x.stride(-1) != 1:
         raise ValueError(f"x must be [N, 2 * I] with a contiguous last dimension, got {tuple(x.shape)}")
+    if cpu_fused and fusable(x) and (ops := cpu_layer_ops()) is not None:
+        return ops.silu_mul(x)
     if select_backend(x, use_triton) == "triton":
         mod = layer_kernels()
         if mod is not None:

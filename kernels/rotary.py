@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from kernels._backend import layer_kernels, select_backend
+from kernels.cpu_layer import cpu_layer_ops, fusable
 from kernels.paged_attention import write_kv
 from kernels.rmsnorm import add_rmsnorm_reference
 
@@ -47,11 +48,15 @@ def rope_write_kv(
     qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int,
     q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None, eps: float = 1e-6,
-    *, use_triton: bool | None = None,
+    *, use_triton: bool | None = None, cpu_fused: bool = False,
 ) -> torch.Tensor:
     """Rotate and cache one step's keys, store its values, return its queries [N, heads, head_dim]
-    (see the module docstring). ``q_norm``/``k_norm`` [head_dim]: both or neither."""
+    (see the module docstring). ``q_norm``/``k_norm`` [head_dim]: both or neither. ``cpu_fused``:
+    float32 CPU tensors without a qk-norm go through :mod:`kernels.cpu_layer` where it is built."""
     head_dim = _check(qkv, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads, q_norm, k_norm)
+    if cpu_fused and q_norm is None and fusable(qkv, cos, sin, k_cache, v_cache) \
+            and (ops := cpu_layer_ops()) is not None:
+        return ops.rope_write_kv(qkv, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads)
     if select_backend(qkv, use_triton) == "triton":
         mod = layer_kernels()
         if mod is not None:

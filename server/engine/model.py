@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.activation import silu_mul
+from kernels.cpu_layer import cpu_layer_ops
 from kernels.gemv import GemvChoice
 from kernels.paged_attention import paged_attention
 from kernels.rmsnorm import add_rmsnorm
@@ -127,6 +128,10 @@ class ModelRunner:
         self.quantized = self._quantize(quantization) if quantization not in ("none", "fp8") else None
         self._routes = ALL_OUTPUT  # the current pass's token routes through quantized layers
         self._primed = False  # prime_linear_choices ran
+        # a quantized CPU runner's norms, rotary and activation in one C++ call each
+        # (kernels.cpu_layer): its matmuls are small enough that dispatch is most of the rest;
+        # `none` keeps the references, which round as transformers does
+        self.cpu_fused = self.quantized is not None and cpu_layer_ops() is not None  # built now, not in a step
 
     def _quantize(self, kind: str) -> QuantizedLinears:
         if kind not in QUANTIZATION_CHOICES:
@@ -220,7 +225,7 @@ class ModelRunner:
         if weights.qk_norm is not None:
             q_norm, k_norm, eps = weights.qk_norm[0].weight, weights.qk_norm[1].weight, weights.qk_norm[0].eps
         q = rope_write_kv(qkv, cos, sin, k_cache, v_cache, attn.slot_mapping, shape.num_heads, shape.num_kv_heads,
-                          q_norm, k_norm, eps, use_triton=self.use_triton)
+                          q_norm, k_norm, eps, use_triton=self.use_triton, cpu_fused=self.cpu_fused)
         out = paged_attention(q, k_cache, v_cache, attn, scale=self._scale, use_triton=self.use_triton)  # [N, h, d]
         return out.view(-1, shape.num_heads * shape.head_dim)
 
@@ -230,14 +235,15 @@ class ModelRunner:
         norm and the MLP; returns the MLP's output [N, D] (added to ``residual`` by the next norm)."""
         weights = self.layers[index]
         out = self._proj(weights.o_proj, attn_out, index, "o_proj", lora)
-        normed = add_rmsnorm(out, residual, weights.post_norm.weight, weights.post_norm.eps, use_triton=self.use_triton)
+        normed = add_rmsnorm(out, residual, weights.post_norm.weight, weights.post_norm.eps, use_triton=self.use_triton,
+                             cpu_fused=self.cpu_fused)
         gate_up = self._linear(normed, weights.gate_up_weight, weights.gate_up_bias)
         if lora is not None:
             width = gate_up.shape[1] // 2
             add_lora(gate_up[:, :width], normed, self.lora, lora, index, "gate_proj")
             add_lora(gate_up[:, width:], normed, self.lora, lora, index, "up_proj")
         if weights.silu:
-            act = silu_mul(gate_up, use_triton=self.use_triton)
+            act = silu_mul(gate_up, use_triton=self.use_triton, cpu_fused=self.cpu_fused)
         else:
             gate, up = gate_up.chunk(2, dim=-1)
             act = weights.act_fn(gate) * up
@@ -268,8 +274,9 @@ class ModelRunner:
     def _add_norm(self, residual: torch.Tensor, delta: torch.Tensor | None, norm: Norm) -> torch.Tensor:
         """``norm(residual += delta)``, or ``norm(residual)`` when no block output is pending."""
         if delta is None:
-            return add_rmsnorm(residual, None, norm.weight, norm.eps, use_triton=self.use_triton)
-        return add_rmsnorm(delta, residual, norm.weight, norm.eps, use_triton=self.use_triton)
+            return add_rmsnorm(residual, None, norm.weight, norm.eps, use_triton=self.use_triton,
+                               cpu_fused=self.cpu_fused)
+        return add_rmsnorm(delta, residual, norm.weight, norm.eps, use_triton=self.use_triton, cpu_fused=self.cpu_fused)
 
     def prime_linear_choices(self, max_rows: int = 64) -> None:
         """Time now, before serving, the per-shape kernel choices (:class:`GemvChoice` at 1-8 rows,

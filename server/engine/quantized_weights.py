@@ -34,7 +34,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.quantized_linear import KINDS, QuantizedWeight, quantize, quantized_linear, supports
+from kernels.quantized_linear import (
+    KINDS,
+    QuantizedWeight,
+    quantize,
+    quantized_linear,
+    quantized_linear_float32,
+    supports,
+)
 from server.engine.layer_weights import LayerWeights
 
 CHOICES = ("none", *KINDS)
@@ -101,12 +108,19 @@ class QuantizedLinears:
         if routes.all_prompt:
             return F.linear(x, layer.dense, bias)
         if routes.prompt is None:
-            out = quantized_linear(x.to(torch.bfloat16), layer.quantized).to(x.dtype)
+            out = self._kernel(x, layer.quantized)
         else:
             out = x.new_empty((x.shape[0], layer.dense.shape[0]))
-            out[routes.output] = quantized_linear(x[routes.output].to(torch.bfloat16), layer.quantized).to(x.dtype)
+            out[routes.output] = self._kernel(x[routes.output], layer.quantized)
             out[routes.prompt] = F.linear(x[routes.prompt], layer.dense)
         return out if bias is None else out.add_(bias)
+
+    @staticmethod
+    def _kernel(x: torch.Tensor, quantized: QuantizedWeight) -> torch.Tensor:
+        """Output rows through the kernel, in ``x``'s dtype."""
+        if x.dtype == torch.float32:
+            return quantized_linear_float32(x, quantized)
+        return quantized_linear(x.to(torch.bfloat16), quantized).to(x.dtype)
 
     def quantize_layers(self, layers: list[LayerWeights], modules: list[nn.Module]) -> list[LayerWeights]:
         """Quantize each layer's projections; returns the layers pointing at the dequantized

@@ -1,0 +1,65 @@
+"""A decoder layer's small ops fused for the CPU: C++ built once per machine, or None.
+
+At one decode row a CPU step is bound by dispatch: the torch references of the residual add +
+RMSNorm, the rotary + cache write and SiLU·mul are 6-12 aten calls each over a narrow row, a
+few microseconds apiece, and a 30-layer model makes ~100 of them a step.
+``kernels/csrc/cpu_layer.cpp`` does each in one call (float32, row by row: a row's result never
+depends on the other rows). It is compiled with torch's C++ extension builder the first time a
+process asks (~25 s; needs a C++ compiler and ninja) and cached under torch's extensions folder
+(``TORCH_EXTENSIONS_DIR``), so later processes load it in a fraction of a second. Where it cannot
+be built (no compiler) or ``TRELLIS_CPU_KERNELS=0``, :func:`cpu_layer_ops` returns None and the
+callers keep the torch references: the same results to float32 rounding (the norm sums its
+squares in double, SiLU uses the C library's ``exp``), the rotary bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+log = logging.getLogger(__name__)
+SOURCE = Path(__file__).with_name("csrc") / "cpu_layer.cpp"
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off"]
+
+
+def enabled() -> bool:
+    """Whether the fused CPU ops may be used (``TRELLIS_CPU_KERNELS=0`` turns them off)."""
+    return os.environ.get("TRELLIS_CPU_KERNELS", "1").lower() not in ("0", "false", "no", "off")
+
+
+@functools.cache
+def cpu_layer_ops() -> ModuleType | None:
+    """The built extension (``add_rmsnorm``, ``rope_write_kv``, ``silu_mul``), or None."""
+    if not enabled():
+        return None
+    try:
+        from torch.utils.cpp_extension import load
+
+        _put_ninja_on_path()
+        log.info("fused CPU layer ops: loading (built once per machine, ~25 s the first time)")
+        return load(name="trellis_cpu_layer", sources=[str(SOURCE)], extra_cflags=FLAGS, verbose=False)
+    except Exception as exc:  # no compiler, no ninja, a failed build: the references serve
+        log.warning("fused CPU layer ops unavailable, using the torch references: %s", str(exc).splitlines()[0])
+        return None
+
+
+def _put_ninja_on_path() -> None:
+    """torch's builder runs ``ninja`` from PATH; the pip package's binary sits in the venv's
+    bin folder, which a venv's python run by path does not put there."""
+    try:
+        import ninja
+    except ImportError:
+        return
+    folder = getattr(ninja, "BIN_DIR", None)
+    if folder and folder not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = folder + os.pathsep + os.environ.get("PATH", "")
+
+
+def fusable(*tensors: torch.Tensor) -> bool:
+    """Whether these tensors are what the fused ops take (float32 on the CPU)."""
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
