@@ -14,6 +14,7 @@ time per step, and the ratio of each structured workload to the free one.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 import time
@@ -171,6 +172,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--quantization", default="none", choices=["none", "int4", "int8", "bf16"],
+                        help="the linear layers' weights (--quantization of the server; CPU)")
     parser.add_argument("--constraint-call-timeout", type=float, default=None,
                         help="the engine's per-row call bound in seconds (0: none; default: the engine's)")
     args = parse_with_smoke(parser, argv, SMOKE, "batch 2, 3 steps, free and json_schema: checks it runs")
@@ -179,7 +182,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def measure_batch(hf, tokenizer, compiled: dict, args: argparse.Namespace, batch: int) -> list[dict]:
     """Every workload (jump-forward off and on where it applies) at one batch size, printed as measured."""
-    runner = ModelRunner.for_sequences(hf, batch, MAX_LEN)
+    model = copy.deepcopy(hf) if args.quantization != "none" else hf  # quantizing re-points its modules
+    runner = ModelRunner.for_sequences(model, batch, MAX_LEN, quantization=args.quantization)
     free_rate = None
     rows = []
     for name in args.workloads:

@@ -509,11 +509,10 @@ class Engine:
             self._deliver(seq)
             seq.row.release()
 
-    def _prompt_counts(self, rows, decode_rows, extend_plan) -> list[int] | None:
-        """Per row, how many of its new tokens are prompt tokens, for a quantized runner (which
-        routes them apart); scored choices are not."""
-        if getattr(self.runner, "quantized", None) is None:
-            return None
+    @staticmethod
+    def _prompt_tokens(rows, decode_rows, extend_plan) -> list[int]:
+        """Per row, how many of its new tokens are prompt tokens (0 for scored choices); a
+        quantized runner routes them apart."""
         seqs = decode_rows + [seq for seq, _ in extend_plan]
         counts = [max(0, min(len(new), len(seq.request.prompt_token_ids) - start))
                   for seq, (_, new, start) in zip(seqs, rows, strict=False)]
@@ -536,10 +535,11 @@ class Engine:
         adapters += [seq.request.adapter for seq, choices in scoring for _ in choices]
         seqs = None if self.vision is None else (
             decode_rows + [seq for seq, _ in extend_plan] + [seq for seq, choices in scoring for _ in choices])
+        prompt_counts = self._prompt_tokens(rows, decode_rows, extend_plan)
+        quantized = getattr(self.runner, "quantized", None) is not None
         batch = StepBatch.build(rows, self.runner.block_size, self.runner.device,
                                 logit_counts=counts if max(counts) > 1 else None, row_adapters=adapters,
-                                staging=self._step_staging, prompt_counts=self._prompt_counts(rows, decode_rows,
-                                                                                              extend_plan),
+                                staging=self._step_staging, prompt_counts=prompt_counts if quantized else None,
                                 position_offsets=self.vision.position_offsets(seqs) if seqs else None)
         if seqs:
             batch.media = self.vision.step_media(seqs, rows, self.runner.device)
@@ -552,7 +552,11 @@ class Engine:
             self._forward_events[1].record()
         elapsed = time.perf_counter() - started
         self.stats.forward_s += elapsed
-        self._forward_tokens = int(batch.tokens.shape[0])
+        # the speculation policy prices decode and draft steps from their own costs: a step
+        # with prompt tokens is left out of its fit (a prompt token can cost far less than an
+        # output token: quantized runners take prompts through dense weights, GEMMs are
+        # cheaper per row for a long chunk), else drafts would look cheaper than they are
+        self._forward_tokens = 0 if any(prompt_counts) else int(batch.tokens.shape[0])
         self._forward_launch_s = elapsed
         if self.runner.device.type == "cpu":  # synchronous: the wall time is the forward's cost
             self.drafts.policy.record(self._forward_tokens, elapsed)
