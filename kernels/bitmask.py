@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from kernels._backend import select_backend, triton_kernels
+from kernels.cpu_fused import cpu_fused_ops
 
 _SHIFTS: dict[torch.device, torch.Tensor] = {}
 
@@ -70,8 +71,27 @@ def mask_rows(
     if select_backend(logits, use_triton) == "triton" and logits.stride(1) == 1:
         contig = lambda t: None if t is None else t.contiguous()  # noqa: E731
         triton_kernels().mask_rows(logits, words.contiguous(), contig(word_rows), contig(dst_rows), n_rows)
-    else:
+    elif not _mask_rows_fused(logits, words, word_rows, dst_rows):
         _mask_rows_reference(logits, words, word_rows, dst_rows)
+
+
+def _mask_rows_fused(logits: torch.Tensor, words: torch.Tensor, word_rows: torch.Tensor | None,
+                     dst_rows: torch.Tensor | None) -> bool:
+    """The reference's masking in one C++ call (:mod:`kernels.cpu_fused`) for float32 CPU
+    logits; False where it does not apply (it is not built, another dtype or device)."""
+    if logits.device.type != "cpu" or logits.dtype != torch.float32 or logits.stride(1) != 1 \
+            or words.dtype != torch.int32 or words.device.type != "cpu":
+        return False
+    ops = cpu_fused_ops()
+    if ops is None:
+        return False
+    if word_rows is not None:  # mask row r is bitmask row word_rows[r] (negative: row r untouched)
+        words = words[word_rows.clamp(min=0).long()]
+    dst = dst_rows.long() if dst_rows is not None else torch.arange(words.shape[0])
+    if word_rows is not None:
+        dst = torch.where(word_rows >= 0, dst, -1)
+    ops.mask_rows(logits, words.contiguous(), dst)
+    return True
 
 
 def _check(logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None) -> None:

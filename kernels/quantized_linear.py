@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.cpu_layer import cpu_layer_ops
+from kernels.cpu_fused import cpu_fused_ops
 
 KINDS = ("int4", "int8", "bf16")
 INT4_GROUP = 32
@@ -101,8 +101,8 @@ def quantized_linear(x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
 
 def quantized_linear_float32(x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
     """:func:`quantized_linear` of float32 rows, float32 out: with the bf16 casts in the same C++
-    call where :mod:`kernels.cpu_layer` is built (two dispatches fewer per projection)."""
-    ops = cpu_layer_ops() if weight.kind in ("int4", "int8") else None
+    call where :mod:`kernels.cpu_fused` is built (two dispatches fewer per projection)."""
+    ops = cpu_fused_ops() if weight.kind in ("int4", "int8") else None
     if ops is None:
         return quantized_linear(x.to(torch.bfloat16), weight).to(torch.float32)
     if weight.kind == "int4":

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from kernels._backend import layer_kernels, select_backend
-from kernels.cpu_layer import cpu_layer_ops, fusable
+from kernels.cpu_fused import cpu_fused_ops, fusable
 
 
 def add_rmsnorm_reference(
@@ -35,9 +35,9 @@ def add_rmsnorm(
     """``residual += x`` (in place, when given), then RMSNorm of the sum (or of ``x``) times
     ``weight``; x and residual [N, D] with a contiguous last dimension, weight [D]. Returns a
     new [N, D] tensor in x's dtype. ``use_triton`` follows :func:`kernels.select_backend`;
-    ``cpu_fused``: float32 CPU tensors go through :mod:`kernels.cpu_layer` where it is built."""
+    ``cpu_fused``: float32 CPU tensors go through :mod:`kernels.cpu_fused` where it is built."""
     _check(x, residual, weight)
-    if cpu_fused and fusable(x, weight) and (ops := cpu_layer_ops()) is not None:
+    if cpu_fused and fusable(x, weight) and (ops := cpu_fused_ops()) is not None:
         return ops.add_rmsnorm(x, residual, weight, eps)
     if select_backend(x, use_triton) == "triton":
         mod = layer_kernels()

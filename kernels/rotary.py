@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from kernels._backend import layer_kernels, select_backend
-from kernels.cpu_layer import cpu_layer_ops, fusable
+from kernels.cpu_fused import cpu_fused_ops, fusable
 from kernels.paged_attention import write_kv
 from kernels.rmsnorm import add_rmsnorm_reference
 
@@ -52,10 +52,10 @@ def rope_write_kv(
 ) -> torch.Tensor:
     """Rotate and cache one step's keys, store its values, return its queries [N, heads, head_dim]
     (see the module docstring). ``q_norm``/``k_norm`` [head_dim]: both or neither. ``cpu_fused``:
-    float32 CPU tensors without a qk-norm go through :mod:`kernels.cpu_layer` where it is built."""
+    float32 CPU tensors without a qk-norm go through :mod:`kernels.cpu_fused` where it is built."""
     head_dim = _check(qkv, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads, q_norm, k_norm)
     if cpu_fused and q_norm is None and fusable(qkv, cos, sin, k_cache, v_cache) \
-            and (ops := cpu_layer_ops()) is not None:
+            and (ops := cpu_fused_ops()) is not None:
         return ops.rope_write_kv(qkv, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads)
     if select_backend(qkv, use_triton) == "triton":
         mod = layer_kernels()

@@ -58,6 +58,7 @@ from functools import partial
 
 import torch
 
+from kernels.cpu_fused import cpu_fused_ops
 from sampler import Sampler
 from sampler.params import PendingSample
 from sampler.pool import to_device
@@ -204,6 +205,8 @@ class Engine:
         # None: where Triton compiles kernels (CUDA), every kind of step once before serving
         if runner.device.type == "cuda" if warm_up is None else warm_up:
             warm_up_kernels(WarmupTarget(runner, self.sampler, self.masks, max_batch_size, max_model_len))
+        if runner.device.type == "cpu":  # the sampler's bitmask op: built (once per machine) before serving
+            cpu_fused_ops()
 
     @property
     def jump_forward(self) -> bool:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.activation import silu_mul
-from kernels.cpu_layer import cpu_layer_ops
+from kernels.cpu_fused import cpu_fused_ops
 from kernels.gemv import GemvChoice
 from kernels.paged_attention import paged_attention
 from kernels.rmsnorm import add_rmsnorm
@@ -129,9 +129,9 @@ class ModelRunner:
         self._routes = ALL_OUTPUT  # the current pass's token routes through quantized layers
         self._primed = False  # prime_linear_choices ran
         # a quantized CPU runner's norms, rotary and activation in one C++ call each
-        # (kernels.cpu_layer): its matmuls are small enough that dispatch is most of the rest;
+        # (kernels.cpu_fused): its matmuls are small enough that dispatch is most of the rest;
         # `none` keeps the references, which round as transformers does
-        self.cpu_fused = self.quantized is not None and cpu_layer_ops() is not None  # built now, not in a step
+        self.cpu_fused = self.quantized is not None and cpu_fused_ops() is not None  # built now, not in a step
 
     def _quantize(self, kind: str) -> QuantizedLinears:
         if kind not in QUANTIZATION_CHOICES:

@@ -3,11 +3,11 @@
 At one decode row a CPU step is bound by dispatch: the torch references of the residual add +
 RMSNorm, the rotary + cache write and SiLU·mul are 6-12 aten calls each over a narrow row, a
 few microseconds apiece, and a 30-layer model makes ~100 of them a step.
-``kernels/csrc/cpu_layer.cpp`` does each in one call (float32, row by row: a row's result never
+``kernels/csrc/cpu_fused.cpp`` does each in one call (float32, row by row: a row's result never
 depends on the other rows). It is compiled with torch's C++ extension builder the first time a
 process asks (~25 s; needs a C++ compiler and ninja) and cached under torch's extensions folder
 (``TORCH_EXTENSIONS_DIR``), so later processes load it in a fraction of a second. Where it cannot
-be built (no compiler) or ``TRELLIS_CPU_KERNELS=0``, :func:`cpu_layer_ops` returns None and the
+be built (no compiler) or ``TRELLIS_CPU_KERNELS=0``, :func:`cpu_fused_ops` returns None and the
 callers keep the torch references: the same results to float32 rounding (the norm sums its
 squares in double, SiLU uses the C library's ``exp``), the rotary bit for bit.
 """
@@ -23,7 +23,7 @@ from types import ModuleType
 import torch
 
 log = logging.getLogger(__name__)
-SOURCE = Path(__file__).with_name("csrc") / "cpu_layer.cpp"
+SOURCE = Path(__file__).with_name("csrc") / "cpu_fused.cpp"
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off"]
 
 
@@ -33,7 +33,7 @@ def enabled() -> bool:
 
 
 @functools.cache
-def cpu_layer_ops() -> ModuleType | None:
+def cpu_fused_ops() -> ModuleType | None:
     """The built extension (``add_rmsnorm``, ``rope_write_kv``, ``silu_mul``), or None."""
     if not enabled():
         return None
@@ -42,7 +42,7 @@ def cpu_layer_ops() -> ModuleType | None:
 
         _put_ninja_on_path()
         log.info("fused CPU layer ops: loading (built once per machine, ~25 s the first time)")
-        return load(name="trellis_cpu_layer", sources=[str(SOURCE)], extra_cflags=FLAGS, verbose=False)
+        return load(name="trellis_cpu_fused", sources=[str(SOURCE)], extra_cflags=FLAGS, verbose=False)
     except Exception as exc:  # no compiler, no ninja, a failed build: the references serve
         log.warning("fused CPU layer ops unavailable, using the torch references: %s", str(exc).splitlines()[0])
         return None

@@ -1,4 +1,4 @@
-"""The fused CPU layer ops (``kernels/csrc/cpu_layer.cpp``) against their torch references."""
+"""The fused CPU layer ops (``kernels/csrc/cpu_fused.cpp``) against their torch references."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from kernels.activation import silu_mul, silu_mul_reference
-from kernels.cpu_layer import cpu_layer_ops
+from kernels.bitmask import _mask_rows_fused, _mask_rows_reference
+from kernels.cpu_fused import cpu_fused_ops
 from kernels.quantized_linear import quantize, quantized_linear, quantized_linear_float32
 from kernels.rmsnorm import add_rmsnorm, add_rmsnorm_reference
 from kernels.rotary import rope_write_kv, rope_write_kv_reference
@@ -18,7 +19,7 @@ HEADS, KV_HEADS, HEAD_DIM, BLOCKS, BLOCK = 6, 2, 16, 5, 4
 
 @pytest.fixture(scope="module")
 def ops():
-    module = cpu_layer_ops()
+    module = cpu_fused_ops()
     if module is None:
         if shutil.which("c++") and shutil.which("ninja"):
             pytest.fail("a C++ compiler and ninja are here, yet the fused CPU ops did not build")
@@ -93,3 +94,17 @@ def test_a_rows_result_does_not_depend_on_the_others(ops):
 def test_other_dtypes_keep_the_reference(ops):
     x, weight = torch.randn(2, 64, dtype=torch.bfloat16), torch.randn(64, dtype=torch.bfloat16)
     assert torch.equal(add_rmsnorm(x, None, weight, 1e-5, cpu_fused=True), add_rmsnorm_reference(x, None, weight, 1e-5))
+
+
+@pytest.mark.parametrize("vocab", [70, 96, 130])  # fewer columns than the words cover, as many, more
+def test_bitmask_rows_are_the_reference_bit_for_bit(ops, vocab):
+    torch.manual_seed(vocab)
+    logits = torch.randn(5, vocab)
+    words = torch.randint(-2**31, 2**31 - 1, (3, 3), dtype=torch.int32)
+    cases = [(None, None), (None, torch.tensor([4, 0, 2])),  # bitmask row r -> logits row dst[r]
+             (torch.tensor([2, -1, 0, 1, -1]), None)]  # logits row r <- bitmask row word_rows[r]
+    for word_rows, dst_rows in cases:
+        expected, got = logits.clone(), logits.clone()
+        _mask_rows_reference(expected, words, word_rows, dst_rows)
+        assert _mask_rows_fused(got, words, word_rows, dst_rows)
+        assert torch.equal(got, expected)

@@ -1,10 +1,12 @@
-// A decoder layer's small float32 ops for the CPU, one call each (kernels/cpu_layer.py builds this).
+// Small CPU ops fused into one call each (kernels/cpu_fused.py builds this): a decoder layer's
+// float32 norms, rotary and activation, the quantized projections' casts, the sampler's bitmask.
 //
 // At one decode row the CPU step is bound by dispatch, not arithmetic: the torch references of
-// these ops are 6-12 aten calls of a few microseconds each over a 576-wide row. Each function
-// here does a whole row in one call, row by row (a row's result never depends on the others,
-// so drafts and batching keep their outputs). Built with -ffp-contract=off: the rotary's
-// products and sum round as the reference's separate ops do, bit for bit.
+// these ops are 6-12 aten calls of a few microseconds each over a 576-wide row (the bitmask's
+// expands every bit to an int32 first). Each function here does a whole row in one call, row by
+// row (a row's result never depends on the others, so drafts and batching keep their outputs).
+// Built with -ffp-contract=off: the rotary's products and sum round as the reference's separate
+// ops do, bit for bit.
 
 #include <torch/extension.h>
 
@@ -114,7 +116,32 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor s
   return at::_weight_int8pack_mm(x.to(torch::kBFloat16), weight, scales).to(torch::kFloat32);
 }
 
+// logits[dst[r]][t] = -inf for every token t that bitmask row words[r] bans (bit t % 32 of word
+// t / 32 clear, or t past the words); a negative dst leaves its row alone.
+void mask_rows(torch::Tensor logits, torch::Tensor words, torch::Tensor dst) {
+  TORCH_CHECK(logits.device().is_cpu() && logits.scalar_type() == torch::kFloat32 && logits.dim() == 2 &&
+                  logits.stride(1) == 1,
+              "logits must be float32 [B, V] on the CPU with a contiguous last dimension");
+  TORCH_CHECK(words.scalar_type() == torch::kInt32 && words.dim() == 2 && words.is_contiguous(),
+              "words must be contiguous int32 [R, W]");
+  const auto rows = dst.to(torch::kInt64).contiguous();
+  TORCH_CHECK(rows.dim() == 1 && rows.size(0) == words.size(0), "dst must be [R]");
+  const int64_t vocab = logits.size(1), width = words.size(1), covered = std::min(vocab, 32 * width);
+  const float banned = -std::numeric_limits<float>::infinity();
+  for (int64_t r = 0; r < rows.size(0); ++r) {
+    const int64_t target = rows.data_ptr<int64_t>()[r];
+    if (target < 0) continue;
+    TORCH_CHECK(target < logits.size(0), "logits row ", target, " out of range");
+    float* row = logits.data_ptr<float>() + target * logits.stride(0);
+    const uint32_t* bits = reinterpret_cast<const uint32_t*>(words.data_ptr<int32_t>() + r * width);
+    for (int64_t t = 0; t < covered; ++t)
+      if (!((bits[t >> 5] >> (t & 31)) & 1u)) row[t] = banned;
+    for (int64_t t = covered; t < vocab; ++t) row[t] = banned;
+  }
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("mask_rows", &mask_rows, "ban the tokens a bitmask row bans, in place");
   m.def("int4_linear", &int4_linear, "float32 rows through torch's int4 CPU kernel");
   m.def("int8_linear", &int8_linear, "float32 rows through torch's int8 CPU kernel");
   m.def("add_rmsnorm", &add_rmsnorm, "residual += x; RMSNorm(residual) * weight (float32 rows)");
