@@ -314,3 +314,18 @@ def test_run_time_checks_hold_under_drafts(tiny_hf, default_tokenizer, default_c
 
 def _fresh(requests: list[dict], compiled) -> list[dict]:
     return [{**r, "matcher": compiled.new_matcher()} for r in requests]
+
+
+def test_prompt_steps_stay_out_of_the_step_cost_fit(tiny_hf, default_tokenizer):
+    """A prompt token can cost far less than an output token (a long GEMM chunk, a quantized
+    runner's dense route): only steps that feed output tokens alone price the drafts."""
+    runner = ModelRunner.for_sequences(tiny_hf, 2, 256, block_size=4)
+    engine = Engine(runner, default_tokenizer, max_batch_size=2, max_model_len=256, overlap=False)
+    recorded: list[int] = []
+    record = engine.drafts.policy.record
+    engine.drafts.policy.record = lambda tokens, seconds: (recorded.append(tokens), record(tokens, seconds))
+    engine.submit(GenerationRequest(request_id="p", prompt_token_ids=list(range(5, 45)), sink=lambda d: None,
+                                    params=SamplingParams(temperature=0.0), max_tokens=6, eos_token_ids=frozenset()))
+    for _ in range(4):
+        engine.step()
+    assert recorded[0] == 0 and recorded[1:] == [1] * (len(recorded) - 1) and len(recorded) >= 3
