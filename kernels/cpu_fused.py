@@ -62,4 +62,4 @@ def _put_ninja_on_path() -> None:
 
 def fusable(*tensors: torch.Tensor) -> bool:
     """Whether these tensors are what the fused ops take (float32 on the CPU)."""
-    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+    return all(t.is_cpu and t.dtype == torch.float32 for t in tensors)  # is_cpu: no device object made

@@ -36,9 +36,9 @@ def add_rmsnorm(
     ``weight``; x and residual [N, D] with a contiguous last dimension, weight [D]. Returns a
     new [N, D] tensor in x's dtype. ``use_triton`` follows :func:`kernels.select_backend`;
     ``cpu_fused``: float32 CPU tensors go through :mod:`kernels.cpu_fused` where it is built."""
-    _check(x, residual, weight)
     if cpu_fused and fusable(x, weight) and (ops := cpu_fused_ops()) is not None:
-        return ops.add_rmsnorm(x, residual, weight, eps)
+        return ops.add_rmsnorm(x, residual, weight, eps)  # checks the shapes itself
+    _check(x, residual, weight)
     if select_backend(x, use_triton) == "triton":
         mod = layer_kernels()
         if mod is not None:

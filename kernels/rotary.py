@@ -53,10 +53,10 @@ def rope_write_kv(
     """Rotate and cache one step's keys, store its values, return its queries [N, heads, head_dim]
     (see the module docstring). ``q_norm``/``k_norm`` [head_dim]: both or neither. ``cpu_fused``:
     float32 CPU tensors without a qk-norm go through :mod:`kernels.cpu_fused` where it is built."""
-    head_dim = _check(qkv, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads, q_norm, k_norm)
     if cpu_fused and q_norm is None and fusable(qkv, cos, sin, k_cache, v_cache) \
-            and (ops := cpu_fused_ops()) is not None:
+            and (ops := cpu_fused_ops()) is not None:  # checks the shapes itself
         return ops.rope_write_kv(qkv, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads)
+    head_dim = _check(qkv, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads, q_norm, k_norm)
     if select_backend(qkv, use_triton) == "triton":
         mod = layer_kernels()
         if mod is not None:

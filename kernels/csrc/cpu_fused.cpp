@@ -58,6 +58,8 @@ torch::Tensor rope_write_kv(torch::Tensor qkv, torch::Tensor cos, torch::Tensor 
   check_rows(cos, "cos");
   check_rows(sin, "sin");
   const int64_t tokens = qkv.size(0), head_dim = k_cache.size(-1), half = head_dim / 2;
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(2) == num_kv_heads && head_dim % 2 == 0,
+              "the caches must be [blocks, block_size, kv_heads, head_dim] with an even head_dim");
   TORCH_CHECK(qkv.size(1) == (num_heads + 2 * num_kv_heads) * head_dim, "qkv width does not match the heads");
   TORCH_CHECK(cos.size(0) == tokens && cos.size(1) == head_dim && sin.sizes() == cos.sizes(), "cos/sin must be [N, d]");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes() &&
