@@ -1,22 +1,27 @@
-"""A decoder layer's small ops fused for the CPU: C++ built once per machine, or None.
+"""Small CPU ops fused into one C++ call each, built once per machine, or None.
 
 At one decode row a CPU step is bound by dispatch: the torch references of the residual add +
 RMSNorm, the rotary + cache write and SiLU·mul are 6-12 aten calls each over a narrow row, a
-few microseconds apiece, and a 30-layer model makes ~100 of them a step.
-``kernels/csrc/cpu_fused.cpp`` does each in one call (float32, row by row: a row's result never
-depends on the other rows). It is compiled with torch's C++ extension builder the first time a
-process asks (~25 s; needs a C++ compiler and ninja) and cached under torch's extensions folder
-(``TORCH_EXTENSIONS_DIR``), so later processes load it in a fraction of a second. Where it cannot
-be built (no compiler) or ``TRELLIS_CPU_KERNELS=0``, :func:`cpu_fused_ops` returns None and the
-callers keep the torch references: the same results to float32 rounding (the norm sums its
-squares in double, SiLU uses the C library's ``exp``), the rotary bit for bit.
+few microseconds apiece, and a 30-layer model makes ~100 of them a step; a quantized projection
+casts its rows to bf16 and back around the kernel; the sampler's bitmask expands every bit to an
+int32 before masking. ``kernels/csrc/cpu_fused.cpp`` does each in one call (float32, row by
+row: a row's result never depends on the other rows). It is compiled with torch's C++ extension
+builder the first time a machine asks (~25 s; needs a C++ compiler and ninja) and cached under
+torch's extensions folder (``TORCH_EXTENSIONS_DIR``), so later processes load it in a fraction
+of a second. Where it cannot be built (no compiler) or ``TRELLIS_CPU_KERNELS=0``,
+:func:`cpu_fused_ops` returns None and the callers keep the torch references: the same results
+to float32 rounding (the norm sums its squares in double, SiLU uses the C library's ``exp``),
+the rotary, the casts and the bitmask bit for bit.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
+import platform
+import threading
 from pathlib import Path
 from types import ModuleType
 
@@ -32,20 +37,36 @@ def enabled() -> bool:
     return os.environ.get("TRELLIS_CPU_KERNELS", "1").lower() not in ("0", "false", "no", "off")
 
 
+_BUILD_LOCK = threading.Lock()  # the engine's thread and the server's may ask at once
+
+
 @functools.cache
 def cpu_fused_ops() -> ModuleType | None:
-    """The built extension (``add_rmsnorm``, ``rope_write_kv``, ``silu_mul``), or None."""
+    """The built extension (the layer ops, the quantized projections, the bitmask), or None."""
     if not enabled():
         return None
-    try:
-        from torch.utils.cpp_extension import load
+    with _BUILD_LOCK:
+        try:
+            from torch.utils.cpp_extension import load
 
-        _put_ninja_on_path()
-        log.info("fused CPU layer ops: loading (built once per machine, ~25 s the first time)")
-        return load(name="trellis_cpu_fused", sources=[str(SOURCE)], extra_cflags=FLAGS, verbose=False)
-    except Exception as exc:  # no compiler, no ninja, a failed build: the references serve
-        log.warning("fused CPU layer ops unavailable, using the torch references: %s", str(exc).splitlines()[0])
-        return None
+            _put_ninja_on_path()
+            log.info("fused CPU ops: loading (built once per machine, ~25 s the first time)")
+            return load(name=f"trellis_cpu_fused_{_machine_tag()}", sources=[str(SOURCE)], extra_cflags=FLAGS,
+                        verbose=False)
+        except Exception as exc:  # no compiler, no ninja, a failed build: the references serve
+            log.warning("fused CPU ops unavailable, using the torch references: %s", str(exc).splitlines()[0])
+            return None
+
+
+def _machine_tag() -> str:
+    """A short hash of the CPU's feature flags: the build is for this CPU (``-march=native``),
+    and a home folder shared with another machine must not hand it a build it cannot run."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            flags = next((line for line in info if line.startswith("flags")), "")
+    except OSError:
+        flags = ""
+    return hashlib.sha1((flags or platform.machine() + platform.processor()).encode()).hexdigest()[:10]
 
 
 def _put_ninja_on_path() -> None:
