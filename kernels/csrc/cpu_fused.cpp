@@ -10,7 +10,9 @@
 
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 
 namespace {
