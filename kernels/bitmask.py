@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from kernels._backend import select_backend, triton_kernels
-from kernels.cpu_fused import cpu_fused_ops
+from kernels.cpu_fused import cpu_fused_ops, fusable
 
 _SHIFTS: dict[torch.device, torch.Tensor] = {}
 
@@ -79,8 +79,7 @@ def _mask_rows_fused(logits: torch.Tensor, words: torch.Tensor, word_rows: torch
                      dst_rows: torch.Tensor | None) -> bool:
     """The reference's masking in one C++ call (:mod:`kernels.cpu_fused`) for float32 CPU
     logits; False where it does not apply (it is not built, another dtype or device)."""
-    if logits.device.type != "cpu" or logits.dtype != torch.float32 or logits.stride(1) != 1 \
-            or words.dtype != torch.int32 or words.device.type != "cpu":
+    if not fusable(logits) or logits.stride(1) != 1 or not words.is_cpu or words.dtype != torch.int32:
         return False
     ops = cpu_fused_ops()
     if ops is None:

@@ -138,8 +138,12 @@ void mask_rows(torch::Tensor logits, torch::Tensor words, torch::Tensor dst) {
     TORCH_CHECK(target < logits.size(0), "logits row ", target, " out of range");
     float* row = logits.data_ptr<float>() + target * logits.stride(0);
     const uint32_t* bits = reinterpret_cast<const uint32_t*>(words.data_ptr<int32_t>() + r * width);
-    for (int64_t t = 0; t < covered; ++t)
-      if (!((bits[t >> 5] >> (t & 31)) & 1u)) row[t] = banned;
+    for (int64_t t = 0; t < covered; t += 32) {
+      const uint32_t word = bits[t >> 5];
+      if (word == 0xFFFFFFFFu) continue;  // a whole word allowed (inside a string, most are)
+      for (int64_t b = 0; b < 32 && t + b < covered; ++b)
+        if (!((word >> b) & 1u)) row[t + b] = banned;
+    }
     for (int64_t t = covered; t < vocab; ++t) row[t] = banned;
   }
 }

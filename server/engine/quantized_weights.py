@@ -103,7 +103,7 @@ class QuantizedLinears:
         if layer is None:
             return F.linear(x, weight, bias)
         if self.kind == "bf16":  # one route: the packed kernel computes each row alone at any row count
-            out = quantized_linear(x.to(torch.bfloat16), layer.quantized).to(x.dtype)
+            out = self._kernel(x, layer.quantized)
             return out if bias is None else out.add_(bias)
         if routes.all_prompt:
             return F.linear(x, layer.dense, bias)
