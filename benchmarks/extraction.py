@@ -248,9 +248,10 @@ def load(device: torch.device, dtype: str, shape: str | None = None, tokenizer_d
     return build_model(shape, len(tokenizer), tokenizer.eos_token_id, resolve_dtype(dtype, device), device), tokenizer
 
 
-def make_runner(model, clients: int, max_len: int, quantization: str):
+def make_runner(model, clients: int, max_len: int, quantization: str, batch_invariant: bool = False):
     """A runner for ``clients`` sequences; on CUDA with the server's decode and piecewise graphs."""
-    runner = ModelRunner.for_sequences(model, clients, max_len, quantization=quantization)
+    runner = ModelRunner.for_sequences(model, clients, max_len, quantization=quantization,
+                                       batch_invariant=batch_invariant)
     if runner.device.type != "cuda":
         return runner
     from server.engine.cuda_graphs import graph_decode_steps
@@ -286,6 +287,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--property-order", default="auto", choices=["auto", "any", "declared"],
                         help="json_property_order of the schemas (auto, the default: objects of 5 or more "
                              "properties in the declared order)")
+    parser.add_argument("--batch-invariant", action="store_true",
+                        help="CUDA: the runner's batch-invariant kernels (serve --batch-invariant on)")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
@@ -297,7 +300,8 @@ def main(argv: list[str] | None = None) -> dict:
                                      ("tool_call", TOOL_CALL))}
     quantization = resolve_quantization(args.quantization, device, hand_written=True)
     print(f"device={device} threads={torch.get_num_threads()} quantization={quantization} greedy, json_schema + "
-          f"jump-forward, property order {args.property_order}, max_tokens={args.max_tokens}")
+          f"jump-forward, property order {args.property_order}, max_tokens={args.max_tokens}, "
+          f"batch_invariant={args.batch_invariant}")
     print("| workload | clients | docs | prompt tokens (mean) | tok/s off | tok/s auto | speed-up | TPOT ms off | "
           "TPOT ms auto | TPOT speed-up | steps off / auto | forced | drafts kept (of fed) | identical | valid JSON |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -310,7 +314,7 @@ def main(argv: list[str] | None = None) -> dict:
                 prompts = [render(tokenizer, doc) for doc in docs]
                 max_len = max(len(p) for p in prompts) + args.max_tokens + 8
                 model = copy.deepcopy(hf) if quantization != "none" else hf  # quantizing re-points its modules
-                runner = make_runner(model, clients, max_len, quantization)
+                runner = make_runner(model, clients, max_len, quantization, args.batch_invariant)
                 off, auto = (run(runner, tokenizer, compiled, prompts, docs, clients=clients, speculation=flag,
                                  max_tokens=args.max_tokens, max_len=max_len) for flag in (False, True))
                 row = summarise(workload, clients, prompts, off, auto, valid_outputs(tokenizer, auto.outputs, docs)

@@ -104,6 +104,7 @@ class Plan:
     profile_dir: Path | None = None  # torch.profiler tables of every decode row go here
     quantizations: list[str] = field(default_factory=lambda: ["none"])  # none: bf16 rows; fp8: FP8 rows
     overlap: str = "auto"  # the engine's overlapped loop: auto (on with CUDA), on, off
+    batch_invariant: bool = False  # the runner's batch-invariant kernels (--batch-invariant)
 
 
 @dataclass
@@ -133,7 +134,8 @@ class ShapeReport:
 
 
 def build_engine(hf_model, tokenizer, *, max_batch_size: int, max_model_len: int, jump_forward: bool,
-                 enforce_eager: bool, max_graph_tokens: int = 512, overlap: str = "auto") -> Engine:
+                 enforce_eager: bool, max_graph_tokens: int = 512, overlap: str = "auto",
+                 batch_invariant: bool = False) -> Engine:
     """The benchmark's only construction of a runner and an engine: when the engine's
     constructor changes (paged KV cache, block manager), this is the one function to adjust."""
     from server.config import Settings
@@ -145,7 +147,7 @@ def build_engine(hf_model, tokenizer, *, max_batch_size: int, max_model_len: int
     device = next(hf_model.parameters()).device
     dtype = next(hf_model.parameters()).dtype
     runner = ModelRunner(hf_model, num_blocks=kv_cache_blocks(settings, ModelRunner.kv_shape(hf_model), dtype, device),
-                         block_size=settings.block_size)
+                         block_size=settings.block_size, batch_invariant=batch_invariant)
     if device.type == "cuda":  # decode steps and mixed steps graphed, as the server does
         runner = graph_decode_steps(runner, max_batch_size=max_batch_size, max_model_len=max_model_len,
                                     enforce_eager=enforce_eager, max_graph_tokens=max_graph_tokens)
@@ -240,7 +242,8 @@ def decode_batch(hf_model, tokenizer, compiled, plan: Plan, shape: str, floor_ms
     prompt = chat_prompt(tokenizer)
     engine = build_engine(hf_model, tokenizer, max_batch_size=batch, max_model_len=plan.decode_len,
                           jump_forward=False, enforce_eager=plan.enforce_eager,
-                          max_graph_tokens=plan.max_graph_tokens, overlap=plan.overlap)
+                          max_graph_tokens=plan.max_graph_tokens, overlap=plan.overlap,
+                          batch_invariant=plan.batch_invariant)
     free_rate = None
     for name, matcher_source, jump in (("free", None, False), ("json_schema", compiled, False),
                                        ("json_schema", compiled, True)):
@@ -424,7 +427,8 @@ def chat_prompt(tokenizer) -> list[int]:
 def measure_ttft(hf_model, tokenizer, plan: Plan, shape: str, what: str = "ttft") -> list[Row]:
     """A warm-up prompt, then a cold prompt and one sharing all but its last block with it."""
     engine = build_engine(hf_model, tokenizer, max_batch_size=1, max_model_len=plan.prompt_tokens + 64,
-                          jump_forward=False, enforce_eager=plan.enforce_eager, overlap=plan.overlap)
+                          jump_forward=False, enforce_eager=plan.enforce_eager, overlap=plan.overlap,
+                          batch_invariant=plan.batch_invariant)
     generator = torch.Generator().manual_seed(7)
 
     def random_ids(count: int) -> list[int]:
@@ -515,7 +519,7 @@ class served:
                    "--served-model-name", "bench", "--port", str(port), "--device", self.plan.device.type,
                    "--max-batch-size", str(max(self.plan.clients)), "--max-model-len", str(self.plan.decode_len),
                    "--log-requests", "off", "--enforce-eager", "on" if self.plan.enforce_eager else "off",
-                   "--overlap", self.plan.overlap,
+                   "--overlap", self.plan.overlap, "--batch-invariant", "on" if self.plan.batch_invariant else "off",
                    *self.plan.server_args]
         if self.plan.device.type == "cuda":
             command += ["--dtype", "bfloat16" if self.plan.dtype == torch.bfloat16 else "float32"]
@@ -585,7 +589,7 @@ def run(plan: Plan, tokenizer_dir: Path) -> dict:
     tokenizer = load_tokenizer(tokenizer_dir)
     bandwidth = copy_bandwidth(plan.device, plan.bandwidth_bytes)
     print(f"device={describe(plan.device)} dtype={plan.dtype} copy bandwidth={bandwidth / 1e9:.1f} GB/s "
-          f"(read + written) overlap={plan.overlap} quantization={' '.join(plan.quantizations)}", flush=True)
+          f"(read + written) overlap={plan.overlap} batch_invariant={plan.batch_invariant} quantization={' '.join(plan.quantizations)}", flush=True)
     compiler = ConstraintCompiler(tokenizer, len(tokenizer), stop_token_ids=[tokenizer.eos_token_id])
     reports: dict[str, ShapeReport] = {}
     try:
@@ -646,7 +650,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
                     warmup=2, decode_len=256, prompt_tokens=args.prompt_tokens or 200, http_tokens=8,
                     enforce_eager=args.enforce_eager, bandwidth_bytes=16 << 20,
                     max_graph_tokens=args.max_graph_tokens, server_args=["--compile-workers", "1"],
-                    profile_dir=args.profile, quantizations=args.quantization, overlap=args.overlap)
+                    profile_dir=args.profile, quantizations=args.quantization, overlap=args.overlap,
+                    batch_invariant=args.batch_invariant)
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     return Plan(device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
                 shapes=args.shapes, parts=args.parts, batches=args.batches or [1, 8, 64, 256],
@@ -654,7 +659,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
                 prompt_tokens=args.prompt_tokens or 4000, http_tokens=128, enforce_eager=args.enforce_eager,
                 bandwidth_bytes=1 << 30 if device.type == "cuda" else 256 << 20,
                 max_graph_tokens=args.max_graph_tokens, profile_dir=args.profile,
-                quantizations=args.quantization, overlap=args.overlap)
+                quantizations=args.quantization, overlap=args.overlap, batch_invariant=args.batch_invariant)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -676,6 +681,8 @@ def main(argv: list[str] | None = None) -> dict:
                              "with the speed-up over bf16 where none ran too (default: none)")
     parser.add_argument("--overlap", default="auto", choices=list(OVERLAP),
                         help="the engine's overlapped loop (Engine overlap=None/True/False): auto (on with CUDA)")
+    parser.add_argument("--batch-invariant", action="store_true",
+                        help="the runner's batch-invariant kernels (serve --batch-invariant on): their cost")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the script runs")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",

@@ -24,6 +24,7 @@ class Settings:
     quantization: str = "none"
     device: str = "auto"
     enforce_eager: bool = False
+    batch_invariant: bool = False
     cpu_threads: int = 0
     prefill_budget: int = 1024
     block_size: int = 16
@@ -100,6 +101,7 @@ _HELP = {
     "quantization": "quantize the linear layers at load: none (the weights as loaded; an FP8 checkpoint stays FP8 on CUDA), int4 (groups of 32, as GGUF's Q4_1; the output layer int8), int8 (per row): the CPU's kernels for decode tokens, the prompt in the model's dtype; bf16 (oneDNN's packed bf16, AMX): every token, prompts cut and attended per block; these three CPU only; fp8 (per output channel, per-token activations, torch._scaled_mm on CUDA sm89+; elsewhere rounded to FP8 in the model's dtype); the Llama-family forward only",
     "device": "auto (CUDA when available), cpu or cuda",
     "enforce_eager": "run every step eagerly: no CUDA graphs for decode steps (on|off)",
+    "batch_invariant": "CUDA: linear layers and attention in kernels whose per-row arithmetic does not depend on the batch, so drafts, jump-forward, graph padding and other requests never change a sequence's tokens (on|off; costs speed: README 'Batch-invariant kernels'; the Llama-family forward without FP8 or LoRA)",
     "cpu_threads": "torch CPU threads for the forward (0 = torch's default: one per core)",
     "prefill_budget": "most prompt tokens processed per engine step (chunked prefill)",
     "block_size": "tokens per KV-cache block (the unit of allocation and of prefix sharing)",

@@ -195,6 +195,9 @@ def load_runner(settings: Settings, directory, dtype: torch.dtype, device: torch
     config = AutoConfig.from_pretrained(directory)
     hand_written = runs_hand_written(config)
     quantization = resolve_quantization(settings.quantization, device, hand_written)
+    if settings.batch_invariant and (not hand_written or vision_model_type(config) is not None):
+        raise ModelLoadError("--batch-invariant needs the hand-written Llama-family forward, which this model's "
+                             "architecture does not use")
     if vision_model_type(config) is not None:
         from server.engine.vision.runner import VisionRunner, load_vision_model
 
@@ -202,7 +205,8 @@ def load_runner(settings: Settings, directory, dtype: torch.dtype, device: torch
         runner_class, shape, options = VisionRunner, hf_runner.kv_shape(hf_model), {}
     elif hand_written:
         hf_model = load_hf_model(directory, dtype, device)
-        shape, options = ModelRunner.kv_shape(hf_model), {"quantization": quantization}
+        shape = ModelRunner.kv_shape(hf_model)
+        options = {"quantization": quantization, "batch_invariant": settings.batch_invariant}
         runner_class = ModelRunner
     else:
         hf_model = hf_runner.load_model(directory, dtype, device)

@@ -28,6 +28,7 @@ from torch import nn
 from kernels.activation import silu_mul
 from kernels.cpu_fused import cpu_fused_ops
 from kernels.gemv import GemvChoice
+from kernels.invariant_linear import invariant_linear
 from kernels.paged_attention import paged_attention
 from kernels.rmsnorm import add_rmsnorm
 from kernels.rotary import rope_write_kv
@@ -90,14 +91,17 @@ class ModelRunner:
     """Runs steps of a Llama-family model over a :class:`PagedKVCache` of ``num_blocks`` blocks."""
 
     def __init__(self, hf_model: nn.Module, num_blocks: int, block_size: int, lora: LoraBank | None = None,
-                 *, use_triton: bool | None = None, quantization: str = "none") -> None:
+                 *, use_triton: bool | None = None, quantization: str = "none", batch_invariant: bool = False) -> None:
         """``use_triton``: the fused kernels' backend (:func:`kernels.select_backend`): None runs
         Triton on CUDA and torch on the CPU; True on the CPU runs the CUDA path's kernels in the
         Triton interpreter (``TRITON_INTERPRET=1``, tests and kernel counts). ``quantization``:
         ``int4`` or ``int8`` quantizes the linear layers for the CPU's kernels
         (:mod:`server.engine.quantized_weights`); ``fp8`` the decoder layers' projections to FP8
         (:mod:`server.engine.fp8_weights`); ``none`` keeps the weights as loaded (FP8 weights of an
-        FP8 checkpoint multiply as FP8)."""
+        FP8 checkpoint multiply as FP8). ``batch_invariant``: on CUDA, every linear layer through
+        :func:`kernels.invariant_linear.invariant_linear` and attention unsplit, so a row's logits
+        do not depend on the rows beside it (drafts, jump-forward, graph padding, other requests);
+        not with FP8 weights or LoRA adapters, whose kernels are not invariant."""
         self.hf = hf_model
         self.use_triton = use_triton
         self.lora = lora
@@ -123,7 +127,13 @@ class ModelRunner:
         self.layers: list[LayerWeights] = [fuse_layer(layer, config.hidden_act) for layer in self._inner.layers]
         self._final_norm = Norm.of(self._inner.norm)
         self.fp8 = fp8_weights.attach(hf_model, self.layers, use_triton)  # None: no FP8 weights
-        self.gemv = GemvChoice() if self.device.type == "cuda" and use_triton is not False else None
+        # on CUDA (or in Triton's interpreter for tests); the CPU's own paths are left as they are
+        self.batch_invariant = batch_invariant and (self.device.type == "cuda" and use_triton is not False
+                                                    or use_triton is True)
+        if self.batch_invariant and (self.fp8 is not None or lora is not None):
+            raise ValueError("batch-invariant kernels cover bf16/fp16/fp32 weights without LoRA adapters")
+        cuda_triton = self.device.type == "cuda" and use_triton is not False
+        self.gemv = GemvChoice() if cuda_triton and not self.batch_invariant else None
         self.rotary = RotaryTable(self._inner.rotary_emb, num_blocks * block_size, self.dtype, self.device)
         self.quantized = self._quantize(quantization) if quantization not in ("none", "fp8") else None
         self._routes = ALL_OUTPUT  # the current pass's token routes through quantized layers
@@ -149,11 +159,11 @@ class ModelRunner:
     @classmethod
     def for_sequences(
         cls, hf_model: nn.Module, max_seqs: int, max_len: int, block_size: int = 16, lora: LoraBank | None = None,
-        *, use_triton: bool | None = None, quantization: str = "none",
+        *, use_triton: bool | None = None, quantization: str = "none", batch_invariant: bool = False,
     ) -> ModelRunner:
         """A runner whose cache holds ``max_seqs`` sequences of ``max_len`` tokens (tests, benchmarks)."""
         return cls(hf_model, num_blocks=max_seqs * -(-max_len // block_size) + 1, block_size=block_size, lora=lora,
-                   use_triton=use_triton, quantization=quantization)
+                   use_triton=use_triton, quantization=quantization, batch_invariant=batch_invariant)
 
     @staticmethod
     def kv_shape(hf_model: nn.Module) -> KVShape:
@@ -226,7 +236,8 @@ class ModelRunner:
             q_norm, k_norm, eps = weights.qk_norm[0].weight, weights.qk_norm[1].weight, weights.qk_norm[0].eps
         q = rope_write_kv(qkv, cos, sin, k_cache, v_cache, attn.slot_mapping, shape.num_heads, shape.num_kv_heads,
                           q_norm, k_norm, eps, use_triton=self.use_triton, cpu_fused=self.cpu_fused)
-        out = paged_attention(q, k_cache, v_cache, attn, scale=self._scale, use_triton=self.use_triton)  # [N, h, d]
+        out = paged_attention(q, k_cache, v_cache, attn, scale=self._scale, use_triton=self.use_triton,
+                              num_kv_splits=1 if self.batch_invariant else None)  # [N, h, d]
         return out.view(-1, shape.num_heads * shape.head_dim)
 
     def post_attention(self, index: int, residual: torch.Tensor, attn_out: torch.Tensor,
@@ -308,6 +319,8 @@ class ModelRunner:
             return self.fp8.linear(x, weight, bias)
         if self.quantized is not None:
             return self.quantized.linear(x, weight, bias, self._routes)
+        if self.batch_invariant:
+            return invariant_linear(x, weight, bias, use_triton=self.use_triton)
         if self.gemv is None:
             return F.linear(x, weight, bias)
         return self.gemv.linear(x, weight, bias)

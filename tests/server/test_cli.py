@@ -53,6 +53,13 @@ def test_api_key_flag_repeats_and_secrets_stay_out_of_help(monkeypatch):
     assert "--database-url" in help_text and "--jwt-public-key" in help_text
 
 
+def test_batch_invariant_flag(monkeypatch):
+    assert settings_from_args(build_parser().parse_args(["serve"])).batch_invariant is False
+    assert settings_from_args(build_parser().parse_args(["serve", "--batch-invariant", "on"])).batch_invariant is True
+    monkeypatch.setenv("TRELLIS_BATCH_INVARIANT", "on")
+    assert settings_from_args(build_parser().parse_args(["serve"])).batch_invariant is True
+
+
 def test_enforce_eager_flag_and_env(monkeypatch):
     assert settings_from_args(build_parser().parse_args(["serve"])).enforce_eager is False
     assert settings_from_args(build_parser().parse_args(["serve", "--enforce-eager"])).enforce_eager is True

@@ -1,0 +1,80 @@
+"""``ModelRunner(batch_invariant=True)``: one sequence's logits are the same bits alone, among other
+rows, inside a multi-token verification and with a prompt chunk in the step. On CUDA in bfloat16
+(the case cuBLAS and split attention break); in Triton's interpreter the same plumbing on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+from server.engine.model import ModelRunner
+from tests.server.engine.paged_util import extend, step
+
+PROMPT = [5, 17, 300, 42, 7, 9, 11, 3, 250, 8, 64, 99, 12, 5, 200, 31, 77, 18, 2]
+NEXT = [40, 41, 42, 43]  # the tokens that follow the prompt, fed one by one or as one draft
+
+
+def _model(device: torch.device, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=320, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512,
+                         pad_token_id=0, bos_token_id=1, eos_token_id=None)
+    return AutoModelForCausalLM.from_config(config).to(device=device, dtype=dtype).eval()
+
+
+@pytest.fixture(params=["interpret", "cuda"])
+def runner(request) -> ModelRunner:
+    if request.param == "cuda":
+        if not torch.cuda.is_available() or kernels.triton_kernels() is None or kernels.interpreter_enabled():
+            pytest.skip("no compiled Triton on CUDA here")
+        model, use_triton = _model(torch.device("cuda"), torch.bfloat16), None
+    else:
+        if not kernels.interpreter_enabled() or kernels.triton_kernels() is None:
+            pytest.skip("the Triton interpreter is not enabled in this process")
+        model, use_triton = _model(torch.device("cpu"), torch.float32), True
+    made = ModelRunner.for_sequences(model, 8, 128, block_size=16, use_triton=use_triton, batch_invariant=True)
+    assert made.batch_invariant and made.gemv is None
+    return made
+
+
+def _one_by_one(runner: ModelRunner, slot: int) -> list[torch.Tensor]:
+    """The logits after the prompt and after each of NEXT fed alone, in a one-row step."""
+    logits = [extend(runner, slot, PROMPT, 0, max_len=128)]
+    for i, token in enumerate(NEXT):
+        logits.append(extend(runner, slot, [token], len(PROMPT) + i, max_len=128))
+    return logits
+
+
+@torch.inference_mode()
+def test_a_sequences_logits_do_not_depend_on_its_step(runner) -> None:
+    alone = _one_by_one(runner, 0)
+    extend(runner, 1, PROMPT, 0, max_len=128)
+    for other in (2, 3, 4, 5):  # other sequences with other histories
+        extend(runner, other, [other * 10 + i for i in range(7 + other)], 0, max_len=128)
+    # the first next token as one decode row among five (and a prompt chunk in the same step)
+    rows = [(2, [1], 9), (1, NEXT[:1], len(PROMPT)), (3, [2], 10), (6, list(range(30, 60)), 0), (4, [3], 11)]
+    among = step(runner, rows, max_len=128)
+    assert torch.equal(among[1], alone[1])
+    # the rest as one draft verified in a step with others: a logit per position
+    rows = [(5, [4], 12), (1, NEXT[1:], len(PROMPT) + 1), (2, [5], 10)]
+    verified = step(runner, rows, max_len=128, logit_counts=[1, len(NEXT) - 1, 1])
+    for j in range(len(NEXT) - 1):
+        assert torch.equal(verified[1 + j], alone[2 + j]), j
+
+
+def test_fp8_layers_are_refused_with_batch_invariant_kernels(monkeypatch) -> None:
+    """FP8 matmuls (cuBLASLt's scaled GEMM) are not invariant: the combination is refused."""
+    from server.engine import model as model_module
+
+    monkeypatch.setattr(model_module.fp8_weights, "attach", lambda *args: object())
+    with pytest.raises(ValueError, match="batch-invariant"):
+        ModelRunner.for_sequences(_model(torch.device("cpu"), torch.float32), 1, 32, use_triton=True,
+                                  batch_invariant=True)
+
+
+def test_the_cpu_path_is_left_as_it_is() -> None:
+    runner = ModelRunner.for_sequences(_model(torch.device("cpu"), torch.float32), 1, 32, batch_invariant=True)
+    assert not runner.batch_invariant  # the CPU's own kernels: no Triton requested
