@@ -4,10 +4,13 @@ Speculation, jump-forward and CUDA-graph padding change a step's row count; cuBL
 attention then change a sequence's bfloat16 logits by an ulp, and greedy ties flip. This script
 measures it op by op and for whole runner steps, and what the invariant kernels cost:
 
+- tiles: which (BLOCK_M, BLOCK_N, warps) tiles of the invariant kernel give the base tile's bits
+  on this device (:func:`kernels.invariant_linear.agreeing_tiles`).
 - GEMM, the 1B shape's projections: row 0 of x at M = 1, 2, 3, 5, 8, 16, 33, 64, 257, for cuBLAS
   (``F.linear``), the runner's default (:class:`kernels.GemvChoice`) and
   :func:`kernels.invariant_linear.invariant_linear`: how many M give other bits than M = 1, and
-  the largest difference; then µs per call (CUDA events) at M = 1, 8, 64, 512, 2048.
+  the largest difference; then µs per call (CUDA events) at M = 1, 8, 64, 512, 2048, and at M = 1
+  by column tile.
 - attention: one query over 1,000 keys decoded alone (automatic key split), unsplit, and as the
   first query of a 4-token verification.
 - runner steps, the 1B shape with random weights: a sequence's next-token logits alone, among 7
@@ -38,7 +41,7 @@ if not torch.cuda.is_available():  # before kernels is imported: Triton reads it
 
 from kernels import PagedAttentionMetadata, paged_attention  # noqa: E402
 from kernels.gemv import GemvChoice, median_cuda_us  # noqa: E402
-from kernels.invariant_linear import invariant_linear  # noqa: E402
+from kernels.invariant_linear import agreeing_tiles, invariant_linear, tile_for  # noqa: E402
 from server.engine.model import ModelRunner  # noqa: E402
 from server.engine.step_batch import StepBatch  # noqa: E402
 
@@ -63,7 +66,7 @@ def row_drift(linear, x: torch.Tensor, weight: torch.Tensor) -> tuple[int, float
 def gemm_lines(device: torch.device, dtype: torch.dtype, scale: int, timed: bool) -> list[str]:
     choice = GemvChoice()
     interpreted = device.type != "cuda"
-    kinds = {"cublas": lambda x, w: F.linear(x, w), "default": lambda x, w: choice.linear(x, w),
+    kinds = {"F.linear": lambda x, w: F.linear(x, w), "default": lambda x, w: choice.linear(x, w),
              "invariant": lambda x, w: invariant_linear(x, w, use_triton=True if interpreted else None)}
     gen = torch.Generator().manual_seed(0)
     lines = []
@@ -82,6 +85,9 @@ def gemm_lines(device: torch.device, dtype: torch.dtype, scale: int, timed: bool
                 inv = median_cuda_us(lambda _i, r=rows: invariant_linear(xs[:r], weight))
                 times.append(f"M={rows} {cublas:.0f}/{inv:.0f} ({inv / cublas:.2f}x)")
             lines.append(f"    µs cuBLAS/invariant: {'  '.join(times)}")
+            one = [f"{t[1]}: {median_cuda_us(lambda _i, t=t: invariant_linear(xs[:1], weight, tile=t)):.0f}"
+                   for t in ((16, 64, 4), (16, 32, 4), (16, 16, 4))]
+            lines.append(f"    µs at M=1 by column tile: {'  '.join(one)} (chosen {tile_for(1, n, device)[1]})")
     return lines
 
 
@@ -148,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.bfloat16 if cuda else torch.float32
     print(f"device={torch.cuda.get_device_name() if cuda else 'cpu (Triton interpreter, scaled down 64x)'} "
           f"dtype={str(dtype).removeprefix('torch.')}", flush=True)
+    print(f"tiles giving the base tile's bits: {sorted(agreeing_tiles(device.type, device.index, dtype))}", flush=True)
     for line in gemm_lines(device, dtype, scale=1 if cuda else 64, timed=cuda):
         print(line, flush=True)
     print(attention_line(device, dtype, 1000 if cuda else 100), flush=True)

@@ -4,10 +4,14 @@ With cuBLAS (and :class:`kernels.gemv.GemvChoice`) the kernel, its tiles and its
 chosen by the row count, so in bfloat16 a sequence's logits move by an ulp when the batch
 around it changes, when drafts or a jump-forward add rows, or when a CUDA graph pads the step;
 greedy ties then flip and "same seed, same tokens" breaks across speed features.
-:func:`invariant_linear` runs :mod:`kernels._invariant_gemm_triton` with a configuration taken
-from the weight's shape alone (:func:`invariant_config`), so every row is the same sequence of
-float operations at any M. Off CUDA (and without Triton) it is ``F.linear``: the CPU paths are
-tested for identity on their own. :func:`kernels.gemv.skinny_linear_reference` is the oracle.
+:func:`invariant_linear` runs :mod:`kernels._invariant_gemm_triton`: every output element is one
+float32 sum over K in fixed ``BLOCK_K`` chunks, whatever M. The row/column tile follows M for
+speed (a decode step's few rows want narrow column tiles to fill the SMs, a prompt chunk wide
+ones), which leaves the bits alone only if the device's matrix units sum a chunk the same way at
+every tile shape: :func:`agreeing_tiles` checks that once per device and dtype, and a tile that
+disagrees is replaced by the base tile. Off CUDA (and without Triton) it is ``F.linear``: the CPU
+paths are tested for identity on their own. :func:`kernels.gemv.skinny_linear_reference` is the
+oracle.
 """
 
 from __future__ import annotations
@@ -20,10 +24,12 @@ import torch.nn.functional as F
 
 from kernels._backend import select_backend
 
-_BLOCK_N = 64
-_BLOCK_K = 128
-_MAX_SPLIT = 16
-_MAX_GRID_ROWS = 32768  # the split reduction puts rows on a grid axis (at most 65,535)
+Tile = tuple[int, int, int]  # (BLOCK_M, BLOCK_N, num_warps)
+
+BLOCK_K = 128  # the one block that orders the sums: never a function of M
+BASE_TILE: Tile = (16, 64, 4)
+_MID_TILE: Tile = (64, 64, 4)  # 17-64 rows
+_WIDE_TILE: Tile = (128, 128, 8)  # a prompt chunk
 
 
 @functools.cache
@@ -41,18 +47,46 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def invariant_config(n: int, k: int, device: torch.device) -> tuple[int, int, int]:
-    """``(split_k, block_n, block_k)`` for a weight [N, K] on ``device``, never from the row
-    count: on CUDA enough K splits (a power of two, at most 16, at most one per ``block_k``
-    chunk) that a one-row call still has about twice the SM count of programs; elsewhere 1."""
+def _programs_wanted(device: torch.device) -> int:
+    """Column tiles a few-row call should have: twice the SM count on CUDA."""
     if device.type != "cuda":
-        return 1, _BLOCK_N, _BLOCK_K
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    want = -(-2 * _sm_count(index) // -(-n // _BLOCK_N))
-    split = 1
-    while split < min(want, _MAX_SPLIT, -(-k // _BLOCK_K)):
-        split *= 2
-    return split, _BLOCK_N, _BLOCK_K
+        return 1
+    return 2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def tile_for(rows: int, n: int, device: torch.device) -> Tile:
+    """The tile a call of ``rows`` rows against N columns asks for (before :func:`agreeing_tiles`):
+    up to 16 rows, columns 64, 32 or 16 wide, the widest that still gives the SMs enough
+    programs (a decode projection reads its weight once, so parallelism is its bandwidth)."""
+    if rows > 64:
+        return _WIDE_TILE
+    if rows > 16:
+        return _MID_TILE
+    wanted = _programs_wanted(device)
+    for block_n in (64, 32):
+        if -(-n // block_n) >= wanted:
+            return (16, block_n, 4)
+    return (16, 16, 4)
+
+
+def _candidate_tiles() -> tuple[Tile, ...]:
+    return (BASE_TILE, (16, 32, 4), (16, 16, 4), _MID_TILE, _WIDE_TILE)
+
+
+@functools.cache
+def agreeing_tiles(device_type: str, device_index: int | None, dtype: torch.dtype) -> frozenset[Tile]:
+    """The tiles whose bits equal :data:`BASE_TILE`'s on this device and dtype, checked once on a
+    random product of several K chunks (the matrix units' summation within a chunk is the
+    device's; a tile that sums differently would show on such data at once)."""
+    mod = _triton_module()
+    if mod is None:
+        return frozenset({BASE_TILE})
+    device = torch.device(device_type, device_index) if device_index is not None else torch.device(device_type)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 5 * BLOCK_K + 40, generator=gen).to(dtype).to(device)
+    weight = (torch.randn(160, x.shape[1], generator=gen) / x.shape[1] ** 0.5).to(dtype).to(device)
+    base = mod.invariant_gemm(x, weight, None, BASE_TILE, BLOCK_K)
+    return frozenset(t for t in _candidate_tiles() if torch.equal(mod.invariant_gemm(x, weight, None, t, BLOCK_K), base))
 
 
 def invariant_linear(
@@ -61,25 +95,23 @@ def invariant_linear(
     bias: torch.Tensor | None = None,
     *,
     use_triton: bool | None = None,
-    split_k: int | None = None,
+    tile: Tile | None = None,
 ) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for ``x [..., K]``, ``weight [N, K]``, ``bias [N]``, each
     row computed the same way whatever the number of rows (see the module docstring).
 
     ``use_triton`` follows :func:`kernels.select_backend` (``True`` with ``TRITON_INTERPRET=1``
-    runs the kernel on CPU tensors, for tests); without Triton, ``F.linear``. ``split_k``
-    overrides :func:`invariant_config`'s (tests)."""
+    runs the kernel on CPU tensors, for tests); without Triton, ``F.linear``. ``tile`` overrides
+    the tile (tests and benchmarks; it never changes the bits where the device agrees)."""
     if x.dim() < 1 or weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"x [..., K] and weight [N, K] expected, got {tuple(x.shape)}, {tuple(weight.shape)}")
     mod = _triton_module() if select_backend(x, use_triton) == "triton" else None
     if mod is None:
         return F.linear(x, weight, bias)
     n, k = weight.shape
-    splits, block_n, block_k = invariant_config(n, k, x.device)
-    if split_k is not None:
-        splits = split_k
     flat = x.reshape(-1, k)
-    parts = [mod.invariant_gemm(flat[i:i + _MAX_GRID_ROWS], weight, bias, splits, block_n, block_k)
-             for i in range(0, max(flat.shape[0], 1), _MAX_GRID_ROWS)]
-    out = parts[0] if len(parts) == 1 else torch.cat(parts)
-    return out.view(*x.shape[:-1], n)
+    if tile is None:
+        tile = tile_for(flat.shape[0], n, x.device)
+        if tile not in agreeing_tiles(x.device.type, x.device.index, weight.dtype):
+            tile = BASE_TILE
+    return mod.invariant_gemm(flat, weight, bias, tile, BLOCK_K).view(*x.shape[:-1], n)

@@ -28,7 +28,7 @@ from torch import nn
 from kernels.activation import silu_mul
 from kernels.cpu_fused import cpu_fused_ops
 from kernels.gemv import GemvChoice
-from kernels.invariant_linear import invariant_linear
+from kernels.invariant_linear import agreeing_tiles, invariant_linear
 from kernels.paged_attention import paged_attention
 from kernels.rmsnorm import add_rmsnorm
 from kernels.rotary import rope_write_kv
@@ -132,6 +132,8 @@ class ModelRunner:
                                                     or use_triton is True)
         if self.batch_invariant and (self.fp8 is not None or lora is not None):
             raise ValueError("batch-invariant kernels cover bf16/fp16/fp32 weights without LoRA adapters")
+        if self.batch_invariant:  # its tile check runs now, never inside a step or a graph capture
+            agreeing_tiles(self.device.type, self.device.index, self.dtype)
         cuda_triton = self.device.type == "cuda" and use_triton is not False
         self.gemv = GemvChoice() if cuda_triton and not self.batch_invariant else None
         self.rotary = RotaryTable(self._inner.rotary_emb, num_blocks * block_size, self.dtype, self.device)
