@@ -28,7 +28,7 @@ Tile = tuple[int, int, int]  # (BLOCK_M, BLOCK_N, num_warps)
 
 BLOCK_K = 128  # the one block that orders the sums: never a function of M
 BASE_TILE: Tile = (16, 64, 4)
-_MID_TILE: Tile = (64, 64, 4)  # 17-64 rows
+_MID_TILE: Tile = (64, 64, 4)
 _WIDE_TILE: Tile = (128, 128, 8)  # a prompt chunk
 
 
@@ -47,24 +47,33 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _programs_wanted(device: torch.device) -> int:
-    """Column tiles a few-row call should have: twice the SM count on CUDA."""
+def _sm_count_of(device: torch.device) -> int:
+    """The device's SM count on CUDA; 1 elsewhere (the interpreter: any tile fills it)."""
     if device.type != "cuda":
         return 1
-    return 2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def tile_for(rows: int, n: int, device: torch.device) -> Tile:
-    """The tile a call of ``rows`` rows against N columns asks for (before :func:`agreeing_tiles`):
-    up to 16 rows, columns 64, 32 or 16 wide, the widest that still gives the SMs enough
-    programs (a decode projection reads its weight once, so parallelism is its bandwidth)."""
+def _programs(tile: Tile, rows: int, n: int) -> int:
+    return -(-rows // tile[0]) * -(-n // tile[1])
+
+
+def tile_for(rows: int, n: int, device: torch.device, element_size: int = 2) -> Tile:
+    """The tile a call of ``rows`` rows against N columns asks for (before :func:`agreeing_tiles`).
+
+    A prompt chunk (more than 64 rows) takes the widest tile that still gives every SM a
+    program (128 x 128 for 2-byte operands only: 4-byte ones would not fit shared memory).
+    Fewer rows, or too few programs, take 16-row tiles with columns 64, 32 or 16 wide: the widest
+    that gives the SMs twice their count of programs (a decode projection reads its weight once,
+    so the number of programs reading it in parallel is its bandwidth)."""
+    sms = _sm_count_of(device)
     if rows > 64:
-        return _WIDE_TILE
-    if rows > 16:
-        return _MID_TILE
-    wanted = _programs_wanted(device)
+        wide = (_WIDE_TILE, _MID_TILE) if element_size <= 2 else (_MID_TILE,)
+        for tile in wide:
+            if _programs(tile, rows, n) >= sms:
+                return tile
     for block_n in (64, 32):
-        if -(-n // block_n) >= wanted:
+        if _programs((16, block_n, 4), rows, n) >= 2 * sms:
             return (16, block_n, 4)
     return (16, 16, 4)
 
@@ -86,7 +95,15 @@ def agreeing_tiles(device_type: str, device_index: int | None, dtype: torch.dtyp
     x = torch.randn(200, 5 * BLOCK_K + 40, generator=gen).to(dtype).to(device)
     weight = (torch.randn(160, x.shape[1], generator=gen) / x.shape[1] ** 0.5).to(dtype).to(device)
     base = mod.invariant_gemm(x, weight, None, BASE_TILE, BLOCK_K)
-    return frozenset(t for t in _candidate_tiles() if torch.equal(mod.invariant_gemm(x, weight, None, t, BLOCK_K), base))
+    return frozenset({BASE_TILE} | {t for t in _candidate_tiles() if _same_bits(mod, x, weight, t, base)})
+
+
+def _same_bits(mod: ModuleType, x: torch.Tensor, weight: torch.Tensor, tile: Tile, base: torch.Tensor) -> bool:
+    """``tile`` computes ``base``'s bits; False where it cannot run (e.g. shared memory)."""
+    try:
+        return torch.equal(mod.invariant_gemm(x, weight, None, tile, BLOCK_K), base)
+    except Exception:  # noqa: BLE001 (Triton's OutOfResources, a compile error: the tile is not used)
+        return False
 
 
 def invariant_linear(
@@ -111,7 +128,7 @@ def invariant_linear(
     n, k = weight.shape
     flat = x.reshape(-1, k)
     if tile is None:
-        tile = tile_for(flat.shape[0], n, x.device)
+        tile = tile_for(flat.shape[0], n, x.device, weight.element_size())
         if tile not in agreeing_tiles(x.device.type, x.device.index, weight.dtype):
             tile = BASE_TILE
     return mod.invariant_gemm(flat, weight, bias, tile, BLOCK_K).view(*x.shape[:-1], n)

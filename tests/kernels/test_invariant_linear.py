@@ -14,7 +14,7 @@ from kernels.invariant_linear import BASE_TILE, agreeing_tiles, invariant_linear
 from tests.kernels.sm90 import compile_for_sm90
 
 N, K = 200, 333  # not multiples of any block size
-TILES = [(16, 64, 4), (16, 16, 4), (64, 64, 4), (128, 128, 8)]
+TILES = [(16, 64, 4), (16, 16, 4), (64, 64, 4)]  # float32 operands: 128 x 128 exceeds shared memory
 
 
 def _operands(rows: int, dtype: torch.dtype, gen: torch.Generator, device: torch.device):
@@ -33,9 +33,10 @@ def test_matches_reference_float32(backend, gen, rows: int, tile) -> None:
     torch.testing.assert_close(got, skinny_linear_reference(x, weight, bias), rtol=1e-5, atol=1e-4)
 
 
-def test_matches_reference_bfloat16_without_bias(backend, gen) -> None:
-    x, weight, _ = _operands(20, torch.bfloat16, gen, backend)
-    got = invariant_linear(x, weight, None, use_triton=True)
+@pytest.mark.parametrize("tile", [(16, 64, 4), (128, 128, 8)])
+def test_matches_reference_bfloat16_without_bias(backend, gen, tile) -> None:
+    x, weight, _ = _operands(150, torch.bfloat16, gen, backend)
+    got = invariant_linear(x, weight, None, use_triton=True, tile=tile)
     # bf16 tolerance: the interpreter truncates float32 -> bfloat16 (one ulp at most)
     torch.testing.assert_close(got, skinny_linear_reference(x, weight, None), rtol=1.6e-2, atol=1e-2)
 
@@ -84,12 +85,16 @@ def test_shape_mismatch_is_refused(gen) -> None:
 
 def test_tiles_follow_rows_and_fill_the_device(monkeypatch) -> None:
     cpu = torch.device("cpu")
-    assert tile_for(1, 2048, cpu) == tile_for(16, 2048, cpu) == (16, 64, 4)
-    assert tile_for(17, 2048, cpu) == (64, 64, 4) and tile_for(65, 2048, cpu) == (128, 128, 8)
-    monkeypatch.setattr(module, "_programs_wanted", lambda device: 264)  # an H100's 132 SMs, twice
+    assert tile_for(1, 2048, cpu) == tile_for(64, 2048, cpu) == (16, 64, 4)
+    assert tile_for(65, 2048, cpu) == (128, 128, 8)
+    assert tile_for(65, 2048, cpu, element_size=4) == (64, 64, 4)  # float32 tiles fit shared memory
+    monkeypatch.setattr(module, "_sm_count_of", lambda device: 132)  # an H100
     assert tile_for(1, 2048, cpu) == (16, 16, 4)  # o_proj: 128 programs at most
     assert tile_for(1, 16384, cpu) == (16, 32, 4)  # gate_up: 512 programs
     assert tile_for(8, 128256, cpu) == (16, 64, 4)  # the output layer
+    assert tile_for(64, 2048, cpu) == (16, 16, 4)  # decode at batch 64: 512 programs
+    assert tile_for(512, 2048, cpu) == (64, 64, 4)  # 16 programs of 128 x 128 would idle the SMs
+    assert tile_for(2048, 2048, cpu) == (128, 128, 8)
 
 
 _COMPILE_SCRIPT = r"""
