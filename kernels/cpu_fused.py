@@ -4,8 +4,9 @@ At one decode row a CPU step is bound by dispatch: the torch references of the r
 RMSNorm, the rotary + cache write and SiLU·mul are 6-12 aten calls each over a narrow row, a
 few microseconds apiece, and a 30-layer model makes ~100 of them a step; a quantized projection
 casts its rows to bf16 and back around the kernel; the sampler's bitmask expands every bit to an
-int32 before masking. ``kernels/csrc/cpu_fused.cpp`` does each in one call (float32, row by
-row: a row's result never depends on the other rows). It is compiled with torch's C++ extension
+int32 before masking; and a float32 projection of a step's few rows (:mod:`kernels.cpu_linear`)
+reads its weight once for all of them. ``kernels/csrc/cpu_fused.cpp`` does each in one call
+(float32, row by row: a row's result never depends on the other rows). It is compiled with torch's C++ extension
 builder the first time a machine asks (~25 s; needs a C++ compiler and ninja) and cached under
 torch's extensions folder (``TORCH_EXTENSIONS_DIR``), so later processes load it in a fraction
 of a second. Where it cannot be built (no compiler) or ``TRELLIS_CPU_KERNELS=0``,

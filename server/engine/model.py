@@ -27,6 +27,7 @@ from torch import nn
 
 from kernels.activation import silu_mul
 from kernels.cpu_fused import cpu_fused_ops
+from kernels.cpu_linear import cpu_rows_linear
 from kernels.gemv import GemvChoice
 from kernels.invariant_linear import agreeing_tiles, invariant_linear
 from kernels.paged_attention import paged_attention
@@ -144,6 +145,9 @@ class ModelRunner:
         # (kernels.cpu_fused): its matmuls are small enough that dispatch is most of the rest;
         # `none` keeps the references, which round as transformers does
         self.cpu_fused = self.quantized is not None and cpu_fused_ops() is not None  # built now, not in a step
+        # float32 on the CPU: a step's few rows through kernels.cpu_linear (each row as alone)
+        self.cpu_rows = (self.device.type == "cpu" and self.dtype == torch.float32 and use_triton is not True
+                         and self.quantized is None and self.fp8 is None and cpu_fused_ops() is not None)
 
     def _quantize(self, kind: str) -> QuantizedLinears:
         if kind not in QUANTIZATION_CHOICES:
@@ -315,14 +319,18 @@ class ModelRunner:
                     self._linear(x, weight, bias)
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """``F.linear``, or on CUDA the faster per shape of cuBLAS and the split-K kernel at 1-8 rows;
-        a quantized layer by each row's route (:class:`TokenRoutes`); an FP8 layer by :mod:`kernels.fp8`."""
+        """``F.linear``, or on CUDA the faster per shape of cuBLAS and the split-K kernel at 1-8 rows
+        (every row count through the batch-invariant GEMM with ``batch_invariant``); a quantized
+        layer by each row's route (:class:`TokenRoutes`); an FP8 layer by :mod:`kernels.fp8`; float32
+        rows on the CPU, up to 64, by :func:`kernels.cpu_linear.cpu_rows_linear`."""
         if self.fp8 is not None and self.fp8.owns(weight):
             return self.fp8.linear(x, weight, bias)
         if self.quantized is not None:
             return self.quantized.linear(x, weight, bias, self._routes)
         if self.batch_invariant:
             return invariant_linear(x, weight, bias, use_triton=self.use_triton)
+        if self.cpu_rows:
+            return cpu_rows_linear(x, weight, bias)
         if self.gemv is None:
             return F.linear(x, weight, bias)
         return self.gemv.linear(x, weight, bias)
