@@ -159,7 +159,8 @@ class ModelRunner:
         tied = self.hf.get_output_embeddings().weight is self.hf.get_input_embeddings().weight
         # int4's output layer stays 8-bit: its errors go straight into the logits (GGUF's Q4 files
         # keep it at Q8_0 too), and int4 there costs 1 point in 10 of top-1 agreement
-        quantized.quantize_module(self.hf.lm_head, tied=tied, kind="int8" if kind == "int4" else kind)
+        quantized.quantize_module(self.hf.lm_head, tied=tied, kind="int8" if kind == "int4" else kind,
+                                  prompt_copy=False)
         return quantized
 
     @classmethod

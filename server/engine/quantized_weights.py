@@ -6,9 +6,12 @@ through the same quantized weights:
 
 - the output's tokens (decode rows, forced and draft tokens: a few rows a step) go through the
   CPU kernel, which reads the 4- or 8-bit weights as they are stored;
-- the prompt's tokens (prefill: hundreds of rows) go through the dequantized weights in the
-  model's dtype (float32 on the CPU), where a dense matmul is several times faster than the
-  kernel for many rows.
+- the prompt's tokens (prefill: hundreds of rows) go through the dequantized weights rounded to
+  bf16 and packed for oneDNN (AMX where the CPU has it: ~7x a float32 GEMM's rate on this
+  project's CPU), or in the model's dtype (float32) where oneDNN has no bf16 kernel: either is
+  several times faster than the 4-/8-bit kernel for many rows. The prompt's keys and values are
+  then those of a bf16 prompt, as the output tokens' are of bf16 activations (the agreement with
+  the float32 model is measured by ``benchmarks/quantization.py``).
 
 ``bf16`` has one route: oneDNN's packed bf16 kernel computes each row alone at any row count
 and is 2.2x float32's prefill, so prompt tokens take it too. Then a prompt's keys and values
@@ -50,8 +53,9 @@ CHOICES = ("none", *KINDS)
 @dataclass(frozen=True)
 class _Linear:
     quantized: QuantizedWeight
-    dense: torch.Tensor  # [out, in] in the model's dtype: the dequantized weight, for prompt rows
+    dense: torch.Tensor  # [out, in] in the model's dtype: the dequantized weight
     key: torch.Tensor  # the tensor the forward passes for this layer (held, so its id stays its own)
+    prompt: QuantizedWeight | None = None  # the dequantized weight packed as bf16: prompt rows' route
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ class QuantizedLinears:
         self._by_weight: dict[int, _Linear] = {}
         self.quantized_bytes = 0
         self.dense_bytes = 0
+        self.prompt_bytes = 0  # the prompt route's packed bf16 copies
 
     def layer(self, weight: torch.Tensor) -> tuple[QuantizedWeight, torch.Tensor] | None:
         """(quantized, dense) registered for ``weight``, or None."""
@@ -106,14 +111,20 @@ class QuantizedLinears:
             out = self._kernel(x, layer.quantized)
             return out if bias is None else out.add_(bias)
         if routes.all_prompt:
-            return F.linear(x, layer.dense, bias)
-        if routes.prompt is None:
+            out = self._prompt_rows(x, layer)
+        elif routes.prompt is None:
             out = self._kernel(x, layer.quantized)
         else:
             out = x.new_empty((x.shape[0], layer.dense.shape[0]))
             out[routes.output] = self._kernel(x[routes.output], layer.quantized)
-            out[routes.prompt] = F.linear(x[routes.prompt], layer.dense)
+            out[routes.prompt] = self._prompt_rows(x[routes.prompt], layer)
         return out if bias is None else out.add_(bias)
+
+    def _prompt_rows(self, x: torch.Tensor, layer: _Linear) -> torch.Tensor:
+        """Prompt rows: the packed bf16 copy where there is one, else the dense weight."""
+        if layer.prompt is None:
+            return F.linear(x, layer.dense)
+        return self._kernel(x, layer.prompt)
 
     @staticmethod
     def _kernel(x: torch.Tensor, quantized: QuantizedWeight) -> torch.Tensor:
@@ -127,20 +138,23 @@ class QuantizedLinears:
         weights, with the transformers decoder layers' (``modules``) projections re-pointed at them."""
         return [self._quantize_layer(layer, module) for layer, module in zip(layers, modules, strict=True)]
 
-    def quantize_module(self, module: nn.Linear, *, tied: bool = False, kind: str | None = None) -> None:
+    def quantize_module(self, module: nn.Linear, *, tied: bool = False, kind: str | None = None,
+                        prompt_copy: bool = True) -> None:
         """Quantize ``module``'s weight (as ``kind``, default this instance's); ``tied``: it is
-        the embedding's table too, so the module keeps its float tensor."""
+        the embedding's table too, so the module keeps its float tensor. ``prompt_copy`` False:
+        no packed bf16 copy for prompt rows (the output layer: a prompt's logits are one row,
+        except for prompt logprobs, which keep the dense weight)."""
         weight, kind = module.weight, kind or self.kind
         if not supports(kind, weight):
             return
         if tied:  # the table stays as loaded: prompt rows' logits read it, no second copy
             quantized = quantize(weight, kind)
             self.quantized_bytes += quantized.nbytes
-            self._register(quantized, weight, weight)
+            self._register(quantized, weight, weight, prompt_copy)
             return
         quantized, dense = self._quantize(weight, kind)
         module.weight = nn.Parameter(dense, requires_grad=False)
-        self._register(quantized, dense, module.weight)
+        self._register(quantized, dense, module.weight, prompt_copy)
 
     def _quantize_layer(self, layer: LayerWeights, module: nn.Module) -> LayerWeights:
         attn, mlp = module.self_attn, module.mlp
@@ -170,5 +184,10 @@ class QuantizedLinears:
         self.dense_bytes += dense.numel() * dense.element_size()
         return quantized, dense
 
-    def _register(self, quantized: QuantizedWeight, dense: torch.Tensor, key: torch.Tensor) -> None:
-        self._by_weight[id(key)] = _Linear(quantized, dense, key)
+    def _register(self, quantized: QuantizedWeight, dense: torch.Tensor, key: torch.Tensor,
+                  prompt_copy: bool = True) -> None:
+        prompt = None
+        if prompt_copy and quantized.kind != "bf16" and supports("bf16", dense):
+            prompt = quantize(dense, "bf16")
+            self.prompt_bytes += prompt.nbytes
+        self._by_weight[id(key)] = _Linear(quantized, dense, key, prompt)

@@ -11,6 +11,7 @@ import torch
 
 from kernels.quantized_linear import supports
 from server.engine.model import ModelRunner, load_hf_model
+from server.engine.quantized_weights import TokenRoutes
 from server.engine.step_batch import StepBatch
 from server.model_loader import ModelLoadError
 from server.state import resolve_quantization
@@ -80,6 +81,26 @@ def test_prompt_and_output_tokens_take_their_own_routes(tiny_hf) -> None:
     mixed = runner.forward(StepBatch.build([([1], [9], 12), ([2], prompt, 0)], block, runner.device,
                                            prompt_counts=[0, 12]))
     assert torch.equal(mixed[1], alone[0])
+
+
+@pytest.mark.skipif(not supports("bf16", torch.empty(1, 1)), reason="no oneDNN bf16 here")
+def test_prompt_rows_multiply_by_a_packed_bf16_copy(tiny_hf) -> None:
+    """int4/int8 prompt rows go through the dequantized weight packed as bf16 (oneDNN, AMX),
+    output rows through the 4-bit kernel; the output layer keeps no copy (its prompt rows are
+    prompt logprobs only, through the dense weight)."""
+    runner = ModelRunner.for_sequences(copy.deepcopy(tiny_hf), 1, 64, quantization="int4")
+    linears = runner.quantized._by_weight
+    qkv = linears[id(runner.layers[0].qkv_weight)]
+    assert qkv.prompt is not None and qkv.prompt.kind == "bf16"
+    assert torch.equal(qkv.prompt.dequantized(), qkv.dense.to(torch.bfloat16).float())
+    head = next(entry for entry in linears.values() if entry.quantized.kind == "int8")
+    assert head.prompt is None
+    x = torch.randn(5, qkv.dense.shape[1])
+    all_prompt = TokenRoutes.of(torch.ones(5, dtype=torch.bool))
+    prompt_rows = runner.quantized.linear(x, runner.layers[0].qkv_weight, None, all_prompt)
+    want = (x.to(torch.bfloat16).float() @ qkv.dense.to(torch.bfloat16).float().t())
+    torch.testing.assert_close(prompt_rows, want, rtol=2e-2, atol=2e-2)
+    assert runner.quantized.prompt_bytes == sum(e.prompt.nbytes for e in linears.values() if e.prompt is not None)
 
 
 def test_unknown_and_misplaced_quantizations_are_refused(tiny_hf) -> None:
