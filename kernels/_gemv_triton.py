@@ -1,10 +1,14 @@
-"""Triton split-K skinny GEMM ``y = x @ W^T (+ bias)`` for decode (1-8 rows). Imported lazily.
+"""Triton GEMMs ``y = x @ W^T (+ bias)``: split-K for decode's 1-8 rows, and row tiles of any M
+for the batch-invariant linear. Imported lazily.
 
-Program ``(n, s)`` owns ``BLOCK_N`` output columns and the ``s``-th of ``SPLIT_K`` equal,
-``BLOCK_K``-aligned shares of the reduction dim; it walks its share for *all* rows of ``x``
-at once, so every weight element is read from memory exactly once per call. Rows are padded
-to ``BLOCK_M`` (a power of two): up to 4 rows multiply on the CUDA cores (a broadcast
-product summed over K), more go through ``tl.dot`` with the rows padded to 16.
+Program ``(m, n, s)`` owns ``BLOCK_M`` rows (``m``), ``BLOCK_N`` output columns and the
+``s``-th of ``SPLIT_K`` equal, ``BLOCK_K``-aligned shares of the reduction dim. :func:`gemv`
+launches one row tile for *all* rows of ``x``, so every weight element is read from memory
+exactly once per call. Rows are padded to ``BLOCK_M`` (a power of two): up to 4 rows multiply
+on the CUDA cores (a broadcast product summed over K), more go through ``tl.dot`` with the rows
+padded to 16. :func:`gemm_rows` launches row tiles of a fixed shape over any M, unsplit, with
+``tl.dot``: each output element is then one float32 sum over K in ``BLOCK_K`` chunks, in order,
+whatever M is (:mod:`kernels.invariant_linear`).
 
 With ``SPLIT_K == 1`` the program adds the bias, casts and stores the output itself. Otherwise
 each program stores its float32 partial sums in ``[SPLIT_K, M, N]`` and
@@ -26,7 +30,9 @@ _DOT_BLOCK_M = 16  # tl.dot's smallest row tile
 _MAX_REDUCE_ROWS = 4  # more rows than this multiply with tl.dot
 
 
-@triton.jit
+# num_rows changes every step; specialised on it (== 1, a multiple of 16) Triton would compile
+# variants by row count, and the batch-invariant linear must run one code for every M.
+@triton.jit(do_not_specialize=["num_rows"])
 def _gemv_splitk_kernel(
     x_ptr,
     w_ptr,
@@ -49,10 +55,11 @@ def _gemv_splitk_kernel(
     IEEE_DOT: tl.constexpr,
     FP32_OPERANDS: tl.constexpr,
 ):
-    """Program (n, s): float32 partial sums of every row over K share ``s`` for N block ``n``."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    offs_m = tl.arange(0, BLOCK_M)
+    """Program (m, n, s): float32 sums of row tile ``m`` over K share ``s`` for N block ``n``."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_valid = offs_m < num_rows
     n_valid = offs_n < num_cols
@@ -158,7 +165,7 @@ def gemv(
     part = torch.empty((splits, rows, n) if splits > 1 else (1,), dtype=torch.float32, device=x.device)
     bias_arg = bias if bias is not None else part  # never read without HAS_BIAS
     use_dot = rows > _MAX_REDUCE_ROWS
-    _gemv_splitk_kernel[(triton.cdiv(n, block_n), splits)](
+    _gemv_splitk_kernel[(1, triton.cdiv(n, block_n), splits)](
         x, weight, bias_arg, out, part,
         rows, n, k, k_per_split,
         x.stride(0), weight.stride(0), out.stride(0),
@@ -185,7 +192,43 @@ def gemv(
 
 
 def _operand(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """x in the weight's dtype with unit stride along K (tiny: at most 8 rows)."""
+    """x in the weight's dtype with unit stride along K."""
     if x.dtype != dtype:
         x = x.to(dtype)
     return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def gemm_rows(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    tile: tuple[int, int, int],
+    block_k: int,
+) -> torch.Tensor:
+    """``x [M, K] @ weight [N, K]^T (+ bias [N])`` → ``[M, N]`` in x's dtype, any M, unsplit.
+
+    ``tile`` is ``(BLOCK_M, BLOCK_N, num_warps)`` (blocks powers of two, 16 or more): it places
+    the sums, ``block_k`` orders them (see :mod:`kernels.invariant_linear`)."""
+    rows, k = x.shape
+    n = weight.shape[0]
+    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    if rows == 0 or n == 0:
+        return out
+    x = _operand(x, weight.dtype)
+    weight = weight if weight.stride(-1) == 1 else weight.contiguous()
+    block_m, block_n, warps = tile
+    _gemv_splitk_kernel[(triton.cdiv(rows, block_m), triton.cdiv(n, block_n), 1)](
+        x, weight, bias if bias is not None else out, out, out,
+        rows, n, k, triton.cdiv(k, block_k) * block_k,
+        x.stride(0), weight.stride(0), out.stride(0),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        SPLIT_K=1,
+        HAS_BIAS=bias is not None,
+        USE_DOT=True,
+        IEEE_DOT=INTERPRETED or weight.dtype == torch.float32,
+        FP32_OPERANDS=INTERPRETED,
+        num_warps=warps,
+    )
+    return out

@@ -4,7 +4,7 @@ With cuBLAS (and :class:`kernels.gemv.GemvChoice`) the kernel, its tiles and its
 chosen by the row count, so in bfloat16 a sequence's logits move by an ulp when the batch
 around it changes, when drafts or a jump-forward add rows, or when a CUDA graph pads the step;
 greedy ties then flip and "same seed, same tokens" breaks across speed features.
-:func:`invariant_linear` runs :mod:`kernels._invariant_gemm_triton`: every output element is one
+:func:`invariant_linear` runs :func:`kernels._gemv_triton.gemm_rows`: every output element is one
 float32 sum over K in fixed ``BLOCK_K`` chunks, whatever M. The row/column tile follows M for
 speed (a decode step's few rows want narrow column tiles to fill the SMs, a prompt chunk wide
 ones), which leaves the bits alone only if the device's matrix units sum a chunk the same way at
@@ -34,12 +34,12 @@ _WIDE_TILE: Tile = (128, 128, 8)  # a prompt chunk
 
 @functools.cache
 def _triton_module() -> ModuleType | None:
-    """``kernels._invariant_gemm_triton``, or None when Triton cannot be imported."""
+    """``kernels._gemv_triton``, or None when Triton cannot be imported."""
     try:
-        from kernels import _invariant_gemm_triton
+        from kernels import _gemv_triton
     except Exception:  # noqa: BLE001 (ImportError, or a broken backend raising at import)
         return None
-    return _invariant_gemm_triton
+    return _gemv_triton
 
 
 @functools.cache
@@ -94,14 +94,14 @@ def agreeing_tiles(device_type: str, device_index: int | None, dtype: torch.dtyp
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(200, 5 * BLOCK_K + 40, generator=gen).to(dtype).to(device)
     weight = (torch.randn(160, x.shape[1], generator=gen) / x.shape[1] ** 0.5).to(dtype).to(device)
-    base = mod.invariant_gemm(x, weight, None, BASE_TILE, BLOCK_K)
+    base = mod.gemm_rows(x, weight, None, BASE_TILE, BLOCK_K)
     return frozenset({BASE_TILE} | {t for t in _candidate_tiles() if _same_bits(mod, x, weight, t, base)})
 
 
 def _same_bits(mod: ModuleType, x: torch.Tensor, weight: torch.Tensor, tile: Tile, base: torch.Tensor) -> bool:
     """``tile`` computes ``base``'s bits; False where it cannot run (e.g. shared memory)."""
     try:
-        return torch.equal(mod.invariant_gemm(x, weight, None, tile, BLOCK_K), base)
+        return torch.equal(mod.gemm_rows(x, weight, None, tile, BLOCK_K), base)
     except Exception:  # noqa: BLE001 (Triton's OutOfResources, a compile error: the tile is not used)
         return False
 
@@ -131,4 +131,4 @@ def invariant_linear(
         tile = tile_for(flat.shape[0], n, x.device, weight.element_size())
         if tile not in agreeing_tiles(x.device.type, x.device.index, weight.dtype):
             tile = BASE_TILE
-    return mod.invariant_gemm(flat, weight, bias, tile, BLOCK_K).view(*x.shape[:-1], n)
+    return mod.gemm_rows(flat, weight, bias, tile, BLOCK_K).view(*x.shape[:-1], n)

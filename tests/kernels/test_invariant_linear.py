@@ -101,7 +101,7 @@ _COMPILE_SCRIPT = r"""
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kernels import _invariant_gemm_triton as mod
+from kernels import _gemv_triton as mod
 from kernels.invariant_linear import BLOCK_K
 
 def compile_for_h100(fn, dtype, constants, warps):
@@ -109,7 +109,9 @@ def compile_for_h100(fn, dtype, constants, warps):
     def arg_type(name):
         if name in constants:
             return "constexpr"
-        return "*" + dtype if name.endswith("_ptr") else "i32"
+        if name.endswith("_ptr"):
+            return "*fp32" if name == "part_ptr" else "*" + dtype
+        return "i32"
     signature = {name: arg_type(name) for name in names}
     constexprs = {(names.index(k),): v for k, v in constants.items()}
     return triton.compile(ASTSource(fn, signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
@@ -117,9 +119,9 @@ def compile_for_h100(fn, dtype, constants, warps):
 
 for dtype, (block_m, block_n, warps), bias in (("bf16", (16, 16, 4), True), ("bf16", (128, 128, 8), False),
                                                ("fp16", (64, 64, 4), True), ("fp32", (16, 64, 4), False)):
-    constants = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K, HAS_BIAS=bias,
+    constants = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K, SPLIT_K=1, HAS_BIAS=bias, USE_DOT=True,
                      IEEE_DOT=dtype == "fp32", FP32_OPERANDS=False)
-    compiled = compile_for_h100(mod._invariant_gemm_kernel, dtype, constants, warps)
+    compiled = compile_for_h100(mod._gemv_splitk_kernel, dtype, constants, warps)
     if dtype != "fp32":
         assert "mma" in compiled.asm["ptx"], "tl.dot did not lower to tensor-core MMA"
 print("compiled")
