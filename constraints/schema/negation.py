@@ -4,6 +4,7 @@ allows, and a regex for every string except some literals."""
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any
 
 from ..regex.analysis import finite_strings
@@ -40,9 +41,28 @@ def all_of(parts: list[Any]) -> Any:
     return parts[0] if len(parts) == 1 else {"allOf": parts}
 
 
+# the subschemas whose negation is being computed (ids): one met again is a recursion
+_NEGATING: ContextVar[frozenset[int]] = ContextVar("negating", default=frozenset())
+
+
 def negate(schema: Any, root: dict) -> Any:
-    """A schema accepting exactly the instances ``schema`` rejects, or None when not expressible."""
+    """A schema accepting exactly the instances ``schema`` rejects, or None when not expressible.
+    A recursive schema (a ``$ref`` leading back into a subschema being negated) has no finite
+    negation: None, where following the cycle would exhaust the stack (and, caught as a
+    RecursionError, leave the whole schema unrewritten)."""
     schema = resolve(schema, root)
+    active = _NEGATING.get()
+    if id(schema) in active:
+        return None
+    token = _NEGATING.set(active | {id(schema)}) if isinstance(schema, dict) else None
+    try:
+        return _negate(schema, root)
+    finally:
+        if token is not None:
+            _NEGATING.reset(token)
+
+
+def _negate(schema: Any, root: dict) -> Any:
     if schema is True:
         return False
     if schema is False:

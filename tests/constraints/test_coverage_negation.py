@@ -141,3 +141,34 @@ def test_references_into_rewritten_keywords_still_resolve(compiler, tok, schema,
     from .conftest import assert_classified
 
     assert_classified(compiler, tok, schema, valid, invalid)
+
+
+# a recursive schema has no finite negation: negate says so (None) instead of following the
+# $ref cycle until the stack runs out, which dropped every rewrite of the schema, a disjoint
+# oneOf's among them (MaskBench Github_hard o91595, o71454, o76745, Github_medium o79474)
+TREE = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/definitions/tree"}},
+                                        "id": {"oneOf": [{"type": "string"}, {"type": "integer"}]}}}
+RECURSIVE_CONTAINS = {  # arrays holding a tree (a grammar: contains at the root)
+    "type": "array", "definitions": {"tree": TREE}, "maxItems": 3, "contains": {"$ref": "#/definitions/tree"},
+}
+
+
+def test_a_recursive_schema_has_no_negation():
+    from constraints.schema.negation import negate
+
+    assert negate({"$ref": "#/definitions/tree"}, RECURSIVE_CONTAINS) is None
+    assert negate({"not": {"$ref": "#/definitions/tree"}}, RECURSIVE_CONTAINS) == {"$ref": "#/definitions/tree"}
+
+
+def test_a_recursive_negation_leaves_the_other_rewrites(compiler, tok):
+    from constraints.schema.analysis import rewrite_schema
+    from constraints.schema.tree import subschemas
+
+    out = rewrite_schema(RECURSIVE_CONTAINS)
+    assert not any(isinstance(n, dict) and "oneOf" in n for _, n in subschemas(out))
+    from .conftest import assert_classified
+
+    assert_classified(compiler, tok, RECURSIVE_CONTAINS,
+                      valid=[[{}], [{"kids": []}, 1], [2, {"kids": [{"id": 3}], "id": "a"}, "b"]],
+                      invalid=[[], [1, 2], ["a"], [{"kids": [1]}], [{"id": 1.5}], [{"kids": [{"id": None}]}],
+                               [{}, 1, 2, 3]])
