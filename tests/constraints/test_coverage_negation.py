@@ -77,13 +77,23 @@ CASES += [
         ["a cat", "dogs", "cow", "hotdog!"],
         ["catdog", "cat", "dog", "owl!", "", "dog cat"],
     ),
+    (  # not listed integers: the open intervals between them (MaskBench Github_hard o57622)
+        {"type": "integer", "not": {"enum": [6379, 6380, 43215]}},
+        [0, 6378, 6381, 43216, -5, 43214],
+        [6379, 6380, 43215, 6379.0, 6379.5, "6379"],
+    ),
+    (  # the same in draft 4 (exclusive bounds as booleans there), numbers beside other literals
+        {"$schema": "http://json-schema.org/draft-04/schema#", "not": {"enum": [1, 2.0, "a", None]}},
+        [0, 1.5, 3, -1, 2.5, "b", True, [], {}],
+        [1, 2, 2.0, 1.0, "a", None],
+    ),
 ]
 
 
 @pytest.mark.parametrize(("schema", "valid", "invalid"), CASES,
                          ids=["name-const", "name-false", "pattern-false", "pattern-value", "contains",
                               "unlisted-ref", "bounded-multiples", "oneof-listed", "unknown-keyword",
-                              "not-pattern", "oneof-patterns"])
+                              "not-pattern", "oneof-patterns", "not-integers", "not-numbers-draft4"])
 def test_negated_keyword_is_enforced_exactly(compiler, tok, schema, valid, invalid):
     compiled = compiler.compile(ConstraintSpec("json_schema", schema))
     for value in valid:
@@ -97,6 +107,7 @@ def test_negated_keyword_is_enforced_exactly(compiler, tok, schema, valid, inval
 @pytest.mark.parametrize("schema", [
     {"type": "object", "not": {"propertyNames": {"not": {"pattern": "a"}}}},  # unbounded names
     {"type": "object", "not": {"patternProperties": {"a": {"type": "string"}}}},
+    {"type": "number", "not": {"const": 0.5}},  # a fractional value: no exact bound for every backend
     # not items = contains the negation: enforced as a grammar from the root (tests/constraints/
     # test_schema_lark.py), not inside an object property
     {"type": "object", "properties": {"a": {"not": {"items": {"type": "string"}}}}},
