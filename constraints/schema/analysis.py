@@ -34,6 +34,7 @@ from .formats import REFUSED_FORMATS, format_keywords
 from .keywords import ANNOTATIONS, FORMAT_ALIASES, REF_IGNORED_SIBLINGS, SPEC_FORMATS, XGRAMMAR_ENFORCED
 from .negation import all_of, exactly_one, negate
 from .numbers import rewrite_numbers
+from .object_difference import exclusive_objects
 from .references import check_references, inline_boolean_refs, resolve_references
 from .tree import (SCHEMA_KEYS, SCHEMA_LIST_KEYS, SCHEMA_MAP_KEYS, at_pointer, conjoin, escape_part, names_draft,
                    pointer_parts, subschemas)
@@ -449,6 +450,8 @@ class _Rewriter:
             if form is not None:
                 return conjoin(node, form, ("oneOf",))
         exclusive = exactly_one(live, self.root)
+        if exclusive is None:  # object branches that overlap: each less what the others take
+            exclusive = exclusive_objects(live, self.root, context)
         if exclusive is not None:
             return conjoin(node, exclusive, ("oneOf",))
         return node

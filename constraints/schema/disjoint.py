@@ -114,6 +114,8 @@ def _disjoint(a: Any, b: Any, root: dict, depth: int = 0) -> bool:
                 return True
         if _closed_exclusion(pa, pb) or _closed_exclusion(pb, pa):
             return True
+        if _count_exclusion(pa, pb) or _count_exclusion(pb, pa):
+            return True
         if depth < MAX_DISJOINT_DEPTH and _property_values_disjoint(pa, pb, root, depth):
             return True
     if _literals_fail(la, rb, root) or _literals_fail(lb, ra, root):
@@ -185,24 +187,41 @@ def _literals_fail(literals: list[Any] | None, other: dict, root: dict) -> bool:
 def _property_values_disjoint(pa: list[dict], pb: list[dict], root: dict, depth: int) -> bool:
     """A property one side requires has values the two sides' schemas for it never share: no
     object satisfies both (the value would have to satisfy both)."""
-    required = {n for part in pa + pb if isinstance(part.get("required"), list) for n in part["required"]
-                if isinstance(n, str)}
-    values_a = _property_schemas(pa)
-    values_b = _property_schemas(pb)
-    for name in required & set(values_a) & set(values_b):
-        if _disjoint({"allOf": values_a[name]}, {"allOf": values_b[name]}, root, depth + 1):
+    required = _required(pa) | _required(pb)
+    for name in required:
+        values_a, values_b = _value_schemas(pa, name), _value_schemas(pb, name)
+        if values_a and values_b and _disjoint({"allOf": values_a}, {"allOf": values_b}, root, depth + 1):
             return True
     return False
 
 
-def _property_schemas(parts: list[dict]) -> dict[str, list[Any]]:
-    out: dict[str, list[Any]] = {}
+def _required(parts: list[dict]) -> set[str]:
+    """The names some part requires (every instance of the parts has them, if an object)."""
+    return {n for part in parts if isinstance(part.get("required"), list) for n in part["required"]
+            if isinstance(n, str)}
+
+
+def _value_schemas(parts: list[dict], name: str) -> list[Any]:
+    """Schemas the value of property ``name`` satisfies in every object the parts accept: a
+    part's ``properties`` entry for it or, where the part does not list it and has no
+    ``patternProperties`` (a pattern might take the name instead), its ``additionalProperties``.
+    Leaving a part out only widens what the list allows: never a wrong "disjoint"."""
+    out: list[Any] = []
     for part in parts:
         props = part.get("properties")
-        if isinstance(props, dict):
-            for name, sub in props.items():
-                out.setdefault(name, []).append(sub)
+        if isinstance(props, dict) and name in props:
+            out.append(props[name])
+        elif "additionalProperties" in part and not part.get("patternProperties"):
+            out.append(part["additionalProperties"])
     return out
+
+
+def _count_exclusion(pa: list[dict], pb: list[dict]) -> bool:
+    """``a`` requires more names than a part of ``b`` allows properties (``maxProperties``):
+    no object has both the names and so few keys."""
+    required = len(_required(pa))
+    return any(isinstance(part.get("maxProperties"), int) and not isinstance(part["maxProperties"], bool)
+               and part["maxProperties"] < required for part in pb)
 
 
 def _patterns_exclude(a: dict, b: dict) -> bool:

@@ -4,6 +4,7 @@ allows, and a regex for every string except some literals."""
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any
 
 from ..regex.analysis import finite_strings
@@ -40,9 +41,28 @@ def all_of(parts: list[Any]) -> Any:
     return parts[0] if len(parts) == 1 else {"allOf": parts}
 
 
+# the subschemas whose negation is being computed (ids): one met again is a recursion
+_NEGATING: ContextVar[frozenset[int]] = ContextVar("negating", default=frozenset())
+
+
 def negate(schema: Any, root: dict) -> Any:
-    """A schema accepting exactly the instances ``schema`` rejects, or None when not expressible."""
+    """A schema accepting exactly the instances ``schema`` rejects, or None when not expressible.
+    A recursive schema (a ``$ref`` leading back into a subschema being negated) has no finite
+    negation: None, where following the cycle would exhaust the stack (and, caught as a
+    RecursionError, leave the whole schema unrewritten)."""
     schema = resolve(schema, root)
+    active = _NEGATING.get()
+    if id(schema) in active:
+        return None
+    token = _NEGATING.set(active | {id(schema)}) if isinstance(schema, dict) else None
+    try:
+        return _negate(schema, root)
+    finally:
+        if token is not None:
+            _NEGATING.reset(token)
+
+
+def _negate(schema: Any, root: dict) -> Any:
     if schema is True:
         return False
     if schema is False:
@@ -234,15 +254,21 @@ def _only_objects(branches: list[Any]) -> Any:
 
 
 def _not_values(values: list[Any]) -> Any:
-    """Everything except the given literals (strings, booleans, null; not numbers or containers)."""
+    """Everything except the given literals (strings, booleans, null, integral numbers; not
+    other numbers or containers)."""
     strings = [v for v in values if isinstance(v, str)]
     bools = {v for v in values if isinstance(v, bool)}
-    if any(not (v is None or isinstance(v, (str, bool))) for v in values):
+    numbers = [v for v in values if _is_number(v)]
+    if any(not (v is None or isinstance(v, (str, bool)) or _is_number(v)) for v in values):
         return None
     if sum(len(v) for v in strings) > MAX_COMPLEMENT_CHARS:
         return None
-    kept = [t for t in ("object", "array", "number") ]
-    branches: list[Any] = [{"type": kept}]
+    if not numbers:
+        branches: list[Any] = [{"type": ["object", "array", "number"]}]
+    elif (gaps := _number_gaps(numbers)) is not None:
+        branches = [{"type": ["object", "array"]}, *gaps]
+    else:
+        return None
     if None not in values:
         branches.append({"type": "null"})
     if not bools:
@@ -254,6 +280,28 @@ def _not_values(values: list[Any]) -> Any:
     else:
         branches.append({"type": "string"})
     return {"anyOf": branches}
+
+
+MAX_EXCLUDED_NUMBERS = 64  # listed numbers a negation writes the gaps between
+_SAFE_INTEGER = 2**53  # beyond it a double does not tell neighbouring integers apart
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _number_gaps(numbers: list[Any]) -> list[dict] | None:
+    """Every number except the listed ones, as the open intervals between them (1 == 1.0, as
+    JSON Schema compares numbers). Only integral values within ±2^53 (an exact bound for every
+    backend), at most :data:`MAX_EXCLUDED_NUMBERS` of them; else None."""
+    if len(numbers) > MAX_EXCLUDED_NUMBERS or not all(float(v).is_integer() and abs(v) <= _SAFE_INTEGER
+                                                      for v in numbers):
+        return None
+    points = sorted({int(v) for v in numbers})
+    gaps = [{"type": "number", "exclusiveMaximum": points[0]}]
+    gaps.extend({"type": "number", "exclusiveMinimum": lo, "exclusiveMaximum": hi} for lo, hi in zip(points, points[1:]))
+    gaps.append({"type": "number", "exclusiveMinimum": points[-1]})
+    return gaps
 
 
 _CLASS_META = set("\\]^-[")

@@ -77,13 +77,23 @@ CASES += [
         ["a cat", "dogs", "cow", "hotdog!"],
         ["catdog", "cat", "dog", "owl!", "", "dog cat"],
     ),
+    (  # not listed integers: the open intervals between them (MaskBench Github_hard o57622)
+        {"type": "integer", "not": {"enum": [6379, 6380, 43215]}},
+        [0, 6378, 6381, 43216, -5, 43214],
+        [6379, 6380, 43215, 6379.0, 6379.5, "6379"],
+    ),
+    (  # the same in draft 4 (exclusive bounds as booleans there), numbers beside other literals
+        {"$schema": "http://json-schema.org/draft-04/schema#", "not": {"enum": [1, 2.0, "a", None]}},
+        [0, 1.5, 3, -1, 2.5, "b", True, [], {}],
+        [1, 2, 2.0, 1.0, "a", None],
+    ),
 ]
 
 
 @pytest.mark.parametrize(("schema", "valid", "invalid"), CASES,
                          ids=["name-const", "name-false", "pattern-false", "pattern-value", "contains",
                               "unlisted-ref", "bounded-multiples", "oneof-listed", "unknown-keyword",
-                              "not-pattern", "oneof-patterns"])
+                              "not-pattern", "oneof-patterns", "not-integers", "not-numbers-draft4"])
 def test_negated_keyword_is_enforced_exactly(compiler, tok, schema, valid, invalid):
     compiled = compiler.compile(ConstraintSpec("json_schema", schema))
     for value in valid:
@@ -97,6 +107,7 @@ def test_negated_keyword_is_enforced_exactly(compiler, tok, schema, valid, inval
 @pytest.mark.parametrize("schema", [
     {"type": "object", "not": {"propertyNames": {"not": {"pattern": "a"}}}},  # unbounded names
     {"type": "object", "not": {"patternProperties": {"a": {"type": "string"}}}},
+    {"type": "number", "not": {"const": 0.5}},  # a fractional value: no exact bound for every backend
     # not items = contains the negation: enforced as a grammar from the root (tests/constraints/
     # test_schema_lark.py), not inside an object property
     {"type": "object", "properties": {"a": {"not": {"items": {"type": "string"}}}}},
@@ -141,3 +152,34 @@ def test_references_into_rewritten_keywords_still_resolve(compiler, tok, schema,
     from .conftest import assert_classified
 
     assert_classified(compiler, tok, schema, valid, invalid)
+
+
+# a recursive schema has no finite negation: negate says so (None) instead of following the
+# $ref cycle until the stack runs out, which dropped every rewrite of the schema, a disjoint
+# oneOf's among them (MaskBench Github_hard o91595, o71454, o76745, Github_medium o79474)
+TREE = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/definitions/tree"}},
+                                        "id": {"oneOf": [{"type": "string"}, {"type": "integer"}]}}}
+RECURSIVE_CONTAINS = {  # arrays holding a tree (a grammar: contains at the root)
+    "type": "array", "definitions": {"tree": TREE}, "maxItems": 3, "contains": {"$ref": "#/definitions/tree"},
+}
+
+
+def test_a_recursive_schema_has_no_negation():
+    from constraints.schema.negation import negate
+
+    assert negate({"$ref": "#/definitions/tree"}, RECURSIVE_CONTAINS) is None
+    assert negate({"not": {"$ref": "#/definitions/tree"}}, RECURSIVE_CONTAINS) == {"$ref": "#/definitions/tree"}
+
+
+def test_a_recursive_negation_leaves_the_other_rewrites(compiler, tok):
+    from constraints.schema.analysis import rewrite_schema
+    from constraints.schema.tree import subschemas
+
+    out = rewrite_schema(RECURSIVE_CONTAINS)
+    assert not any(isinstance(n, dict) and "oneOf" in n for _, n in subschemas(out))
+    from .conftest import assert_classified
+
+    assert_classified(compiler, tok, RECURSIVE_CONTAINS,
+                      valid=[[{}], [{"kids": []}, 1], [2, {"kids": [{"id": 3}], "id": "a"}, "b"]],
+                      invalid=[[], [1, 2], ["a"], [{"kids": [1]}], [{"id": 1.5}], [{"kids": [{"id": None}]}],
+                               [{}, 1, 2, 3]])

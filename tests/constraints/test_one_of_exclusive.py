@@ -281,3 +281,43 @@ def test_overlapping_patterns_of_counted_length_by_their_complements(compiler, t
     lower, upper = "0a1b2c3d-0a1b-0a1b-0a1b-0a1b2c3d4e5f", "0A1B2C3D-0A1B-0A1B-0A1B-0A1B2C3D4E5F"
     digits = "01234567-0123-0123-0123-012345678901"  # both cases at once: matches both branches
     assert_classified(compiler, tok, uuid, valid=[lower, upper], invalid=[digits, "x", lower.upper()[:-1] + "f"])
+
+
+# composer.json's repositories (MaskBench Github_ultra o21840 and its copies): a repository
+# object requiring "type" and "url", or {"packagist.org": false}, one key whose value is false
+def _repositories(disabled: dict) -> dict:
+    repository = {"type": "object", "required": ["type", "url"],
+                  "properties": {"type": {"type": "string", "enum": ["vcs", "git"]}, "url": {"type": "string"}}}
+    return {"type": "array", "items": {"oneOf": [repository, {"type": "object", **disabled}]}}
+
+
+def test_a_required_value_the_other_branch_takes_as_an_additional_property(compiler, tok):
+    """An object of both would have a "type" that is a string and false."""
+    schema = _repositories({"additionalProperties": {"type": "boolean", "enum": [False]}})
+    assert pairwise_disjoint(schema["items"]["oneOf"], schema)
+    assert not _one_of_left(schema)
+    assert_classified(compiler, tok, schema,
+                      valid=[[{"type": "git", "url": "u"}, {"packagist.org": False}], [{"x": False, "y": False}]],
+                      invalid=[[{"type": "git"}], [{"packagist.org": True}], [{"type": "svn", "url": "u"}], [3]])
+
+
+def test_more_required_names_than_the_other_branch_allows_keys(compiler, tok):
+    schema = _repositories({"additionalProperties": {"type": ["boolean", "string"]}, "minProperties": 1,
+                            "maxProperties": 1})
+    assert pairwise_disjoint(schema["items"]["oneOf"], schema)
+    assert not _one_of_left(schema)
+    assert_classified(compiler, tok, schema,
+                      valid=[[{"type": "git", "url": "u"}, {"packagist.org": False}], [{"type": "git"}],
+                             [{"type": "git", "url": "u", "x": 1}]],
+                      invalid=[[{}], [{"a": 1}], [{"type": "svn", "url": "u"}], [{"type": 1, "url": "u"}]])
+
+
+def test_an_additional_value_both_branches_take_is_not_exclusive():
+    """{"type": "git", "url": "u"} matches both when additional values may be strings and
+    the other branch has no bound on its keys; beside patternProperties a name may take a
+    pattern's schema instead of additionalProperties."""
+    schema = _repositories({"additionalProperties": {"type": "string"}})
+    assert not pairwise_disjoint(schema["items"]["oneOf"], schema)
+    _same_language(schema, [[{"type": "git", "url": "u"}], [{"a": "b"}], [{"type": "git"}]])
+    patterned = _repositories({"additionalProperties": {"enum": [False]}, "patternProperties": {"^t": {}}})
+    assert not pairwise_disjoint(patterned["items"]["oneOf"], patterned)
