@@ -30,7 +30,7 @@ import torch
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("csrc") / "cpu_fused.cpp"
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off"]
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]  # OpenMP: at::parallel_for runs serial without it
 
 
 def enabled() -> bool:
@@ -53,7 +53,7 @@ def cpu_fused_ops() -> ModuleType | None:
             _put_ninja_on_path()
             log.info("fused CPU ops: loading (built once per machine, ~25 s the first time)")
             return load(name=f"trellis_cpu_fused_{_machine_tag()}", sources=[str(SOURCE)], extra_cflags=FLAGS,
-                        verbose=False)
+                        extra_ldflags=["-fopenmp"], verbose=False)
         except Exception as exc:  # no compiler, no ninja, a failed build: the references serve
             log.warning("fused CPU ops unavailable, using the torch references: %s", str(exc).splitlines()[0])
             return None

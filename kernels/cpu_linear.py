@@ -1,13 +1,13 @@
 """Float32 linear layers for a CPU step's few rows: each row computed as it would be alone.
 
-A decode step, a draft's verification or a jump-forward multiplies 1-64 rows by every weight.
+A decode step, a draft's verification or a jump-forward multiplies a few rows by every weight.
 MKL's small-M GEMMs read the weights well at one row but cost 1.8-2.4x that at 8 (so a draft must
 be mostly kept to pay), and a row's bits change with the row count (so drafts and batching could
 change a greedy token at a near-tie). ``rows_linear`` in ``kernels/csrc/cpu_fused.cpp`` reads
 each weight row once for all rows and sums every output over K in 16-wide lanes in order: at one
-thread 0.6-0.8x MKL's time at one row, ~0.5x at 4-8 rows, about MKL's at 32 (this project's CPU,
-``benchmarks/runner.py``). More rows (prompt chunks) and machines without the fused ops take
-``F.linear``.
+thread 0.6-0.8x MKL's time at one row, ~0.5x at 4-8 rows, 0.6-0.9x at 16, about MKL's at 32 and
+slower past it (this project's CPU; two threads alike). More rows (several sequences' drafts,
+prompt chunks) and machines without the fused ops take ``F.linear``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from kernels.cpu_fused import cpu_fused_ops, fusable
 
-MAX_ROWS = 64  # more rows than this are a prompt chunk: MKL's GEMM is the faster there
+MAX_ROWS = 16  # from 32 rows MKL is as fast or faster (its tiles use the FMA units better)
 
 
 def cpu_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

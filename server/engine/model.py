@@ -323,7 +323,7 @@ class ModelRunner:
         """``F.linear``, or on CUDA the faster per shape of cuBLAS and the split-K kernel at 1-8 rows
         (every row count through the batch-invariant GEMM with ``batch_invariant``); a quantized
         layer by each row's route (:class:`TokenRoutes`); an FP8 layer by :mod:`kernels.fp8`; float32
-        rows on the CPU, up to 64, by :func:`kernels.cpu_linear.cpu_rows_linear`."""
+        rows on the CPU, up to 16, by :func:`kernels.cpu_linear.cpu_rows_linear`."""
         if self.fp8 is not None and self.fp8.owns(weight):
             return self.fp8.linear(x, weight, bias)
         if self.quantized is not None:
