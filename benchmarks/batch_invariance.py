@@ -138,10 +138,17 @@ def runner_line(model, batch_invariant: bool, interpreted: bool, prompt_len: int
         among = step(mixed)[5:6]
         step([(2, prompt, 0)])
         verified = step([(2, draft, prompt_len)], logit_counts=[4])[:1]
-    same = lambda a, b: "identical" if torch.equal(a, b) else (  # noqa: E731
-        f"max diff {float((a - b).abs().max()):.2g}, argmax {'same' if int(a.argmax()) == int(b.argmax()) else 'DIFFERS'}")
     label = "batch-invariant" if batch_invariant else "default"
-    return f"runner {label}: alone vs among 7 rows: {same(alone, among)}; alone vs first of a draft: {same(alone, verified)}"
+    return (f"runner {label}: alone vs among 7 rows: {_compare(alone, among)}; "
+            f"alone vs first of a draft: {_compare(alone, verified)}")
+
+
+def _compare(a: torch.Tensor, b: torch.Tensor) -> str:
+    """"identical", or the largest difference and whether the argmax moved."""
+    if torch.equal(a, b):
+        return "identical"
+    argmax = "same" if int(a.argmax()) == int(b.argmax()) else "DIFFERS"
+    return f"max diff {float((a - b).abs().max()):.2g}, argmax {argmax}"
 
 
 def main(argv: list[str] | None = None) -> int:

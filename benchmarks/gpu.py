@@ -589,7 +589,8 @@ def run(plan: Plan, tokenizer_dir: Path) -> dict:
     tokenizer = load_tokenizer(tokenizer_dir)
     bandwidth = copy_bandwidth(plan.device, plan.bandwidth_bytes)
     print(f"device={describe(plan.device)} dtype={plan.dtype} copy bandwidth={bandwidth / 1e9:.1f} GB/s "
-          f"(read + written) overlap={plan.overlap} batch_invariant={plan.batch_invariant} quantization={' '.join(plan.quantizations)}", flush=True)
+          f"(read + written) overlap={plan.overlap} batch_invariant={plan.batch_invariant} "
+          f"quantization={' '.join(plan.quantizations)}", flush=True)
     compiler = ConstraintCompiler(tokenizer, len(tokenizer), stop_token_ids=[tokenizer.eos_token_id])
     reports: dict[str, ShapeReport] = {}
     try:

@@ -22,18 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kernels.activation import silu_mul
 from kernels.cpu_fused import cpu_fused_ops
-from kernels.cpu_linear import cpu_rows_linear
-from kernels.gemv import GemvChoice
-from kernels.invariant_linear import agreeing_tiles, invariant_linear
 from kernels.paged_attention import paged_attention
 from kernels.rmsnorm import add_rmsnorm
 from kernels.rotary import rope_write_kv
 from server.engine import fp8_weights
+from server.engine.dense_linear import DenseLinears
 from server.engine.hf_runner import UnsupportedModelError
 from server.engine.kv_cache import KVShape, PagedKVCache
 from server.engine.layer_weights import LayerWeights, Norm, fuse_layer
@@ -99,10 +96,8 @@ class ModelRunner:
         ``int4`` or ``int8`` quantizes the linear layers for the CPU's kernels
         (:mod:`server.engine.quantized_weights`); ``fp8`` the decoder layers' projections to FP8
         (:mod:`server.engine.fp8_weights`); ``none`` keeps the weights as loaded (FP8 weights of an
-        FP8 checkpoint multiply as FP8). ``batch_invariant``: on CUDA, every linear layer through
-        :func:`kernels.invariant_linear.invariant_linear` and attention unsplit, so a row's logits
-        do not depend on the rows beside it (drafts, jump-forward, graph padding, other requests);
-        not with FP8 weights or LoRA adapters, whose kernels are not invariant."""
+        FP8 checkpoint multiply as FP8). ``batch_invariant``: on CUDA, kernels whose rows do not
+        depend on the batch (:mod:`server.engine.dense_linear`)."""
         self.hf = hf_model
         self.use_triton = use_triton
         self.lora = lora
@@ -128,15 +123,9 @@ class ModelRunner:
         self.layers: list[LayerWeights] = [fuse_layer(layer, config.hidden_act) for layer in self._inner.layers]
         self._final_norm = Norm.of(self._inner.norm)
         self.fp8 = fp8_weights.attach(hf_model, self.layers, use_triton)  # None: no FP8 weights
-        # on CUDA (or in Triton's interpreter for tests); the CPU's own paths are left as they are
-        self.batch_invariant = batch_invariant and (self.device.type == "cuda" and use_triton is not False
-                                                    or use_triton is True)
-        if self.batch_invariant and (self.fp8 is not None or lora is not None):
-            raise ValueError("batch-invariant kernels cover bf16/fp16/fp32 weights without LoRA adapters")
-        if self.batch_invariant:  # its tile check runs now, never inside a step or a graph capture
-            agreeing_tiles(self.device.type, self.device.index, self.dtype)
-        cuda_triton = self.device.type == "cuda" and use_triton is not False
-        self.gemv = GemvChoice() if cuda_triton and not self.batch_invariant else None
+        self.dense = DenseLinears(self.device, self.dtype, use_triton, batch_invariant=batch_invariant,
+                                  fp8=self.fp8 is not None, lora=lora is not None)
+        self.gemv = self.dense.gemv  # the per-shape choices prime_linear_choices times
         self.rotary = RotaryTable(self._inner.rotary_emb, num_blocks * block_size, self.dtype, self.device)
         self.quantized = self._quantize(quantization) if quantization not in ("none", "fp8") else None
         self._routes = ALL_OUTPUT  # the current pass's token routes through quantized layers
@@ -145,9 +134,6 @@ class ModelRunner:
         # (kernels.cpu_fused): its matmuls are small enough that dispatch is most of the rest;
         # `none` keeps the references, which round as transformers does
         self.cpu_fused = self.quantized is not None and cpu_fused_ops() is not None  # built now, not in a step
-        # float32 on the CPU: a step's few rows through kernels.cpu_linear (each row as alone)
-        self.cpu_rows = (self.device.type == "cpu" and self.dtype == torch.float32 and use_triton is not True
-                         and self.quantized is None and self.fp8 is None and cpu_fused_ops() is not None)
 
     def _quantize(self, kind: str) -> QuantizedLinears:
         if kind not in QUANTIZATION_CHOICES:
@@ -244,7 +230,7 @@ class ModelRunner:
         q = rope_write_kv(qkv, cos, sin, k_cache, v_cache, attn.slot_mapping, shape.num_heads, shape.num_kv_heads,
                           q_norm, k_norm, eps, use_triton=self.use_triton, cpu_fused=self.cpu_fused)
         out = paged_attention(q, k_cache, v_cache, attn, scale=self._scale, use_triton=self.use_triton,
-                              num_kv_splits=1 if self.batch_invariant else None)  # [N, h, d]
+                              num_kv_splits=self.dense.num_kv_splits)  # [N, h, d]
         return out.view(-1, shape.num_heads * shape.head_dim)
 
     def post_attention(self, index: int, residual: torch.Tensor, attn_out: torch.Tensor,
@@ -297,8 +283,8 @@ class ModelRunner:
         return add_rmsnorm(delta, residual, norm.weight, norm.eps, use_triton=self.use_triton, cpu_fused=self.cpu_fused)
 
     def prime_linear_choices(self, max_rows: int = 64) -> None:
-        """Time now, before serving, the per-shape kernel choices (:class:`GemvChoice` at 1-8 rows,
-        the FP8 layers' at up to 64) for every row bucket up to ``max_rows``: a first sight while
+        """Time now, before serving, the per-shape kernel choices (:class:`kernels.gemv.GemvChoice`
+        at 1-8 rows, the FP8 layers' at up to 64) for every row bucket up to ``max_rows``: a first sight while
         serving (a draft's or a jump-forward's row count) would otherwise compile and time the
         candidates inside a request's step. A no-op where nothing is timed (off CUDA)."""
         if self.device.type != "cuda" or (self.gemv is None and self.fp8 is None) or self._primed:
@@ -320,20 +306,12 @@ class ModelRunner:
                     self._linear(x, weight, bias)
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """``F.linear``, or on CUDA the faster per shape of cuBLAS and the split-K kernel at 1-8 rows
-        (every row count through the batch-invariant GEMM with ``batch_invariant``); a quantized
-        layer by each row's route (:class:`TokenRoutes`); an FP8 layer by :mod:`kernels.fp8`; float32
-        rows on the CPU, up to 16, by :func:`kernels.cpu_linear.cpu_rows_linear`."""
+        """A quantized layer by each row's route (:class:`TokenRoutes`); an FP8 layer by
+        :mod:`kernels.fp8`; any other by the runner's dense kernels (:mod:`server.engine.dense_linear`)."""
         if self.fp8 is not None and self.fp8.owns(weight):
             return self.fp8.linear(x, weight, bias)
         if self.quantized is not None:
             return self.quantized.linear(x, weight, bias, self._routes)
-        if self.batch_invariant:
-            return invariant_linear(x, weight, bias, use_triton=self.use_triton)
-        if self.cpu_rows:
-            return cpu_rows_linear(x, weight, bias)
-        if self.gemv is None:
-            return F.linear(x, weight, bias)
-        return self.gemv.linear(x, weight, bias)
+        return self.dense.linear(x, weight, bias)
 
 

@@ -36,7 +36,7 @@ def runner(request) -> ModelRunner:
             pytest.skip("the Triton interpreter is not enabled in this process")
         model, use_triton = _model(torch.device("cpu"), torch.float32), True
     made = ModelRunner.for_sequences(model, 8, 128, block_size=16, use_triton=use_triton, batch_invariant=True)
-    assert made.batch_invariant and made.gemv is None
+    assert made.dense.batch_invariant and made.gemv is None
     return made
 
 
@@ -69,7 +69,7 @@ def test_fp8_layers_are_refused_with_batch_invariant_kernels(monkeypatch) -> Non
     """FP8 matmuls (cuBLASLt's scaled GEMM) are not invariant: the combination is refused."""
     from server.engine import model as model_module
 
-    monkeypatch.setattr(model_module.fp8_weights, "attach", lambda *args: object())
+    monkeypatch.setattr(model_module.fp8_weights, "attach", lambda *args: object())  # a runner with FP8 layers
     with pytest.raises(ValueError, match="batch-invariant"):
         ModelRunner.for_sequences(_model(torch.device("cpu"), torch.float32), 1, 32, use_triton=True,
                                   batch_invariant=True)
@@ -77,4 +77,4 @@ def test_fp8_layers_are_refused_with_batch_invariant_kernels(monkeypatch) -> Non
 
 def test_the_cpu_path_is_left_as_it_is() -> None:
     runner = ModelRunner.for_sequences(_model(torch.device("cpu"), torch.float32), 1, 32, batch_invariant=True)
-    assert not runner.batch_invariant  # the CPU's own kernels: no Triton requested
+    assert not runner.dense.batch_invariant  # the CPU's own kernels: no Triton requested
