@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels._backend import select_backend
+from kernels.gemv import _check_shapes, _sm_count, _triton_module  # the same kernel module and checks
 
 Tile = tuple[int, int, int]  # (BLOCK_M, BLOCK_N, num_warps)
 
@@ -30,21 +31,6 @@ BLOCK_K = 128  # the one block that orders the sums: never a function of M
 BASE_TILE: Tile = (16, 64, 4)
 _MID_TILE: Tile = (64, 64, 4)
 _WIDE_TILE: Tile = (128, 128, 8)  # a prompt chunk
-
-
-@functools.cache
-def _triton_module() -> ModuleType | None:
-    """``kernels._gemv_triton``, or None when Triton cannot be imported."""
-    try:
-        from kernels import _gemv_triton
-    except Exception:  # noqa: BLE001 (ImportError, or a broken backend raising at import)
-        return None
-    return _gemv_triton
-
-
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _sm_count_of(device: torch.device) -> int:
@@ -120,8 +106,7 @@ def invariant_linear(
     ``use_triton`` follows :func:`kernels.select_backend` (``True`` with ``TRITON_INTERPRET=1``
     runs the kernel on CPU tensors, for tests); without Triton, ``F.linear``. ``tile`` overrides
     the tile (tests and benchmarks; it never changes the bits where the device agrees)."""
-    if x.dim() < 1 or weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
-        raise ValueError(f"x [..., K] and weight [N, K] expected, got {tuple(x.shape)}, {tuple(weight.shape)}")
+    _check_shapes(x, weight, bias)
     mod = _triton_module() if select_backend(x, use_triton) == "triton" else None
     if mod is None:
         return F.linear(x, weight, bias)

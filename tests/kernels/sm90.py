@@ -28,3 +28,26 @@ def compile_for_sm90(script: str) -> None:
     if proc.returncode and "ptxas" in proc.stderr and "No such file" in proc.stderr:  # pragma: no cover
         pytest.skip("Triton's bundled ptxas is missing")
     assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
+
+
+def compile_for_h100(fn, dtype: str, constants: dict, num_warps: int = 4):
+    """Lower Triton kernel ``fn`` for an H100 (sm_90) with ``constants`` as its constexprs; other
+    arguments typed ``*dtype`` (``part_ptr``: float32) for pointers and i32 otherwise. For the
+    scripts :func:`compile_for_sm90` runs (the interpreter off)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(fn.arg_names)
+
+    def arg_type(name: str) -> str:
+        if name in constants:
+            return "constexpr"
+        if name.endswith("_ptr"):
+            return "*fp32" if name == "part_ptr" else "*" + dtype
+        return "i32"
+
+    signature = {name: arg_type(name) for name in names}
+    constexprs = {(names.index(k),): v for k, v in constants.items()}
+    return triton.compile(ASTSource(fn, signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps})

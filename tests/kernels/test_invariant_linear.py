@@ -98,24 +98,9 @@ def test_tiles_follow_rows_and_fill_the_device(monkeypatch) -> None:
 
 
 _COMPILE_SCRIPT = r"""
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from tests.kernels.sm90 import compile_for_h100
 from kernels import _gemv_triton as mod
 from kernels.invariant_linear import BLOCK_K
-
-def compile_for_h100(fn, dtype, constants, warps):
-    names = list(fn.arg_names)
-    def arg_type(name):
-        if name in constants:
-            return "constexpr"
-        if name.endswith("_ptr"):
-            return "*fp32" if name == "part_ptr" else "*" + dtype
-        return "i32"
-    signature = {name: arg_type(name) for name in names}
-    constexprs = {(names.index(k),): v for k, v in constants.items()}
-    return triton.compile(ASTSource(fn, signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": warps})
 
 for dtype, (block_m, block_n, warps), bias in (("bf16", (16, 16, 4), True), ("bf16", (128, 128, 8), False),
                                                ("fp16", (64, 64, 4), True), ("fp32", (16, 64, 4), False)):

@@ -4,11 +4,6 @@ kernels lowered for an H100 on a machine without one."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,6 +12,7 @@ import kernels
 from kernels import GemvChoice, skinny_linear, skinny_linear_reference
 from kernels import gemv as gemv_module
 from kernels.gemv import row_bucket
+from tests.kernels.sm90 import compile_for_sm90
 
 N, K = 200, 333  # not multiples of any block size
 
@@ -126,23 +122,9 @@ def test_choice_on_cuda_picks_and_matches_linear(gen) -> None:
 # ---- compiled for a GPU without one -----------------------------------------------------------
 
 _COMPILE_SCRIPT = r"""
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from tests.kernels.sm90 import compile_for_h100
 from kernels import _gemv_triton as mod
 from kernels.gemv import _BLOCKS
-
-def compile_for_h100(fn, dtype, constants):
-    names = list(fn.arg_names)
-    def arg_type(name):
-        if name in constants:
-            return "constexpr"
-        if name.endswith("_ptr"):
-            return "*fp32" if name == "part_ptr" else "*" + dtype
-        return "i32"
-    signature = {name: arg_type(name) for name in names}
-    constexprs = {(names.index(k),): v for k, v in constants.items()}
-    return triton.compile(ASTSource(fn, signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32))
 
 # (dtype, BLOCK_M, SPLIT_K, HAS_BIAS): every row tile at its dispatcher block sizes
 for dtype, block_m, split, bias in (("bf16", 1, 1, True), ("fp16", 2, 4, False), ("bf16", 4, 2, True),
@@ -161,15 +143,4 @@ print("compiled")
 def test_kernels_compile_for_sm90_without_a_gpu() -> None:
     """Lower both kernels through Triton's NVIDIA backend and ptxas for an H100 (sm_90): catches
     what the interpreter forgives (types across loop iterations, dot shapes, constexpr misuse)."""
-    triton = pytest.importorskip("triton")
-    try:
-        from triton.backends.compiler import GPUTarget  # noqa: F401
-        from triton.compiler import ASTSource  # noqa: F401
-    except ImportError as exc:  # pragma: no cover - depends on the Triton version
-        pytest.skip(f"Triton {triton.__version__} has no ahead-of-time compile API: {exc}")
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], check=False, cwd=Path(__file__).resolve().parents[2],
-                          env=env, capture_output=True, text=True, timeout=300)
-    if proc.returncode and "ptxas" in proc.stderr and "No such file" in proc.stderr:  # pragma: no cover
-        pytest.skip("Triton's bundled ptxas is missing")
-    assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
+    compile_for_sm90(_COMPILE_SCRIPT)
