@@ -1,30 +1,50 @@
-"""Float32 linear layers for a CPU step's few rows: each row computed as it would be alone.
+"""Float32 linear layers on the CPU from weights packed once: each row computed as it would be alone.
 
-A decode step, a draft's verification or a jump-forward multiplies a few rows by every weight.
-MKL's small-M GEMMs read the weights well at one row but cost 1.8-2.4x that at 8 (so a draft must
-be mostly kept to pay), and a row's bits change with the row count (so drafts and batching could
-change a greedy token at a near-tie). ``rows_linear`` in ``kernels/csrc/cpu_fused.cpp`` reads
-each weight row once for all rows and sums every output over K in 16-wide lanes in order: at one
-thread 0.6-0.8x MKL's time at one row, ~0.5x at 4-8 rows, 0.6-0.9x at 16, about MKL's at 32 and
-slower past it (this project's CPU; two threads alike). More rows (several sequences' drafts,
-prompt chunks) and machines without the fused ops take ``F.linear``.
+A decode step, a draft's verification or a jump-forward multiplies a few rows by every weight,
+a prompt chunk hundreds. MKL's small-M GEMMs read the weights well at one row but cost 1.8-2.4x
+that at 8 (so a draft must be mostly kept to pay), and a row's bits change with the row count (so
+drafts and batching could change a greedy token at a near-tie). :func:`pack_weight` copies a
+weight ``[N, K]`` once, at load, into K-major panels of 48 weight rows; ``panel_linear`` in
+``kernels/csrc/cpu_fused.cpp`` then computes every output as one FMA chain over K in order, with
+register tiles of 8 rows: the same arithmetic at any row count and row position, at 0.3-0.8x
+MKL's time from 1 to 64 rows and about MKL's from 128 to 1,024 (``benchmarks/cpu_linear.py``).
+The packed copy doubles the float32 weights' memory (the originals stay for the modules and LoRA).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
-import torch.nn.functional as F
 
 from kernels.cpu_fused import cpu_fused_ops, fusable
 
-MAX_ROWS = 16  # from 32 rows MKL is as fast or faster (its tiles use the FMA units better)
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A float32 weight ``[out_features, in_features]`` as ``panel_linear``'s panels."""
+
+    panels: torch.Tensor  # [ceil(out_features / 48), in_features, 48]
+    out_features: int
+    in_features: int
 
 
-def cpu_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for float32 CPU ``x [M, K]``, ``weight [N, K]``; up to
-    :data:`MAX_ROWS` rows through the fused kernel (each row as it would be alone), else F.linear."""
+def pack_weight(weight: torch.Tensor) -> PackedWeight | None:
+    """``weight`` packed for :func:`packed_linear`; None where the kernel does not apply (no fused
+    ops built, no AVX-512, not a float32 CPU matrix)."""
     ops = cpu_fused_ops()
-    if (ops is None or x.dim() != 2 or x.shape[0] > MAX_ROWS or x.stride(-1) != 1 or weight.stride(-1) != 1
-            or not fusable(x, weight)):
-        return F.linear(x, weight, bias)
-    return ops.rows_linear(x, weight, bias)
+    if (ops is None or not ops.panel_kernel_vectorised() or weight.dim() != 2 or weight.stride(-1) != 1
+            or not fusable(weight)):
+        return None
+    return PackedWeight(ops.pack_panels(weight.detach()), weight.shape[0], weight.shape[1])
+
+
+def packed_linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for float32 CPU ``x [..., K]`` with ``weight`` as ``packed``:
+    each output row's bits depend on that row of ``x`` only."""
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = cpu_fused_ops().panel_linear(rows, packed.panels, packed.out_features, bias)
+    return out.reshape(*x.shape[:-1], packed.out_features)
+

@@ -125,112 +125,128 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor s
   return at::_weight_int8pack_mm(x.to(torch::kBFloat16), weight, scales).to(torch::kFloat32);
 }
 
-// x [M, K] @ w [N, K]^T (+ bias [N]) for float32 decode rows (M <= 64): [M, N]. Each output is one
-// dot product over K in 16-wide lanes, in order, then the 16 lanes summed in a fixed tree: the
-// same operations whatever M is and wherever the row sits (MKL's small-M GEMMs are neither: a
-// row's bits change with the row count, and 4-8 rows cost 1.5-1.9x one). Threads split N; each
-// weight row is read from memory once for all M rows.
+// x [M, K] @ w [N, K]^T (+ bias [N]) for float32 rows, any M: [M, N], from a copy of w packed once
+// into panels of 48 weight rows, K-major ([P, K, 48], zero-padded): at each k a panel's 48 weights
+// are three vectors and every row's x[k] is broadcast against them. Each output is one FMA chain
+// over k = 0..K-1 in order from zero, then + bias: the same operations whatever M is and wherever
+// the row sits, so a row's bits never depend on the rows beside it (drafts, batching, prompt
+// chunks). Threads split the panels (and the rows in blocks of 64); 8-row register tiles keep the
+// FMA units busy from ~8 rows, and one panel is read once for every row of a block.
 namespace {
 
-constexpr int64_t kRows = 4;  // rows of x per register tile
-constexpr int64_t kCols = 4;  // weight rows per register tile: each x chunk loaded feeds kCols FMAs
+constexpr int64_t kPanel = 48;      // weight rows per panel: three 16-float vectors
+constexpr int64_t kTileRows = 8;    // rows of x per register tile (24 accumulators)
+constexpr int64_t kBlockRows = 64;  // rows of x per task
 
 #if defined(__AVX512F__)
-// out[r][c] = sum over K of x[r] * w[c], for R rows and C weight rows, in 16-wide lanes, K in order.
-template <int R, int C>
-void dot_tile(const float* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* out, int64_t ldo) {
-  __m512 acc[R][C];
+template <int R>
+void panel_tile(const float* panel, int64_t k, const float* x, int64_t ldx, float* out, int64_t ldo, int64_t cols) {
+  __m512 acc[R][3];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= k; i += 16) {
-    __m512 wv[C];
-    for (int c = 0; c < C; ++c) wv[c] = _mm512_loadu_ps(w + c * ldw + i);
+    for (int c = 0; c < 3; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < k; ++i) {
+    const float* w = panel + i * kPanel;
+    const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16), w2 = _mm512_loadu_ps(w + 32);
     for (int r = 0; r < R; ++r) {
-      const __m512 xv = _mm512_loadu_ps(x + r * ldx + i);
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(wv[c], xv, acc[r][c]);
+      const __m512 xv = _mm512_set1_ps(x[r * ldx + i]);
+      acc[r][0] = _mm512_fmadd_ps(xv, w0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(xv, w1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_ps(xv, w2, acc[r][2]);
     }
   }
-  if (i < k) {
-    const __mmask16 tail = static_cast<__mmask16>((1u << (k - i)) - 1u);
-    __m512 wv[C];
-    for (int c = 0; c < C; ++c) wv[c] = _mm512_maskz_loadu_ps(tail, w + c * ldw + i);
-    for (int r = 0; r < R; ++r) {
-      const __m512 xv = _mm512_maskz_loadu_ps(tail, x + r * ldx + i);
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(wv[c], xv, acc[r][c]);
+  for (int r = 0; r < R; ++r) {
+    if (cols == kPanel) {
+      for (int c = 0; c < 3; ++c) _mm512_storeu_ps(out + r * ldo + 16 * c, acc[r][c]);
+      continue;
+    }
+    for (int c = 0; c < 3 && 16 * c < cols; ++c) {
+      const int64_t left = std::min<int64_t>(16, cols - 16 * c);
+      _mm512_mask_storeu_ps(out + r * ldo + 16 * c, static_cast<__mmask16>((1u << left) - 1u), acc[r][c]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) out[r * ldo + c] = _mm512_reduce_add_ps(acc[r][c]);
 }
 #else
-template <int R, int C>
-void dot_tile(const float* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* out, int64_t ldo) {
+template <int R>
+void panel_tile(const float* panel, int64_t k, const float* x, int64_t ldx, float* out, int64_t ldo, int64_t cols) {
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) {
-      float lanes[16] = {0.0f};
-      for (int64_t i = 0; i < k; ++i) lanes[i % 16] = std::fma(w[c * ldw + i], x[r * ldx + i], lanes[i % 16]);
-      for (int width = 8; width >= 1; width /= 2)
-        for (int j = 0; j < width; ++j) lanes[j] += lanes[j + width];
-      out[r * ldo + c] = lanes[0];
+    for (int64_t c = 0; c < cols; ++c) {
+      float acc = 0.0f;
+      for (int64_t i = 0; i < k; ++i) acc = std::fma(x[r * ldx + i], panel[i * kPanel + c], acc);
+      out[r * ldo + c] = acc;
     }
 }
 #endif
 
-template <int C>
-void dot_rows(const float* w, int64_t ldw, const float* x, int64_t ldx, int64_t rows, int64_t k, float* out,
-              int64_t ldo) {
-  switch (rows) {
-    case 1: return dot_tile<1, C>(w, ldw, x, ldx, k, out, ldo);
-    case 2: return dot_tile<2, C>(w, ldw, x, ldx, k, out, ldo);
-    case 3: return dot_tile<3, C>(w, ldw, x, ldx, k, out, ldo);
-    default: return dot_tile<4, C>(w, ldw, x, ldx, k, out, ldo);
-  }
-}
+using PanelTile = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t);
+constexpr PanelTile kTiles[kTileRows + 1] = {nullptr,           panel_tile<1>, panel_tile<2>, panel_tile<3>,
+                                             panel_tile<4>,     panel_tile<5>, panel_tile<6>, panel_tile<7>,
+                                             panel_tile<8>};
 
-void dot_block(const float* w, int64_t ldw, int64_t cols, const float* x, int64_t ldx, int64_t rows, int64_t k,
-               float* out, int64_t ldo) {
-  switch (cols) {
-    case 1: return dot_rows<1>(w, ldw, x, ldx, rows, k, out, ldo);
-    case 2: return dot_rows<2>(w, ldw, x, ldx, rows, k, out, ldo);
-    case 3: return dot_rows<3>(w, ldw, x, ldx, rows, k, out, ldo);
-    default: return dot_rows<4>(w, ldw, x, ldx, rows, k, out, ldo);
+void panel_rows(const float* panel, int64_t k, const float* x, int64_t ldx, int64_t rows, float* out, int64_t ldo,
+                int64_t cols) {
+  for (int64_t r = 0; r < rows; r += kTileRows) {
+    const int64_t tile = std::min(kTileRows, rows - r);
+    kTiles[tile](panel, k, x + r * ldx, ldx, out + r * ldo, ldo, cols);
   }
 }
 
 }  // namespace
 
-torch::Tensor rows_linear(torch::Tensor x, torch::Tensor weight, std::optional<torch::Tensor> bias) {
-  check_rows(x, "x");
-  check_rows(weight, "weight");
-  const int64_t rows = x.size(0), k = x.size(1), n = weight.size(0);
-  TORCH_CHECK(weight.size(1) == k, "weight must be [N, ", k, "]");
-  TORCH_CHECK(rows <= 64, "rows_linear takes at most 64 rows");
-  const float* bias_ptr = nullptr;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->is_contiguous() && bias->scalar_type() == torch::kFloat32 && bias->numel() == n,
-                "bias must be float32 [N]");
-    bias_ptr = bias->data_ptr<float>();
-  }
-  auto out = torch::empty({rows, n}, x.options());
-  const float* xs = x.data_ptr<float>();
-  const float* ws = weight.data_ptr<float>();
-  float* os = out.data_ptr<float>();
-  const int64_t ldx = x.stride(0), ldw = weight.stride(0);
-  // blocks of 64 weight rows (a multiple of kCols) per task: a row's sums never depend on the split
-  at::parallel_for(0, (n + 63) / 64, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin * 64; j < std::min(end * 64, n); j += kCols) {
-      const int64_t cols = std::min(kCols, n - j);
-      for (int64_t r = 0; r < rows; r += kRows)
-        dot_block(ws + j * ldw, ldw, cols, xs + r * ldx, ldx, std::min(kRows, rows - r), k, os + r * n + j, n);
-      if (bias_ptr != nullptr)
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t c = 0; c < cols; ++c) os[r * n + j + c] += bias_ptr[j + c];
-    }
-  });
-  return out;
+// Whether panel_tile is the AVX-512 one (the portable loop is correct but far slower than MKL).
+bool panel_kernel_vectorised() {
+#if defined(__AVX512F__)
+  return true;
+#else
+  return false;
+#endif
 }
 
+// w [N, K] as panels [ceil(N / 48), K, 48] for panel_linear (zero columns past N).
+torch::Tensor pack_panels(torch::Tensor weight) {
+  check_rows(weight, "weight");
+  const int64_t n = weight.size(0), k = weight.size(1), panels = (n + kPanel - 1) / kPanel;
+  auto packed = torch::zeros({panels, k, kPanel}, weight.options());
+  const float* src = weight.data_ptr<float>();
+  float* dst = packed.data_ptr<float>();
+  const int64_t ldw = weight.stride(0);
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p)
+      for (int64_t c = 0; c < kPanel && p * kPanel + c < n; ++c)
+        for (int64_t i = 0; i < k; ++i) dst[(p * k + i) * kPanel + c] = src[(p * kPanel + c) * ldw + i];
+  });
+  return packed;
+}
+
+// x [M, K] times the weight pack_panels packed (N = out_features), + bias: [M, N].
+torch::Tensor panel_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features,
+                           std::optional<torch::Tensor> bias) {
+  check_rows(x, "x");
+  TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == torch::kFloat32 && packed.is_contiguous() &&
+                  packed.dim() == 3 && packed.size(2) == kPanel,
+              "packed must be pack_panels' [P, K, 48] float32");
+  const int64_t rows = x.size(0), k = x.size(1), n = out_features, panels = packed.size(0);
+  TORCH_CHECK(packed.size(1) == k, "packed weight must take K = ", k, ", it takes ", packed.size(1));
+  TORCH_CHECK(n > (panels - 1) * kPanel && n <= panels * kPanel, "out_features ", n, " does not match ", panels,
+              " panels");
+  if (bias.has_value())
+    TORCH_CHECK(bias->is_contiguous() && bias->scalar_type() == torch::kFloat32 && bias->numel() == n,
+                "bias must be float32 [N]");
+  auto out = torch::empty({rows, n}, x.options());
+  const float* xs = x.data_ptr<float>();
+  const float* ps = packed.data_ptr<float>();
+  float* os = out.data_ptr<float>();
+  const int64_t ldx = x.stride(0), blocks = (rows + kBlockRows - 1) / kBlockRows;
+  // tasks row block by row block, each over every panel: a split never changes an output's sum
+  at::parallel_for(0, blocks * panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t block = t / panels, p = t % panels, r = block * kBlockRows;
+      panel_rows(ps + p * k * kPanel, k, xs + r * ldx, ldx, std::min(kBlockRows, rows - r), os + r * n + p * kPanel,
+                 n, std::min(kPanel, n - p * kPanel));
+    }
+  });
+  if (bias.has_value()) out.add_(*bias);
+  return out;
+}
 // logits[dst[r]][t] = -inf for every token t that bitmask row words[r] bans (bit t % 32 of word
 // t / 32 clear, or t past the words); a negative dst leaves its row alone.
 void mask_rows(torch::Tensor logits, torch::Tensor words, torch::Tensor dst) {
@@ -266,5 +282,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rmsnorm", &add_rmsnorm, "residual += x; RMSNorm(residual) * weight (float32 rows)");
   m.def("rope_write_kv", &rope_write_kv, "rotary on q and k, k and v written to their cache slots");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
-  m.def("rows_linear", &rows_linear, "float32 decode rows times a weight, each row as it would be alone");
+  m.def("panel_kernel_vectorised", &panel_kernel_vectorised, "whether panel_linear runs AVX-512");
+  m.def("pack_panels", &pack_panels, "a float32 weight [N, K] as panel_linear's K-major panels");
+  m.def("panel_linear", &panel_linear, "float32 rows times a packed weight, each row as it would be alone");
 }

@@ -134,6 +134,8 @@ class ModelRunner:
         # (kernels.cpu_fused): its matmuls are small enough that dispatch is most of the rest;
         # `none` keeps the references, which round as transformers does
         self.cpu_fused = self.quantized is not None and cpu_fused_ops() is not None  # built now, not in a step
+        if self.quantized is None:
+            self.dense.pack(weight for weight, _ in self.linear_weights())
 
     def _quantize(self, kind: str) -> QuantizedLinears:
         if kind not in QUANTIZATION_CHOICES:
@@ -290,20 +292,25 @@ class ModelRunner:
         if self.device.type != "cuda" or (self.gemv is None and self.fp8 is None) or self._primed:
             return
         self._primed = True  # before the graphs' capture, and again by the engine's warm-up: once
-        head = self.hf.lm_head
         linears = {}
-        for layer in self.layers:
-            for weight, bias in ((layer.qkv_weight, layer.qkv_bias), (layer.o_proj.weight, layer.o_proj.bias),
-                                 (layer.gate_up_weight, layer.gate_up_bias),
-                                 (layer.down_proj.weight, layer.down_proj.bias)):
-                linears.setdefault((tuple(weight.shape), weight.dtype), (weight, bias))
-        linears.setdefault((tuple(head.weight.shape), head.weight.dtype), (head.weight, head.bias))
+        for weight, bias in self.linear_weights():
+            linears.setdefault((tuple(weight.shape), weight.dtype), (weight, bias))
         generator = torch.Generator(self.device).manual_seed(0)  # the global random streams untouched
         with torch.inference_mode():
             for count in (r for r in (1, 2, 4, 8, 16, 32, 64) if r <= max_rows):
                 for weight, bias in linears.values():
                     x = torch.randn(count, weight.shape[1], generator=generator, device=self.device).to(self.dtype)
                     self._linear(x, weight, bias)
+
+    def linear_weights(self) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """Every (weight, bias) the forward multiplies by: each layer's q/k/v, o, gate/up and down
+        projections, then the output layer."""
+        pairs = [pair for layer in self.layers
+                 for pair in ((layer.qkv_weight, layer.qkv_bias), (layer.o_proj.weight, layer.o_proj.bias),
+                              (layer.gate_up_weight, layer.gate_up_bias),
+                              (layer.down_proj.weight, layer.down_proj.bias))]
+        head = self.hf.lm_head
+        return [*pairs, (head.weight, head.bias)]
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """A quantized layer by each row's route (:class:`TokenRoutes`); an FP8 layer by

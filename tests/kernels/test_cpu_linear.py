@@ -1,5 +1,6 @@
-"""``kernels.cpu_linear``: float32 rows through the fused kernel match ``F.linear`` to float32
-rounding, and a row's bits do not depend on how many rows share the call or where it sits."""
+"""``kernels.cpu_linear``: float32 rows through the packed-panel kernel match ``F.linear`` to
+float32 rounding at any row count, and a row's bits do not depend on how many rows share the call
+or where it sits."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from kernels.cpu_fused import cpu_fused_ops
-from kernels.cpu_linear import MAX_ROWS, cpu_rows_linear
+from kernels.cpu_linear import pack_weight, packed_linear
 
-pytestmark = pytest.mark.skipif(cpu_fused_ops() is None, reason="the fused CPU ops cannot be built here")
+_OPS = cpu_fused_ops()
+pytestmark = pytest.mark.skipif(_OPS is None or not _OPS.panel_kernel_vectorised(),
+                                reason="the fused CPU ops (AVX-512) cannot be built here")
 
 
 def _operands(rows: int, n: int, k: int, seed: int = 0):
@@ -18,32 +21,44 @@ def _operands(rows: int, n: int, k: int, seed: int = 0):
     return torch.randn(rows, k, generator=gen), torch.randn(n, k, generator=gen) / k**0.5, torch.randn(n, generator=gen)
 
 
-@pytest.mark.parametrize(("n", "k"), [(960, 576), (37, 333), (5, 16), (64, 1536)])
-@pytest.mark.parametrize("rows", [1, 3, 4, 9, MAX_ROWS, 64])
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (37, 333), (5, 16), (96, 1536), (49, 7)])
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 64, 65, 200])
 def test_matches_linear(n: int, k: int, rows: int) -> None:
     x, weight, bias = _operands(rows, n, k)
-    torch.testing.assert_close(cpu_rows_linear(x, weight, bias), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(cpu_rows_linear(x, weight), F.linear(x, weight), rtol=1e-5, atol=1e-5)
+    packed = pack_weight(weight)
+    assert packed is not None and packed.out_features == n and packed.in_features == k
+    torch.testing.assert_close(packed_linear(x, packed, bias), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(packed_linear(x, packed), F.linear(x, weight), rtol=1e-5, atol=1e-5)
 
 
-def test_a_row_is_the_same_bits_at_every_row_count() -> None:
-    x, weight, bias = _operands(MAX_ROWS, 203, 333)  # columns and K not multiples of the kernel's tiles
-    alone = cpu_rows_linear(x[:1], weight, bias)
-    for rows in (2, 3, 4, 5, 8, 13, MAX_ROWS):
-        assert torch.equal(cpu_rows_linear(x[:rows], weight, bias)[:1], alone), rows
-    shifted = torch.cat([x[9:16], x[:1]])  # the 8th row: another register tile, another lane
-    assert torch.equal(cpu_rows_linear(shifted, weight, bias)[-1:], alone)
+def test_a_row_is_the_same_bits_at_every_row_count_and_position() -> None:
+    x, weight, bias = _operands(150, 203, 333)  # columns and K not multiples of the kernel's tiles
+    packed = pack_weight(weight)
+    alone = packed_linear(x[:1], packed, bias)
+    for rows in (2, 3, 7, 8, 9, 16, 63, 64, 65, 129, 150):
+        assert torch.equal(packed_linear(x[:rows], packed, bias)[:1], alone), rows
+    for position in (5, 8, 71, 149):  # another register tile, another row block, another thread's task
+        rows = torch.cat([x[1:position + 1], x[:1], x[position + 1:]])
+        assert torch.equal(packed_linear(rows, packed, bias)[position:position + 1], alone), position
 
 
-def test_more_rows_and_other_layouts_take_linear() -> None:
-    x, weight, bias = _operands(MAX_ROWS + 1, 48, 32)
-    assert torch.equal(cpu_rows_linear(x, weight, bias), F.linear(x, weight, bias))
-    strided = x[:4, ::2]
-    assert torch.equal(cpu_rows_linear(strided, weight[:, :16]), F.linear(strided, weight[:, :16]))
-    assert torch.equal(cpu_rows_linear(x[:2].double(), weight.double()), F.linear(x[:2].double(), weight.double()))
+def test_leading_dims_and_strided_rows() -> None:
+    x, weight, bias = _operands(12, 50, 64)
+    packed = pack_weight(weight)
+    flat = packed_linear(x, packed, bias)
+    assert torch.equal(packed_linear(x.reshape(3, 4, 64), packed, bias), flat.reshape(3, 4, 50))
+    wide = torch.cat([x, x], dim=1)[:, ::2]  # a non-contiguous last dimension is copied first
+    torch.testing.assert_close(packed_linear(wide, packed, bias), F.linear(wide, weight, bias), rtol=1e-5, atol=1e-5)
+    sliced = torch.cat([x, x], dim=1)[:, :64]  # rows with a longer stride are read in place
+    assert torch.equal(packed_linear(sliced, packed, bias), flat)
 
 
-def test_a_weight_of_another_width_is_refused() -> None:
+def test_other_weights_are_not_packed_and_mismatches_are_refused() -> None:
     x, weight, _ = _operands(2, 8, 32)
-    with pytest.raises(RuntimeError, match="weight must be"):
-        cpu_rows_linear(x, weight[:, :16].contiguous())
+    assert pack_weight(weight.double()) is None
+    assert pack_weight(weight[:, ::2]) is None
+    packed = pack_weight(weight)
+    with pytest.raises(RuntimeError, match="K = 16"):
+        packed_linear(x[:, :16].contiguous(), packed)
+    with pytest.raises(RuntimeError, match="bias"):
+        packed_linear(x, packed, torch.zeros(7))
