@@ -137,6 +137,7 @@ namespace {
 constexpr int64_t kPanel = 48;      // weight rows per panel: three 16-float vectors
 constexpr int64_t kTileRows = 8;    // rows of x per register tile (24 accumulators)
 constexpr int64_t kBlockRows = 64;  // rows of x per task
+constexpr int64_t kPrefetchAhead = 24;  // k steps (24 x 192 bytes) ahead of the panel being read
 
 #if defined(__AVX512F__)
 template <int R>
@@ -147,6 +148,8 @@ void panel_tile(const float* panel, int64_t k, const float* x, int64_t ldx, floa
   for (int64_t i = 0; i < k; ++i) {
     const float* w = panel + i * kPanel;
     const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16), w2 = _mm512_loadu_ps(w + 32);
+    for (int c = 0; c < 3; ++c)  // the hardware's prefetcher alone left a large weight at ~0.8x MKL's pace
+      _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchAhead * kPanel + 16 * c), _MM_HINT_T0);
     for (int r = 0; r < R; ++r) {
       const __m512 xv = _mm512_set1_ps(x[r * ldx + i]);
       acc[r][0] = _mm512_fmadd_ps(xv, w0, acc[r][0]);
