@@ -139,57 +139,85 @@ constexpr int64_t kTileRows = 8;    // rows of x per register tile (24 accumulat
 constexpr int64_t kBlockRows = 64;  // rows of x per task
 constexpr int64_t kPrefetchAhead = 24;  // k steps (24 x 192 bytes) ahead of the panel being read
 
+// P panels side by side for few rows: a row's 3 accumulators per panel would otherwise wait on
+// the FMA latency at every k; more panels give the FMA units independent chains. Which P a tile
+// uses never changes an output's operations, only how many run at once.
+constexpr int panels_for(int rows) { return rows == 1 ? 4 : rows <= 4 ? 2 : 1; }
+constexpr int64_t kMaxGroup = 4;  // the most panels one tile takes
+
 #if defined(__AVX512F__)
-template <int R>
-void panel_tile(const float* panel, int64_t k, const float* x, int64_t ldx, float* out, int64_t ldo, int64_t cols) {
-  __m512 acc[R][3];
+template <int R, int P>
+void panel_tile(const float* panel, int64_t panel_stride, int64_t k, const float* x, int64_t ldx, float* out,
+                int64_t ldo, int64_t cols) {
+  __m512 acc[R][3 * P];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < 3; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (int c = 0; c < 3 * P; ++c) acc[r][c] = _mm512_setzero_ps();
   for (int64_t i = 0; i < k; ++i) {
-    const float* w = panel + i * kPanel;
-    const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16), w2 = _mm512_loadu_ps(w + 32);
-    for (int c = 0; c < 3; ++c)  // the hardware's prefetcher alone left a large weight at ~0.8x MKL's pace
-      _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchAhead * kPanel + 16 * c), _MM_HINT_T0);
+    __m512 w[3 * P];
+    for (int p = 0; p < P; ++p) {
+      const float* row = panel + p * panel_stride + i * kPanel;
+      for (int c = 0; c < 3; ++c) {
+        w[3 * p + c] = _mm512_loadu_ps(row + 16 * c);
+        // the hardware's prefetcher alone left a large weight at ~0.8x MKL's pace
+        _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchAhead * kPanel + 16 * c), _MM_HINT_T0);
+      }
+    }
     for (int r = 0; r < R; ++r) {
       const __m512 xv = _mm512_set1_ps(x[r * ldx + i]);
-      acc[r][0] = _mm512_fmadd_ps(xv, w0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(xv, w1, acc[r][1]);
-      acc[r][2] = _mm512_fmadd_ps(xv, w2, acc[r][2]);
+      for (int c = 0; c < 3 * P; ++c) acc[r][c] = _mm512_fmadd_ps(xv, w[c], acc[r][c]);
     }
   }
-  for (int r = 0; r < R; ++r) {
-    if (cols == kPanel) {
-      for (int c = 0; c < 3; ++c) _mm512_storeu_ps(out + r * ldo + 16 * c, acc[r][c]);
-      continue;
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 3 * P; ++c) {
+      const int64_t left = std::min<int64_t>(16, cols - 16 * c);  // cols: of the P panels together
+      if (left >= 16)
+        _mm512_storeu_ps(out + r * ldo + 16 * c, acc[r][c]);
+      else if (left > 0)
+        _mm512_mask_storeu_ps(out + r * ldo + 16 * c, static_cast<__mmask16>((1u << left) - 1u), acc[r][c]);
     }
-    for (int c = 0; c < 3 && 16 * c < cols; ++c) {
-      const int64_t left = std::min<int64_t>(16, cols - 16 * c);
-      _mm512_mask_storeu_ps(out + r * ldo + 16 * c, static_cast<__mmask16>((1u << left) - 1u), acc[r][c]);
-    }
-  }
 }
 #else
-template <int R>
-void panel_tile(const float* panel, int64_t k, const float* x, int64_t ldx, float* out, int64_t ldo, int64_t cols) {
+template <int R, int P>
+void panel_tile(const float* panel, int64_t panel_stride, int64_t k, const float* x, int64_t ldx, float* out,
+                int64_t ldo, int64_t cols) {
   for (int r = 0; r < R; ++r)
     for (int64_t c = 0; c < cols; ++c) {
+      const float* column = panel + (c / kPanel) * panel_stride + c % kPanel;
       float acc = 0.0f;
-      for (int64_t i = 0; i < k; ++i) acc = std::fma(x[r * ldx + i], panel[i * kPanel + c], acc);
+      for (int64_t i = 0; i < k; ++i) acc = std::fma(x[r * ldx + i], column[i * kPanel], acc);
       out[r * ldo + c] = acc;
     }
 }
 #endif
 
-using PanelTile = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t);
-constexpr PanelTile kTiles[kTileRows + 1] = {nullptr,           panel_tile<1>, panel_tile<2>, panel_tile<3>,
-                                             panel_tile<4>,     panel_tile<5>, panel_tile<6>, panel_tile<7>,
-                                             panel_tile<8>};
+using PanelTile = void (*)(const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, int64_t);
+template <int R>
+constexpr PanelTile tile_for(int panels) {
+  return panels == 4 ? panel_tile<R, 4> : panels == 2 ? panel_tile<R, 2> : panel_tile<R, 1>;
+}
+// [rows][panels]: the tiles panels_for chooses, and one panel for any row count
+constexpr PanelTile kTiles[kTileRows + 1][2] = {
+    {nullptr, nullptr},
+    {tile_for<1>(panels_for(1)), panel_tile<1, 1>}, {tile_for<2>(panels_for(2)), panel_tile<2, 1>},
+    {tile_for<3>(panels_for(3)), panel_tile<3, 1>}, {tile_for<4>(panels_for(4)), panel_tile<4, 1>},
+    {tile_for<5>(panels_for(5)), panel_tile<5, 1>}, {tile_for<6>(panels_for(6)), panel_tile<6, 1>},
+    {tile_for<7>(panels_for(7)), panel_tile<7, 1>}, {tile_for<8>(panels_for(8)), panel_tile<8, 1>}};
 
-void panel_rows(const float* panel, int64_t k, const float* x, int64_t ldx, int64_t rows, float* out, int64_t ldo,
-                int64_t cols) {
+// rows x (group consecutive panels, the last of them cols_last wide)
+void panel_rows(const float* panel, int64_t group, int64_t k, const float* x, int64_t ldx, int64_t rows, float* out,
+                int64_t ldo, int64_t cols_last) {
+  const int64_t stride = k * kPanel;
   for (int64_t r = 0; r < rows; r += kTileRows) {
-    const int64_t tile = std::min(kTileRows, rows - r);
-    kTiles[tile](panel, k, x + r * ldx, ldx, out + r * ldo, ldo, cols);
+    const int tile = static_cast<int>(std::min(kTileRows, rows - r));
+    const int64_t together = panels_for(tile);
+    for (int64_t p = 0; p < group;) {
+      const bool wide = p + together <= group;
+      const int64_t taken = wide ? together : 1;
+      const int64_t cols = (p + taken == group) ? (taken - 1) * kPanel + cols_last : taken * kPanel;
+      kTiles[tile][wide ? 0 : 1](panel + p * stride, stride, k, x + r * ldx, ldx, out + r * ldo + p * kPanel, ldo,
+                                 cols);
+      p += taken;
+    }
   }
 }
 
@@ -240,11 +268,13 @@ torch::Tensor panel_linear(torch::Tensor x, torch::Tensor packed, int64_t out_fe
   float* os = out.data_ptr<float>();
   const int64_t ldx = x.stride(0), blocks = (rows + kBlockRows - 1) / kBlockRows;
   // tasks row block by row block, each over every panel: a split never changes an output's sum
-  at::parallel_for(0, blocks * panels, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
+  at::parallel_for(0, blocks * panels, kMaxGroup, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end;) {
       const int64_t block = t / panels, p = t % panels, r = block * kBlockRows;
-      panel_rows(ps + p * k * kPanel, k, xs + r * ldx, ldx, std::min(kBlockRows, rows - r), os + r * n + p * kPanel,
-                 n, std::min(kPanel, n - p * kPanel));
+      const int64_t group = std::min({kMaxGroup, panels - p, end - t});
+      panel_rows(ps + p * k * kPanel, group, k, xs + r * ldx, ldx, std::min(kBlockRows, rows - r),
+                 os + r * n + p * kPanel, n, std::min(kPanel, n - (p + group - 1) * kPanel));
+      t += group;
     }
   });
   if (bias.has_value()) out.add_(*bias);

@@ -1,6 +1,8 @@
 """``ModelRunner(batch_invariant=True)``: one sequence's logits are the same bits alone, among other
 rows, inside a multi-token verification and with a prompt chunk in the step. On CUDA in bfloat16
-(the case cuBLAS and split attention break); in Triton's interpreter the same plumbing on the CPU."""
+(the case cuBLAS and split attention break); in Triton's interpreter the same plumbing on the CPU.
+And the CPU's float32 runner as it is by default: its projections from packed weights
+(:mod:`kernels.cpu_linear`) keep a decode row's bits among other rows and a prompt chunk."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import pytest
 import torch
 
 import kernels
+from kernels.cpu_fused import cpu_fused_ops
 from server.engine.model import ModelRunner
 from tests.server.engine.paged_util import extend, step
 
@@ -38,6 +41,18 @@ def runner(request) -> ModelRunner:
     made = ModelRunner.for_sequences(model, 8, 128, block_size=16, use_triton=use_triton, batch_invariant=True)
     assert made.dense.batch_invariant and made.gemv is None
     return made
+
+
+def _among_others(runner: ModelRunner) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits of PROMPT + NEXT[0] fed as a one-row step, and as one decode row among five
+    with a prompt chunk in the same step (sequences 0 and 1 both hold PROMPT)."""
+    extend(runner, 0, PROMPT, 0, max_len=128)
+    alone = extend(runner, 0, NEXT[:1], len(PROMPT), max_len=128)
+    extend(runner, 1, PROMPT, 0, max_len=128)
+    for other in (2, 3, 4, 5):  # other sequences with other histories
+        extend(runner, other, [other * 10 + i for i in range(7 + other)], 0, max_len=128)
+    rows = [(2, [1], 9), (1, NEXT[:1], len(PROMPT)), (3, [2], 10), (6, list(range(30, 60)), 0), (4, [3], 11)]
+    return alone, step(runner, rows, max_len=128)[1]
 
 
 def _one_by_one(runner: ModelRunner, slot: int) -> list[torch.Tensor]:
@@ -73,6 +88,17 @@ def test_fp8_layers_are_refused_with_batch_invariant_kernels(monkeypatch) -> Non
     with pytest.raises(ValueError, match="batch-invariant"):
         ModelRunner.for_sequences(_model(torch.device("cpu"), torch.float32), 1, 32, use_triton=True,
                                   batch_invariant=True)
+
+
+@torch.inference_mode()
+def test_a_float32_cpu_decode_row_keeps_its_bits_among_others() -> None:
+    ops = cpu_fused_ops()
+    if ops is None or not ops.panel_kernel_vectorised():
+        pytest.skip("no AVX-512 fused CPU ops here")
+    packed = ModelRunner.for_sequences(_model(torch.device("cpu"), torch.float32), 8, 128, block_size=16)
+    assert packed.dense.cpu_packed and packed.dense.packed_bytes > 0 and not packed.dense.batch_invariant
+    alone, among = _among_others(packed)
+    assert torch.equal(among, alone)
 
 
 def test_the_cpu_path_is_left_as_it_is() -> None:
