@@ -48,3 +48,33 @@ def packed_linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | No
     out = cpu_fused_ops().panel_linear(rows, packed.panels, packed.out_features, bias)
     return out.reshape(*x.shape[:-1], packed.out_features)
 
+
+
+@dataclass(frozen=True)
+class PackedInt8:
+    """An int8 weight ``[out_features, in_features]`` (``w = q * scale`` per output row) as
+    ``int8_panel_linear``'s panels, with its scales in float32, padded to the panels."""
+
+    panels: torch.Tensor  # int8 [ceil(out_features / 48), in_features, 48]
+    scales: torch.Tensor  # float32 [panels * 48]
+    out_features: int
+
+
+def pack_int8(values: torch.Tensor, scales: torch.Tensor) -> PackedInt8 | None:
+    """int8 ``values [N, K]`` and their per-row ``scales [N]`` packed for :func:`int8_linear`;
+    None where the kernel does not apply."""
+    ops = cpu_fused_ops()
+    if ops is None or not ops.panel_kernel_vectorised() or values.dtype != torch.int8 or values.dim() != 2:
+        return None
+    panels = ops.pack_panels(values.contiguous())
+    padded = torch.zeros(panels.shape[0] * panels.shape[2], dtype=torch.float32)
+    padded[: values.shape[0]] = scales.float()
+    return PackedInt8(panels, padded, values.shape[0])
+
+
+def int8_linear(x: torch.Tensor, packed: PackedInt8) -> torch.Tensor:
+    """float32 ``x [M, K]`` times the int8 weight: each output the FMA chain over ``x`` and the
+    integers, times the row's scale (float32 activations, where torch's kernel rounds them to
+    bf16); a row's bits depend on that row of ``x`` only."""
+    rows = x if x.stride(-1) == 1 else x.contiguous()
+    return cpu_fused_ops().int8_panel_linear(rows, packed.panels, packed.scales, packed.out_features)

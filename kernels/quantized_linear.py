@@ -4,7 +4,10 @@ A decode step on a CPU reads every weight once per token, so the weights' size i
 stored as float32 the default model's linear layers are 540 MB. torch ships CPU kernels that
 multiply bf16 activations by 4- or 8-bit weights without expanding them
 (``aten._weight_int4pack_mm_for_cpu``, ``aten._weight_int8pack_mm``; AVX-512/AMX where the
-CPU has them); Trellis quantizes at load and calls them. Each kernel computes a row the same
+CPU has them); Trellis quantizes at load and calls them. int8 weights are also packed into
+:mod:`kernels.cpu_linear`'s panels, which multiply float32 rows by them (torch's int8 kernel
+rounds the activations to bf16 and cost 80 ms for 16 rows of the default model's output layer
+here, the panels ~25): float32 rows take the panels. Each kernel computes a row the same
 way whatever the number of rows (checked in the tests), so a token's logits do not depend on
 what else is in the step.
 
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.cpu_fused import cpu_fused_ops
+from kernels.cpu_linear import PackedInt8, int8_linear, pack_int8
 
 KINDS = ("int4", "int8", "bf16")
 INT4_GROUP = 32
@@ -49,6 +53,7 @@ class QuantizedWeight:
     scales: torch.Tensor
     group_size: int
     shape: tuple[int, int]
+    panels: PackedInt8 | None = None  # int8: the same integers as kernels.cpu_linear's panels
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight [out, in] the kernel multiplies by (its integers times their scales)."""
@@ -65,7 +70,8 @@ class QuantizedWeight:
     def nbytes(self) -> int:
         if self.kind == "bf16":
             return 2 * self.shape[0] * self.shape[1]  # the packed tensor's own size is opaque
-        return self.data.numel() * self.data.element_size() + self.scales.numel() * self.scales.element_size()
+        size = self.data.numel() * self.data.element_size() + self.scales.numel() * self.scales.element_size()
+        return size + (0 if self.panels is None else self.panels.panels.numel())
 
 
 def supports(kind: str, weight: torch.Tensor, group_size: int = INT4_GROUP) -> bool:
@@ -100,13 +106,16 @@ def quantized_linear(x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
 
 
 def quantized_linear_float32(x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
-    """:func:`quantized_linear` of float32 rows, float32 out: with the bf16 casts in the same C++
+    """:func:`quantized_linear` of float32 rows, float32 out: int8 through its panels (float32
+    activations, :func:`kernels.cpu_linear.int8_linear`), int4 with the bf16 casts in the same C++
     call where :mod:`kernels.cpu_fused` is built (two dispatches fewer per projection)."""
     ops = cpu_fused_ops() if weight.kind in ("int4", "int8") else None
     if ops is None:
         return quantized_linear(x.to(torch.bfloat16), weight).to(torch.float32)
     if weight.kind == "int4":
         return ops.int4_linear(x, weight.data, weight.group_size, weight.scales)
+    if weight.panels is not None and x.dim() == 2:
+        return int8_linear(x, weight.panels)
     return ops.int8_linear(x, weight.data, weight.scales)
 
 
@@ -132,7 +141,7 @@ def _quantize_int4(weight: torch.Tensor, group_size: int) -> QuantizedWeight:
 def _quantize_int8(weight: torch.Tensor) -> QuantizedWeight:
     scale = (weight.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny).to(torch.bfloat16)
     values = torch.round(weight / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
-    return QuantizedWeight("int8", values, scale, 0, tuple(weight.shape))
+    return QuantizedWeight("int8", values, scale, 0, tuple(weight.shape), pack_int8(values, scale))
 
 
 def _unpack(weight: QuantizedWeight) -> torch.Tensor:

@@ -145,22 +145,29 @@ constexpr int64_t kPrefetchAhead = 24;  // k steps (24 x 192 bytes) ahead of the
 constexpr int panels_for(int rows) { return rows == 1 ? 4 : rows <= 4 ? 2 : 1; }
 constexpr int64_t kMaxGroup = 4;  // the most panels one tile takes
 
+// A panel's weights are float32, or int8 with one float32 scale per weight row (column of the
+// output): an int8 output is the FMA chain over the integers, times its scale.
 #if defined(__AVX512F__)
-template <int R, int P>
-void panel_tile(const float* panel, int64_t panel_stride, int64_t k, const float* x, int64_t ldx, float* out,
-                int64_t ldo, int64_t cols) {
+inline __m512 load16(const float* w) { return _mm512_loadu_ps(w); }
+inline __m512 load16(const int8_t* w) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))));
+}
+
+template <typename T, int R, int P>
+void panel_tile(const T* panel, int64_t panel_stride, int64_t k, const float* x, int64_t ldx, const float* scales,
+                float* out, int64_t ldo, int64_t cols) {
+  constexpr int kLines = (kPanel * sizeof(T) + 63) / 64;  // cache lines per k step of a panel
   __m512 acc[R][3 * P];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < 3 * P; ++c) acc[r][c] = _mm512_setzero_ps();
   for (int64_t i = 0; i < k; ++i) {
     __m512 w[3 * P];
     for (int p = 0; p < P; ++p) {
-      const float* row = panel + p * panel_stride + i * kPanel;
-      for (int c = 0; c < 3; ++c) {
-        w[3 * p + c] = _mm512_loadu_ps(row + 16 * c);
-        // the hardware's prefetcher alone left a large weight at ~0.8x MKL's pace
-        _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchAhead * kPanel + 16 * c), _MM_HINT_T0);
-      }
+      const T* row = panel + p * panel_stride + i * kPanel;
+      for (int c = 0; c < 3; ++c) w[3 * p + c] = load16(row + 16 * c);
+      // the hardware's prefetcher alone left a large weight at ~0.8x MKL's pace
+      const char* ahead = reinterpret_cast<const char*>(row + kPrefetchAhead * kPanel);
+      for (int line = 0; line < kLines; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
     }
     for (int r = 0; r < R; ++r) {
       const __m512 xv = _mm512_set1_ps(x[r * ldx + i]);
@@ -170,55 +177,113 @@ void panel_tile(const float* panel, int64_t panel_stride, int64_t k, const float
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < 3 * P; ++c) {
       const int64_t left = std::min<int64_t>(16, cols - 16 * c);  // cols: of the P panels together
+      if (left <= 0) continue;
+      const __m512 value = scales == nullptr ? acc[r][c] : _mm512_mul_ps(acc[r][c], _mm512_loadu_ps(scales + 16 * c));
       if (left >= 16)
-        _mm512_storeu_ps(out + r * ldo + 16 * c, acc[r][c]);
-      else if (left > 0)
-        _mm512_mask_storeu_ps(out + r * ldo + 16 * c, static_cast<__mmask16>((1u << left) - 1u), acc[r][c]);
+        _mm512_storeu_ps(out + r * ldo + 16 * c, value);
+      else
+        _mm512_mask_storeu_ps(out + r * ldo + 16 * c, static_cast<__mmask16>((1u << left) - 1u), value);
     }
 }
 #else
-template <int R, int P>
-void panel_tile(const float* panel, int64_t panel_stride, int64_t k, const float* x, int64_t ldx, float* out,
-                int64_t ldo, int64_t cols) {
+template <typename T, int R, int P>
+void panel_tile(const T* panel, int64_t panel_stride, int64_t k, const float* x, int64_t ldx, const float* scales,
+                float* out, int64_t ldo, int64_t cols) {
   for (int r = 0; r < R; ++r)
     for (int64_t c = 0; c < cols; ++c) {
-      const float* column = panel + (c / kPanel) * panel_stride + c % kPanel;
+      const T* column = panel + (c / kPanel) * panel_stride + c % kPanel;
       float acc = 0.0f;
-      for (int64_t i = 0; i < k; ++i) acc = std::fma(x[r * ldx + i], column[i * kPanel], acc);
-      out[r * ldo + c] = acc;
+      for (int64_t i = 0; i < k; ++i) acc = std::fma(x[r * ldx + i], static_cast<float>(column[i * kPanel]), acc);
+      out[r * ldo + c] = scales == nullptr ? acc : acc * scales[c];
     }
 }
 #endif
 
-using PanelTile = void (*)(const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, int64_t);
-template <int R>
-constexpr PanelTile tile_for(int panels) {
-  return panels == 4 ? panel_tile<R, 4> : panels == 2 ? panel_tile<R, 2> : panel_tile<R, 1>;
-}
-// [rows][panels]: the tiles panels_for chooses, and one panel for any row count
-constexpr PanelTile kTiles[kTileRows + 1][2] = {
-    {nullptr, nullptr},
-    {tile_for<1>(panels_for(1)), panel_tile<1, 1>}, {tile_for<2>(panels_for(2)), panel_tile<2, 1>},
-    {tile_for<3>(panels_for(3)), panel_tile<3, 1>}, {tile_for<4>(panels_for(4)), panel_tile<4, 1>},
-    {tile_for<5>(panels_for(5)), panel_tile<5, 1>}, {tile_for<6>(panels_for(6)), panel_tile<6, 1>},
-    {tile_for<7>(panels_for(7)), panel_tile<7, 1>}, {tile_for<8>(panels_for(8)), panel_tile<8, 1>}};
+template <typename T>
+using PanelTile = void (*)(const T*, int64_t, int64_t, const float*, int64_t, const float*, float*, int64_t, int64_t);
 
-// rows x (group consecutive panels, the last of them cols_last wide)
-void panel_rows(const float* panel, int64_t group, int64_t k, const float* x, int64_t ldx, int64_t rows, float* out,
-                int64_t ldo, int64_t cols_last) {
+// the tile for rows R: panels_for(R) panels side by side (wide) or one
+template <typename T, int R>
+constexpr PanelTile<T> tile_for(bool wide) {
+  constexpr int together = panels_for(R);
+  return !wide ? panel_tile<T, R, 1> : together == 4 ? panel_tile<T, R, 4> : together == 2 ? panel_tile<T, R, 2>
+                                                                                            : panel_tile<T, R, 1>;
+}
+
+template <typename T>
+PanelTile<T> tile(int rows, bool wide) {
+  switch (rows) {
+    case 1: return tile_for<T, 1>(wide);
+    case 2: return tile_for<T, 2>(wide);
+    case 3: return tile_for<T, 3>(wide);
+    case 4: return tile_for<T, 4>(wide);
+    case 5: return tile_for<T, 5>(wide);
+    case 6: return tile_for<T, 6>(wide);
+    case 7: return tile_for<T, 7>(wide);
+    default: return tile_for<T, 8>(wide);
+  }
+}
+
+// rows x (group consecutive panels, the last of them cols_last wide); scales: the group's first
+// column's (int8) or nullptr
+template <typename T>
+void panel_rows(const T* panel, int64_t group, int64_t k, const float* x, int64_t ldx, int64_t rows,
+                const float* scales, float* out, int64_t ldo, int64_t cols_last) {
   const int64_t stride = k * kPanel;
   for (int64_t r = 0; r < rows; r += kTileRows) {
-    const int tile = static_cast<int>(std::min(kTileRows, rows - r));
-    const int64_t together = panels_for(tile);
+    const int rows_here = static_cast<int>(std::min(kTileRows, rows - r));
+    const int64_t together = panels_for(rows_here);
     for (int64_t p = 0; p < group;) {
       const bool wide = p + together <= group;
       const int64_t taken = wide ? together : 1;
       const int64_t cols = (p + taken == group) ? (taken - 1) * kPanel + cols_last : taken * kPanel;
-      kTiles[tile][wide ? 0 : 1](panel + p * stride, stride, k, x + r * ldx, ldx, out + r * ldo + p * kPanel, ldo,
-                                 cols);
+      tile<T>(rows_here, wide)(panel + p * stride, stride, k, x + r * ldx, ldx,
+                               scales == nullptr ? nullptr : scales + p * kPanel, out + r * ldo + p * kPanel, ldo,
+                               cols);
       p += taken;
     }
   }
+}
+
+// x [M, K] times panels [P, K, 48] of T (N = out_features), times scales [P * 48] when given: [M, N]
+template <typename T>
+torch::Tensor panels_times(const torch::Tensor& x, const torch::Tensor& packed, int64_t n, const float* scales) {
+  const int64_t rows = x.size(0), k = x.size(1), panels = packed.size(0);
+  TORCH_CHECK(packed.size(1) == k, "packed weight must take K = ", k, ", it takes ", packed.size(1));
+  TORCH_CHECK(n > (panels - 1) * kPanel && n <= panels * kPanel, "out_features ", n, " does not match ", panels,
+              " panels");
+  auto out = torch::empty({rows, n}, x.options());
+  const float* xs = x.data_ptr<float>();
+  const T* ps = packed.data_ptr<T>();
+  float* os = out.data_ptr<float>();
+  const int64_t ldx = x.stride(0), blocks = (rows + kBlockRows - 1) / kBlockRows;
+  // tasks row block by row block, each over every panel: a split never changes an output's sum
+  at::parallel_for(0, blocks * panels, kMaxGroup, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end;) {
+      const int64_t block = t / panels, p = t % panels, r = block * kBlockRows;
+      const int64_t group = std::min({kMaxGroup, panels - p, end - t});
+      panel_rows<T>(ps + p * k * kPanel, group, k, xs + r * ldx, ldx, std::min(kBlockRows, rows - r),
+                    scales == nullptr ? nullptr : scales + p * kPanel, os + r * n + p * kPanel, n,
+                    std::min(kPanel, n - (p + group - 1) * kPanel));
+      t += group;
+    }
+  });
+  return out;
+}
+
+template <typename T>
+torch::Tensor pack(const torch::Tensor& weight) {
+  const int64_t n = weight.size(0), k = weight.size(1), panels = (n + kPanel - 1) / kPanel;
+  auto packed = torch::zeros({panels, k, kPanel}, weight.options());
+  const T* src = weight.data_ptr<T>();
+  T* dst = packed.data_ptr<T>();
+  const int64_t ldw = weight.stride(0);
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p)
+      for (int64_t c = 0; c < kPanel && p * kPanel + c < n; ++c)
+        for (int64_t i = 0; i < k; ++i) dst[(p * k + i) * kPanel + c] = src[(p * kPanel + c) * ldw + i];
+  });
+  return packed;
 }
 
 }  // namespace
@@ -232,54 +297,47 @@ bool panel_kernel_vectorised() {
 #endif
 }
 
-// w [N, K] as panels [ceil(N / 48), K, 48] for panel_linear (zero columns past N).
+// w [N, K] (float32 or int8) as panels [ceil(N / 48), K, 48] for panel_linear / int8_panel_linear
+// (zero columns past N).
 torch::Tensor pack_panels(torch::Tensor weight) {
-  check_rows(weight, "weight");
-  const int64_t n = weight.size(0), k = weight.size(1), panels = (n + kPanel - 1) / kPanel;
-  auto packed = torch::zeros({panels, k, kPanel}, weight.options());
-  const float* src = weight.data_ptr<float>();
-  float* dst = packed.data_ptr<float>();
-  const int64_t ldw = weight.stride(0);
-  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p)
-      for (int64_t c = 0; c < kPanel && p * kPanel + c < n; ++c)
-        for (int64_t i = 0; i < k; ++i) dst[(p * k + i) * kPanel + c] = src[(p * kPanel + c) * ldw + i];
-  });
-  return packed;
+  TORCH_CHECK(weight.device().is_cpu() && weight.dim() == 2 && weight.stride(1) == 1,
+              "weight must be a CPU [N, K] with a contiguous last dimension");
+  if (weight.scalar_type() == torch::kChar) return pack<int8_t>(weight);
+  TORCH_CHECK(weight.scalar_type() == torch::kFloat32, "weight must be float32 or int8");
+  return pack<float>(weight);
 }
 
-// x [M, K] times the weight pack_panels packed (N = out_features), + bias: [M, N].
+void check_packed(const torch::Tensor& packed, torch::ScalarType type) {
+  TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == type && packed.is_contiguous() &&
+                  packed.dim() == 3 && packed.size(2) == kPanel,
+              "packed must be pack_panels' [P, K, 48] of ", type);
+}
+
+// x [M, K] times the float32 weight pack_panels packed (N = out_features), + bias: [M, N].
 torch::Tensor panel_linear(torch::Tensor x, torch::Tensor packed, int64_t out_features,
                            std::optional<torch::Tensor> bias) {
   check_rows(x, "x");
-  TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == torch::kFloat32 && packed.is_contiguous() &&
-                  packed.dim() == 3 && packed.size(2) == kPanel,
-              "packed must be pack_panels' [P, K, 48] float32");
-  const int64_t rows = x.size(0), k = x.size(1), n = out_features, panels = packed.size(0);
-  TORCH_CHECK(packed.size(1) == k, "packed weight must take K = ", k, ", it takes ", packed.size(1));
-  TORCH_CHECK(n > (panels - 1) * kPanel && n <= panels * kPanel, "out_features ", n, " does not match ", panels,
-              " panels");
+  check_packed(packed, torch::kFloat32);
   if (bias.has_value())
-    TORCH_CHECK(bias->is_contiguous() && bias->scalar_type() == torch::kFloat32 && bias->numel() == n,
+    TORCH_CHECK(bias->is_contiguous() && bias->scalar_type() == torch::kFloat32 && bias->numel() == out_features,
                 "bias must be float32 [N]");
-  auto out = torch::empty({rows, n}, x.options());
-  const float* xs = x.data_ptr<float>();
-  const float* ps = packed.data_ptr<float>();
-  float* os = out.data_ptr<float>();
-  const int64_t ldx = x.stride(0), blocks = (rows + kBlockRows - 1) / kBlockRows;
-  // tasks row block by row block, each over every panel: a split never changes an output's sum
-  at::parallel_for(0, blocks * panels, kMaxGroup, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end;) {
-      const int64_t block = t / panels, p = t % panels, r = block * kBlockRows;
-      const int64_t group = std::min({kMaxGroup, panels - p, end - t});
-      panel_rows(ps + p * k * kPanel, group, k, xs + r * ldx, ldx, std::min(kBlockRows, rows - r),
-                 os + r * n + p * kPanel, n, std::min(kPanel, n - (p + group - 1) * kPanel));
-      t += group;
-    }
-  });
+  auto out = panels_times<float>(x, packed, out_features, nullptr);
   if (bias.has_value()) out.add_(*bias);
   return out;
 }
+
+// x [M, K] times an int8 weight pack_panels packed, each output column times its scale
+// (float32 [P * 48], zero past N): [M, N]. Each output is the FMA chain over the integers, then
+// one product by the scale: the same operations at any row count and position.
+torch::Tensor int8_panel_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, int64_t out_features) {
+  check_rows(x, "x");
+  check_packed(packed, torch::kChar);
+  TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == torch::kFloat32 &&
+                  scales.numel() == packed.size(0) * kPanel,
+              "scales must be float32 [P * 48]");
+  return panels_times<int8_t>(x, packed, out_features, scales.data_ptr<float>());
+}
+
 // logits[dst[r]][t] = -inf for every token t that bitmask row words[r] bans (bit t % 32 of word
 // t / 32 clear, or t past the words); a negative dst leaves its row alone.
 void mask_rows(torch::Tensor logits, torch::Tensor words, torch::Tensor dst) {
@@ -316,6 +374,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_write_kv", &rope_write_kv, "rotary on q and k, k and v written to their cache slots");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
   m.def("panel_kernel_vectorised", &panel_kernel_vectorised, "whether panel_linear runs AVX-512");
-  m.def("pack_panels", &pack_panels, "a float32 weight [N, K] as panel_linear's K-major panels");
+  m.def("pack_panels", &pack_panels, "a float32 or int8 weight [N, K] as K-major panels of 48 rows");
   m.def("panel_linear", &panel_linear, "float32 rows times a packed weight, each row as it would be alone");
+  m.def("int8_panel_linear", &int8_panel_linear, "float32 rows times a packed int8 weight and its column scales");
 }

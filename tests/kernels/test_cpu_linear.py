@@ -1,6 +1,6 @@
-"""``kernels.cpu_linear``: float32 rows through the packed-panel kernel match ``F.linear`` to
-float32 rounding at any row count, and a row's bits do not depend on how many rows share the call
-or where it sits."""
+"""``kernels.cpu_linear``: float32 rows through the packed-panel kernels (float32 weights, int8
+weights with row scales) match their references to float32 rounding at any row count, and a
+row's bits do not depend on how many rows share the call or where it sits."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from kernels.cpu_fused import cpu_fused_ops
-from kernels.cpu_linear import pack_weight, packed_linear
+from kernels.cpu_linear import int8_linear, pack_int8, pack_weight, packed_linear
+from kernels.quantized_linear import quantize, quantized_linear_float32, quantized_linear_reference
 
 _OPS = cpu_fused_ops()
 pytestmark = pytest.mark.skipif(_OPS is None or not _OPS.panel_kernel_vectorised(),
@@ -62,3 +63,36 @@ def test_other_weights_are_not_packed_and_mismatches_are_refused() -> None:
         packed_linear(x[:, :16].contiguous(), packed)
     with pytest.raises(RuntimeError, match="bias"):
         packed_linear(x, packed, torch.zeros(7))
+
+
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (203, 333), (5, 16)])
+@pytest.mark.parametrize("rows", [1, 2, 5, 9, 70])
+def test_int8_panels_match_the_dequantized_weight(n: int, k: int, rows: int) -> None:
+    x, weight, _ = _operands(rows, n, k)
+    quantized = quantize(weight, "int8")
+    assert quantized.panels is not None and quantized.panels.out_features == n
+    reference = quantized_linear_reference(x, quantized)  # float32 x @ (q * scale)^T
+    torch.testing.assert_close(quantized_linear_float32(x, quantized), reference, rtol=1e-5, atol=2e-5)
+    torch.testing.assert_close(int8_linear(x, quantized.panels), reference, rtol=1e-5, atol=2e-5)
+
+
+def test_an_int8_row_is_the_same_bits_at_every_row_count_and_position() -> None:
+    x, weight, _ = _operands(80, 203, 333)
+    packed = pack_int8(*_int8(weight))
+    alone = int8_linear(x[:1], packed)
+    for rows in (2, 3, 4, 5, 8, 9, 64, 65, 80):
+        assert torch.equal(int8_linear(x[:rows], packed)[:1], alone), rows
+    for position in (1, 6, 70):
+        rows = torch.cat([x[1:position + 1], x[:1], x[position + 1:]])
+        assert torch.equal(int8_linear(rows, packed)[position:position + 1], alone), position
+
+
+def test_int8_packing_takes_int8_only() -> None:
+    values, scales = _int8(torch.randn(8, 32))
+    assert pack_int8(values.float(), scales) is None
+    assert pack_int8(values, scales).scales.shape == (48,)
+
+
+def _int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scales = weight.abs().amax(dim=1) / 127
+    return torch.round(weight / scales[:, None]).to(torch.int8), scales
