@@ -78,3 +78,52 @@ def int8_linear(x: torch.Tensor, packed: PackedInt8) -> torch.Tensor:
     bf16); a row's bits depend on that row of ``x`` only."""
     rows = x if x.stride(-1) == 1 else x.contiguous()
     return cpu_fused_ops().int8_panel_linear(rows, packed.panels, packed.scales, packed.out_features)
+
+
+@dataclass(frozen=True)
+class PackedInt4:
+    """An int4 weight (groups of 32 input columns, ``w = (q - 8) * scale + zero``) as
+    ``int4_panel_linear``'s panels: two input columns per byte, low nibble first, and each
+    group's scale and zero point per weight row (bf16, as quantized)."""
+
+    panels: torch.Tensor  # uint8 [ceil(out_features / 48), in_features / 2, 48]
+    scales: torch.Tensor  # bf16 [panels, in_features / 32, 2, 48]: scale, zero point
+    out_features: int
+
+
+INT4_GROUP = 32  # the kernel's group of input columns per scale
+
+
+def pack_int4(values: torch.Tensor, scales: torch.Tensor) -> PackedInt4 | None:
+    """``values [N, K]`` (integers 0-15) and ``scales [K / 32, N, 2]`` (scale, zero point) packed
+    for :func:`int4_linear`; None where the kernel does not apply."""
+    ops = cpu_fused_ops()
+    out_features, in_features = values.shape
+    if ops is None or not ops.panel_kernel_vectorised() or in_features % INT4_GROUP:
+        return None
+    panels = -(-out_features // PANEL)
+    nibbles = values.to(torch.uint8).reshape(out_features, in_features // 2, 2)
+    pairs = _pad_rows(nibbles[..., 0] | (nibbles[..., 1] << 4), panels * PANEL)  # [N', K / 2]
+    packed = pairs.reshape(panels, PANEL, in_features // 2).transpose(1, 2).contiguous()
+    per_row = _pad_rows(scales.to(torch.bfloat16).transpose(0, 1).contiguous(), panels * PANEL)  # [N', G, 2]
+    groups = in_features // INT4_GROUP
+    packed_scales = per_row.reshape(panels, PANEL, groups, 2).permute(0, 2, 3, 1).contiguous()
+    return PackedInt4(packed, packed_scales, out_features)
+
+
+def int4_linear(x: torch.Tensor, packed: PackedInt4) -> torch.Tensor:
+    """float32 ``x [M, K]`` times the int4 weight: each weight dequantized in float32, each output
+    the FMA chain over ``x`` (float32 activations, where torch's kernel rounds them to bf16); a
+    row's bits depend on that row of ``x`` only."""
+    rows = x if x.stride(-1) == 1 else x.contiguous()
+    return cpu_fused_ops().int4_panel_linear(rows, packed.panels, packed.scales, packed.out_features)
+
+
+PANEL = 48  # weight rows per panel (the kernel's kPanel)
+
+
+def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """``t`` with zero rows appended up to ``rows``."""
+    if t.shape[0] == rows:
+        return t
+    return torch.cat([t, t.new_zeros((rows - t.shape[0], *t.shape[1:]))])

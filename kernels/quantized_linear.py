@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.cpu_fused import cpu_fused_ops
-from kernels.cpu_linear import PackedInt8, int8_linear, pack_int8
+from kernels.cpu_linear import PackedInt4, PackedInt8, int4_linear, int8_linear, pack_int4, pack_int8
 
 KINDS = ("int4", "int8", "bf16")
 INT4_GROUP = 32
@@ -53,7 +53,7 @@ class QuantizedWeight:
     scales: torch.Tensor
     group_size: int
     shape: tuple[int, int]
-    panels: PackedInt8 | None = None  # int8: the same integers as kernels.cpu_linear's panels
+    panels: PackedInt8 | PackedInt4 | None = None  # the same weights as kernels.cpu_linear's panels
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight [out, in] the kernel multiplies by (its integers times their scales)."""
@@ -68,10 +68,17 @@ class QuantizedWeight:
 
     @property
     def nbytes(self) -> int:
+        """The bytes a decode step reads: the panels and their scales where float32 rows take
+        them (torch's packed copy stays beside them for bf16 rows and :meth:`dequantized`)."""
         if self.kind == "bf16":
             return 2 * self.shape[0] * self.shape[1]  # the packed tensor's own size is opaque
-        size = self.data.numel() * self.data.element_size() + self.scales.numel() * self.scales.element_size()
-        return size + (0 if self.panels is None else self.panels.panels.numel())
+        if self.panels is not None:
+            return _size(self.panels.panels) + _size(self.panels.scales)
+        return _size(self.data) + _size(self.scales)
+
+
+def _size(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def supports(kind: str, weight: torch.Tensor, group_size: int = INT4_GROUP) -> bool:
@@ -112,10 +119,12 @@ def quantized_linear_float32(x: torch.Tensor, weight: QuantizedWeight) -> torch.
     ops = cpu_fused_ops() if weight.kind in ("int4", "int8") else None
     if ops is None:
         return quantized_linear(x.to(torch.bfloat16), weight).to(torch.float32)
+    if isinstance(weight.panels, PackedInt4) and x.dim() == 2:
+        return int4_linear(x, weight.panels)
+    if isinstance(weight.panels, PackedInt8) and x.dim() == 2:
+        return int8_linear(x, weight.panels)
     if weight.kind == "int4":
         return ops.int4_linear(x, weight.data, weight.group_size, weight.scales)
-    if weight.panels is not None and x.dim() == 2:
-        return int8_linear(x, weight.panels)
     return ops.int8_linear(x, weight.data, weight.scales)
 
 
@@ -135,7 +144,8 @@ def _quantize_int4(weight: torch.Tensor, group_size: int) -> QuantizedWeight:
     values = values.reshape(out_features, in_features).to(torch.int32)
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(values, 1)
     scales = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
-    return QuantizedWeight("int4", packed, scales, group_size, (out_features, in_features))
+    panels = pack_int4(values, scales) if group_size == INT4_GROUP else None
+    return QuantizedWeight("int4", packed, scales, group_size, (out_features, in_features), panels)
 
 
 def _quantize_int8(weight: torch.Tensor) -> QuantizedWeight:

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <optional>
 
@@ -145,28 +146,110 @@ constexpr int64_t kPrefetchAhead = 24;  // k steps (24 x 192 bytes) ahead of the
 constexpr int panels_for(int rows) { return rows == 1 ? 4 : rows <= 4 ? 2 : 1; }
 constexpr int64_t kMaxGroup = 4;  // the most panels one tile takes
 
-// A panel's weights are float32, or int8 with one float32 scale per weight row (column of the
-// output): an int8 output is the FMA chain over the integers, times its scale.
+// A panel's weights are float32; int8 with one float32 scale per weight row (column of the
+// output): an int8 output is the FMA chain over the integers, times its scale; or int4 (Q4_1 as
+// kernels/quantized_linear.py quantizes it): two k steps per byte (low nibble first) and per
+// group of kInt4Group k steps a bf16 scale and zero point per column, w = q * scale + (zero - 8 *
+// scale) in one FMA (the second term once per group), then the FMA chain over those weights.
+enum class Weights { kFloat32, kInt8, kInt4 };
+constexpr int64_t kInt4Group = 32;
+
+template <Weights W>
+struct Storage;
+template <>
+struct Storage<Weights::kFloat32> { using T = float; };
+template <>
+struct Storage<Weights::kInt8> { using T = int8_t; };
+template <>
+struct Storage<Weights::kInt4> { using T = uint8_t; };
+
 #if defined(__AVX512F__)
-inline __m512 load16(const float* w) { return _mm512_loadu_ps(w); }
-inline __m512 load16(const int8_t* w) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))));
+// The 16 float32 or int8 weights of columns 16c..16c+15 of a panel at k step i.
+template <Weights W>
+inline __m512 weights16(const typename Storage<W>::T* panel, int64_t i, int c) {
+  if constexpr (W == Weights::kFloat32) {
+    return _mm512_loadu_ps(panel + i * kPanel + 16 * c);
+  } else {
+    const auto* bytes = reinterpret_cast<const __m128i*>(panel + i * kPanel + 16 * c);
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(bytes)));
+  }
 }
 
-template <typename T, int R, int P>
-void panel_tile(const T* panel, int64_t panel_stride, int64_t k, const float* x, int64_t ldx, const float* scales,
-                float* out, int64_t ldo, int64_t cols) {
-  constexpr int kLines = (kPanel * sizeof(T) + 63) / 64;  // cache lines per k step of a panel
+// scales: int8's column scales from the tile's first column; int4's group scales of the tile's
+// first panel, scale_stride floats apart per panel; float32: nullptr
+inline __m512 bf16_to_float(const uint16_t* values) {  // 16 bf16 values, exactly
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(values)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+// int4: a byte holds k steps 2j and 2j + 1, so each byte is read once for both and each
+// group's scales once for its 32 steps; each output's chain is the same k by k.
+template <int R, int P>
+void int4_tile(const uint8_t* panel, int64_t panel_stride, int64_t k, const float* x, int64_t ldx,
+               const float* scales, int64_t scale_stride, float* out, int64_t ldo, int64_t cols) {
+  __m512 acc[R][3 * P];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 3 * P; ++c) acc[r][c] = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi32(15);
+  for (int64_t g = 0; g < k / kInt4Group; ++g) {
+    __m512 scale[3 * P], zero[3 * P];  // zero: the group's zero point less 8 scales
+    for (int p = 0; p < P; ++p)
+      for (int c = 0; c < 3; ++c) {
+        // scale_stride counts floats, as every kind's; the bf16 pairs are read from there
+        const uint16_t* sz = reinterpret_cast<const uint16_t*>(scales + p * scale_stride) + g * 2 * kPanel;
+        scale[3 * p + c] = bf16_to_float(sz + 16 * c);
+        zero[3 * p + c] = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), scale[3 * p + c], bf16_to_float(sz + kPanel + 16 * c));
+      }
+    for (int64_t i = g * kInt4Group; i < (g + 1) * kInt4Group; i += 2) {
+      __m512i both[3 * P];
+      for (int p = 0; p < P; ++p) {
+        const uint8_t* bytes = panel + p * panel_stride + (i / 2) * kPanel;
+        for (int c = 0; c < 3; ++c)
+          both[3 * p + c] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes + 16 * c)));
+        _mm_prefetch(reinterpret_cast<const char*>(bytes + kPrefetchAhead * kPanel), _MM_HINT_T0);
+      }
+      for (int half = 0; half < 2; ++half) {
+        __m512 w[3 * P];
+        for (int c = 0; c < 3 * P; ++c) {
+          const __m512i q = half ? _mm512_srli_epi32(both[c], 4) : _mm512_and_si512(both[c], low);
+          w[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), scale[c], zero[c]);
+        }
+        for (int r = 0; r < R; ++r) {
+          const __m512 xv = _mm512_set1_ps(x[r * ldx + i + half]);
+          for (int c = 0; c < 3 * P; ++c) acc[r][c] = _mm512_fmadd_ps(xv, w[c], acc[r][c]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 3 * P; ++c) {
+      const int64_t left = std::min<int64_t>(16, cols - 16 * c);
+      if (left >= 16)
+        _mm512_storeu_ps(out + r * ldo + 16 * c, acc[r][c]);
+      else if (left > 0)
+        _mm512_mask_storeu_ps(out + r * ldo + 16 * c, static_cast<__mmask16>((1u << left) - 1u), acc[r][c]);
+    }
+}
+
+template <Weights W, int R, int P>
+void panel_tile(const typename Storage<W>::T* panel, int64_t panel_stride, int64_t k, const float* x, int64_t ldx,
+                const float* scales, int64_t scale_stride, float* out, int64_t ldo, int64_t cols) {
+  if constexpr (W == Weights::kInt4) {
+    return int4_tile<R, P>(panel, panel_stride, k, x, ldx, scales, scale_stride, out, ldo, cols);
+  }
+  using T = typename Storage<W>::T;
+  constexpr int64_t kBytesPerStep = W == Weights::kInt4 ? kPanel / 2 : kPanel * sizeof(T);
+  constexpr int kLines = (kBytesPerStep + 63) / 64;  // cache lines per k step of a panel
   __m512 acc[R][3 * P];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < 3 * P; ++c) acc[r][c] = _mm512_setzero_ps();
   for (int64_t i = 0; i < k; ++i) {
     __m512 w[3 * P];
     for (int p = 0; p < P; ++p) {
-      const T* row = panel + p * panel_stride + i * kPanel;
-      for (int c = 0; c < 3; ++c) w[3 * p + c] = load16(row + 16 * c);
+      const T* own = panel + p * panel_stride;
+      for (int c = 0; c < 3; ++c) w[3 * p + c] = weights16<W>(own, i, c);
       // the hardware's prefetcher alone left a large weight at ~0.8x MKL's pace
-      const char* ahead = reinterpret_cast<const char*>(row + kPrefetchAhead * kPanel);
+      const char* ahead = reinterpret_cast<const char*>(own) + (i + kPrefetchAhead) * kBytesPerStep;
       for (int line = 0; line < kLines; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
     }
     for (int r = 0; r < R; ++r) {
@@ -178,7 +261,7 @@ void panel_tile(const T* panel, int64_t panel_stride, int64_t k, const float* x,
     for (int c = 0; c < 3 * P; ++c) {
       const int64_t left = std::min<int64_t>(16, cols - 16 * c);  // cols: of the P panels together
       if (left <= 0) continue;
-      const __m512 value = scales == nullptr ? acc[r][c] : _mm512_mul_ps(acc[r][c], _mm512_loadu_ps(scales + 16 * c));
+      const __m512 value = W == Weights::kInt8 ? _mm512_mul_ps(acc[r][c], _mm512_loadu_ps(scales + 16 * c)) : acc[r][c];
       if (left >= 16)
         _mm512_storeu_ps(out + r * ldo + 16 * c, value);
       else
@@ -186,50 +269,82 @@ void panel_tile(const T* panel, int64_t panel_stride, int64_t k, const float* x,
     }
 }
 #else
-template <typename T, int R, int P>
-void panel_tile(const T* panel, int64_t panel_stride, int64_t k, const float* x, int64_t ldx, const float* scales,
-                float* out, int64_t ldo, int64_t cols) {
+inline float bf16_value(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &wide, sizeof(value));
+  return value;
+}
+
+template <Weights W, int R, int P>
+void panel_tile(const typename Storage<W>::T* panel, int64_t panel_stride, int64_t k, const float* x, int64_t ldx,
+                const float* scales, int64_t scale_stride, float* out, int64_t ldo, int64_t cols) {
   for (int r = 0; r < R; ++r)
     for (int64_t c = 0; c < cols; ++c) {
-      const T* column = panel + (c / kPanel) * panel_stride + c % kPanel;
+      const auto* own = panel + (c / kPanel) * panel_stride;
+      const int64_t col = c % kPanel;
       float acc = 0.0f;
-      for (int64_t i = 0; i < k; ++i) acc = std::fma(x[r * ldx + i], static_cast<float>(column[i * kPanel]), acc);
-      out[r * ldo + c] = scales == nullptr ? acc : acc * scales[c];
+      for (int64_t i = 0; i < k; ++i) {
+        float w;
+        if constexpr (W == Weights::kInt4) {
+          const int q = (i & 1) ? own[(i / 2) * kPanel + col] >> 4 : own[(i / 2) * kPanel + col] & 15;
+          const auto* sz = reinterpret_cast<const uint16_t*>(scales + (c / kPanel) * scale_stride) +
+                           (i / kInt4Group) * 2 * kPanel;
+          const float scale = bf16_value(sz[col]);
+          w = std::fma(static_cast<float>(q), scale, std::fma(-8.0f, scale, bf16_value(sz[kPanel + col])));
+        } else {
+          w = static_cast<float>(own[i * kPanel + col]);
+        }
+        acc = std::fma(x[r * ldx + i], w, acc);
+      }
+      out[r * ldo + c] = W == Weights::kInt8 ? acc * scales[c] : acc;
     }
 }
 #endif
 
-template <typename T>
-using PanelTile = void (*)(const T*, int64_t, int64_t, const float*, int64_t, const float*, float*, int64_t, int64_t);
+template <Weights W>
+using PanelTile = void (*)(const typename Storage<W>::T*, int64_t, int64_t, const float*, int64_t, const float*,
+                           int64_t, float*, int64_t, int64_t);
 
 // the tile for rows R: panels_for(R) panels side by side (wide) or one
-template <typename T, int R>
-constexpr PanelTile<T> tile_for(bool wide) {
+template <Weights W, int R>
+constexpr PanelTile<W> tile_for(bool wide) {
   constexpr int together = panels_for(R);
-  return !wide ? panel_tile<T, R, 1> : together == 4 ? panel_tile<T, R, 4> : together == 2 ? panel_tile<T, R, 2>
-                                                                                            : panel_tile<T, R, 1>;
+  return !wide ? panel_tile<W, R, 1> : together == 4 ? panel_tile<W, R, 4> : together == 2 ? panel_tile<W, R, 2>
+                                                                                            : panel_tile<W, R, 1>;
 }
 
-template <typename T>
-PanelTile<T> tile(int rows, bool wide) {
+template <Weights W>
+PanelTile<W> tile(int rows, bool wide) {
   switch (rows) {
-    case 1: return tile_for<T, 1>(wide);
-    case 2: return tile_for<T, 2>(wide);
-    case 3: return tile_for<T, 3>(wide);
-    case 4: return tile_for<T, 4>(wide);
-    case 5: return tile_for<T, 5>(wide);
-    case 6: return tile_for<T, 6>(wide);
-    case 7: return tile_for<T, 7>(wide);
-    default: return tile_for<T, 8>(wide);
+    case 1: return tile_for<W, 1>(wide);
+    case 2: return tile_for<W, 2>(wide);
+    case 3: return tile_for<W, 3>(wide);
+    case 4: return tile_for<W, 4>(wide);
+    case 5: return tile_for<W, 5>(wide);
+    case 6: return tile_for<W, 6>(wide);
+    case 7: return tile_for<W, 7>(wide);
+    default: return tile_for<W, 8>(wide);
   }
 }
 
-// rows x (group consecutive panels, the last of them cols_last wide); scales: the group's first
-// column's (int8) or nullptr
-template <typename T>
-void panel_rows(const T* panel, int64_t group, int64_t k, const float* x, int64_t ldx, int64_t rows,
-                const float* scales, float* out, int64_t ldo, int64_t cols_last) {
-  const int64_t stride = k * kPanel;
+// What one packed weight is: its panels (stride elements apart), its scales (scale_stride floats
+// apart per panel; nullptr for float32), K and N.
+template <Weights W>
+struct PanelWeight {
+  const typename Storage<W>::T* panels;
+  int64_t stride;
+  const float* scales;
+  int64_t scale_stride;
+  int64_t k;
+  int64_t n;
+  int64_t count;  // panels
+};
+
+// rows x (group consecutive panels from panel p, the last of them cols_last wide)
+template <Weights W>
+void panel_rows(const PanelWeight<W>& weight, int64_t p0, int64_t group, const float* x, int64_t ldx, int64_t rows,
+                float* out, int64_t ldo, int64_t cols_last) {
   for (int64_t r = 0; r < rows; r += kTileRows) {
     const int rows_here = static_cast<int>(std::min(kTileRows, rows - r));
     const int64_t together = panels_for(rows_here);
@@ -237,24 +352,23 @@ void panel_rows(const T* panel, int64_t group, int64_t k, const float* x, int64_
       const bool wide = p + together <= group;
       const int64_t taken = wide ? together : 1;
       const int64_t cols = (p + taken == group) ? (taken - 1) * kPanel + cols_last : taken * kPanel;
-      tile<T>(rows_here, wide)(panel + p * stride, stride, k, x + r * ldx, ldx,
-                               scales == nullptr ? nullptr : scales + p * kPanel, out + r * ldo + p * kPanel, ldo,
-                               cols);
+      const float* scales = weight.scales == nullptr ? nullptr : weight.scales + (p0 + p) * weight.scale_stride;
+      tile<W>(rows_here, wide)(weight.panels + (p0 + p) * weight.stride, weight.stride, weight.k, x + r * ldx, ldx,
+                               scales, weight.scale_stride, out + r * ldo + p * kPanel, ldo, cols);
       p += taken;
     }
   }
 }
 
-// x [M, K] times panels [P, K, 48] of T (N = out_features), times scales [P * 48] when given: [M, N]
-template <typename T>
-torch::Tensor panels_times(const torch::Tensor& x, const torch::Tensor& packed, int64_t n, const float* scales) {
-  const int64_t rows = x.size(0), k = x.size(1), panels = packed.size(0);
-  TORCH_CHECK(packed.size(1) == k, "packed weight must take K = ", k, ", it takes ", packed.size(1));
+// x [M, K] times the packed weight: [M, N]
+template <Weights W>
+torch::Tensor panels_times(const torch::Tensor& x, const PanelWeight<W>& weight) {
+  const int64_t rows = x.size(0), n = weight.n, panels = weight.count;
+  TORCH_CHECK(x.size(1) == weight.k, "packed weight must take K = ", x.size(1), ", it takes ", weight.k);
   TORCH_CHECK(n > (panels - 1) * kPanel && n <= panels * kPanel, "out_features ", n, " does not match ", panels,
               " panels");
   auto out = torch::empty({rows, n}, x.options());
   const float* xs = x.data_ptr<float>();
-  const T* ps = packed.data_ptr<T>();
   float* os = out.data_ptr<float>();
   const int64_t ldx = x.stride(0), blocks = (rows + kBlockRows - 1) / kBlockRows;
   // tasks row block by row block, each over every panel: a split never changes an output's sum
@@ -262,8 +376,7 @@ torch::Tensor panels_times(const torch::Tensor& x, const torch::Tensor& packed, 
     for (int64_t t = begin; t < end;) {
       const int64_t block = t / panels, p = t % panels, r = block * kBlockRows;
       const int64_t group = std::min({kMaxGroup, panels - p, end - t});
-      panel_rows<T>(ps + p * k * kPanel, group, k, xs + r * ldx, ldx, std::min(kBlockRows, rows - r),
-                    scales == nullptr ? nullptr : scales + p * kPanel, os + r * n + p * kPanel, n,
+      panel_rows<W>(weight, p, group, xs + r * ldx, ldx, std::min(kBlockRows, rows - r), os + r * n + p * kPanel, n,
                     std::min(kPanel, n - (p + group - 1) * kPanel));
       t += group;
     }
@@ -321,7 +434,9 @@ torch::Tensor panel_linear(torch::Tensor x, torch::Tensor packed, int64_t out_fe
   if (bias.has_value())
     TORCH_CHECK(bias->is_contiguous() && bias->scalar_type() == torch::kFloat32 && bias->numel() == out_features,
                 "bias must be float32 [N]");
-  auto out = panels_times<float>(x, packed, out_features, nullptr);
+  const int64_t k = packed.size(1);
+  auto out = panels_times<Weights::kFloat32>(
+      x, {packed.data_ptr<float>(), k * kPanel, nullptr, 0, k, out_features, packed.size(0)});
   if (bias.has_value()) out.add_(*bias);
   return out;
 }
@@ -335,7 +450,30 @@ torch::Tensor int8_panel_linear(torch::Tensor x, torch::Tensor packed, torch::Te
   TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == torch::kFloat32 &&
                   scales.numel() == packed.size(0) * kPanel,
               "scales must be float32 [P * 48]");
-  return panels_times<int8_t>(x, packed, out_features, scales.data_ptr<float>());
+  const int64_t k = packed.size(1);
+  return panels_times<Weights::kInt8>(
+      x, {packed.data_ptr<int8_t>(), k * kPanel, scales.data_ptr<float>(), kPanel, k, out_features, packed.size(0)});
+}
+
+// x [M, K] times an int4 weight packed as bytes [P, K / 2, 48] (k steps 2j and 2j + 1 of a column
+// in the low and high nibble of one byte) with bf16 group scales [P, K / 32, 2, 48] (scale, zero
+// point per column), w = (q - 8) * scale + zero as q * scale + (zero - 8 * scale): [M, N]. Float32 activations (torch's int4 kernel rounds
+// them to bf16); the same operations at any row count and position.
+torch::Tensor int4_panel_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, int64_t out_features) {
+  check_rows(x, "x");
+  TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == torch::kByte && packed.is_contiguous() &&
+                  packed.dim() == 3 && packed.size(2) == kPanel,
+              "packed must be uint8 [P, K / 2, 48]");
+  const int64_t k = 2 * packed.size(1), panels = packed.size(0), groups = k / kInt4Group;
+  TORCH_CHECK(k % kInt4Group == 0, "int4 panels need K a multiple of ", kInt4Group);
+  TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == torch::kBFloat16 && scales.dim() == 4 &&
+                  scales.size(0) == panels && scales.size(1) == groups && scales.size(2) == 2 &&
+                  scales.size(3) == kPanel,
+              "scales must be bf16 [P, K / 32, 2, 48]");
+  // the tiles take the scales as a float pointer (int4's reinterpret it as the bf16 bits)
+  const auto* bits = reinterpret_cast<const float*>(scales.data_ptr<at::BFloat16>());
+  return panels_times<Weights::kInt4>(x, {packed.data_ptr<uint8_t>(), (k / 2) * kPanel, bits, groups * kPanel, k,
+                                          out_features, panels});  // a panel's bf16 pairs: groups * 48 floats
 }
 
 // logits[dst[r]][t] = -inf for every token t that bitmask row words[r] bans (bit t % 32 of word
@@ -376,5 +514,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("panel_kernel_vectorised", &panel_kernel_vectorised, "whether panel_linear runs AVX-512");
   m.def("pack_panels", &pack_panels, "a float32 or int8 weight [N, K] as K-major panels of 48 rows");
   m.def("panel_linear", &panel_linear, "float32 rows times a packed weight, each row as it would be alone");
+  m.def("int4_panel_linear", &int4_panel_linear, "float32 rows times a packed int4 weight and its group scales");
   m.def("int8_panel_linear", &int8_panel_linear, "float32 rows times a packed int8 weight and its column scales");
 }

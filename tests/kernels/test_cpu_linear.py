@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.cpu_fused import cpu_fused_ops
-from kernels.cpu_linear import int8_linear, pack_int8, pack_weight, packed_linear
+from kernels.cpu_linear import int4_linear, int8_linear, pack_int4, pack_int8, pack_weight, packed_linear
 from kernels.quantized_linear import quantize, quantized_linear_float32, quantized_linear_reference
 
 _OPS = cpu_fused_ops()
@@ -96,3 +96,30 @@ def test_int8_packing_takes_int8_only() -> None:
 def _int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scales = weight.abs().amax(dim=1) / 127
     return torch.round(weight / scales[:, None]).to(torch.int8), scales
+
+
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (208, 352), (16, 32)])
+@pytest.mark.parametrize("rows", [1, 2, 5, 9, 70])
+def test_int4_panels_match_the_dequantized_weight(n: int, k: int, rows: int) -> None:
+    x, weight, _ = _operands(rows, n, k)
+    quantized = quantize(weight, "int4")
+    assert quantized.panels is not None and quantized.panels.out_features == n
+    reference = quantized_linear_reference(x, quantized)  # float32 x @ ((q - 8) * scale + zero)^T
+    torch.testing.assert_close(quantized_linear_float32(x, quantized), reference, rtol=1e-5, atol=5e-5)
+    torch.testing.assert_close(int4_linear(x, quantized.panels), reference, rtol=1e-5, atol=5e-5)
+
+
+def test_an_int4_row_is_the_same_bits_at_every_row_count_and_position() -> None:
+    x, weight, _ = _operands(80, 208, 352)
+    packed = quantize(weight, "int4").panels
+    alone = int4_linear(x[:1], packed)
+    for rows in (2, 3, 4, 5, 8, 9, 64, 65, 80):
+        assert torch.equal(int4_linear(x[:rows], packed)[:1], alone), rows
+    for position in (1, 6, 70):
+        rows = torch.cat([x[1:position + 1], x[:1], x[position + 1:]])
+        assert torch.equal(int4_linear(rows, packed)[position:position + 1], alone), position
+
+
+def test_int4_packing_needs_whole_groups() -> None:
+    values = torch.randint(0, 16, (16, 48))
+    assert pack_int4(values, torch.ones(1, 16, 2)) is None  # 48 input columns: not groups of 32
