@@ -74,10 +74,16 @@ def test_silu_mul_matches_the_reference(ops):
 
 @pytest.mark.parametrize("kind", ["int4", "int8"])
 def test_quantized_projection_of_float32_rows_is_the_kernels(ops, kind):
+    """The casts around torch's kernels (float32 rows where the packed panels do not apply)."""
     torch.manual_seed(0)
     weight = quantize(torch.randn(96, 128), kind)
     x = torch.randn(3, 128)
-    assert torch.equal(quantized_linear_float32(x, weight), quantized_linear(x.to(torch.bfloat16), weight).float())
+    fused = (ops.int4_linear(x, weight.data, weight.group_size, weight.scales) if kind == "int4"
+             else ops.int8_linear(x, weight.data, weight.scales))
+    assert torch.equal(fused, quantized_linear(x.to(torch.bfloat16), weight).float())
+    if weight.panels is not None:  # float32 rows take the panels: float32 activations, not bf16
+        torch.testing.assert_close(quantized_linear_float32(x, weight), x @ weight.dequantized().t(),
+                                   rtol=1e-5, atol=5e-5)
 
 
 def test_a_rows_result_does_not_depend_on_the_others(ops):
