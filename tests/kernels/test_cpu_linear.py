@@ -32,15 +32,21 @@ def test_matches_linear(n: int, k: int, rows: int) -> None:
     torch.testing.assert_close(packed_linear(x, packed), F.linear(x, weight), rtol=1e-5, atol=1e-5)
 
 
+def _assert_rows_keep_their_bits(x: torch.Tensor, multiply) -> None:
+    """Row 0 of ``multiply(rows)`` is ``multiply`` of row 0 alone at every row count and position
+    (other register tiles, row blocks and threads' tasks)."""
+    alone = multiply(x[:1])
+    for rows in (2, 3, 4, 5, 7, 8, 9, 16, 63, 64, 65, len(x)):
+        assert torch.equal(multiply(x[:rows])[:1], alone), rows
+    for position in (1, 5, 8, 71, len(x) - 1):
+        rows = torch.cat([x[1:position + 1], x[:1], x[position + 1:]])
+        assert torch.equal(multiply(rows)[position:position + 1], alone), position
+
+
 def test_a_row_is_the_same_bits_at_every_row_count_and_position() -> None:
     x, weight, bias = _operands(150, 203, 333)  # columns and K not multiples of the kernel's tiles
     packed = pack_weight(weight)
-    alone = packed_linear(x[:1], packed, bias)
-    for rows in (2, 3, 7, 8, 9, 16, 63, 64, 65, 129, 150):
-        assert torch.equal(packed_linear(x[:rows], packed, bias)[:1], alone), rows
-    for position in (5, 8, 71, 149):  # another register tile, another row block, another thread's task
-        rows = torch.cat([x[1:position + 1], x[:1], x[position + 1:]])
-        assert torch.equal(packed_linear(rows, packed, bias)[position:position + 1], alone), position
+    _assert_rows_keep_their_bits(x, lambda rows: packed_linear(rows, packed, bias))
 
 
 def test_leading_dims_and_strided_rows() -> None:
@@ -79,12 +85,7 @@ def test_int8_panels_match_the_dequantized_weight(n: int, k: int, rows: int) -> 
 def test_an_int8_row_is_the_same_bits_at_every_row_count_and_position() -> None:
     x, weight, _ = _operands(80, 203, 333)
     packed = pack_int8(*_int8(weight))
-    alone = int8_linear(x[:1], packed)
-    for rows in (2, 3, 4, 5, 8, 9, 64, 65, 80):
-        assert torch.equal(int8_linear(x[:rows], packed)[:1], alone), rows
-    for position in (1, 6, 70):
-        rows = torch.cat([x[1:position + 1], x[:1], x[position + 1:]])
-        assert torch.equal(int8_linear(rows, packed)[position:position + 1], alone), position
+    _assert_rows_keep_their_bits(x, lambda rows: int8_linear(rows, packed))
 
 
 def test_int8_packing_takes_int8_only() -> None:
@@ -112,12 +113,7 @@ def test_int4_panels_match_the_dequantized_weight(n: int, k: int, rows: int) -> 
 def test_an_int4_row_is_the_same_bits_at_every_row_count_and_position() -> None:
     x, weight, _ = _operands(80, 208, 352)
     packed = quantize(weight, "int4").panels
-    alone = int4_linear(x[:1], packed)
-    for rows in (2, 3, 4, 5, 8, 9, 64, 65, 80):
-        assert torch.equal(int4_linear(x[:rows], packed)[:1], alone), rows
-    for position in (1, 6, 70):
-        rows = torch.cat([x[1:position + 1], x[:1], x[position + 1:]])
-        assert torch.equal(int4_linear(rows, packed)[position:position + 1], alone), position
+    _assert_rows_keep_their_bits(x, lambda rows: int4_linear(rows, packed))
 
 
 def test_int4_packing_needs_whole_groups() -> None:
