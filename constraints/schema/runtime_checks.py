@@ -702,13 +702,22 @@ _MAP_OPAQUE = frozenset({"patternProperties", "dependentSchemas", "dependencies"
 _UNFOLLOWED = frozenset({"$dynamicRef", "$recursiveRef", "extends", "disallow"})
 
 
+# keywords whose value maps names to subschemas: the map itself is no schema (a property named
+# ``not`` or ``dependencies`` is no keyword of it)
+_NAME_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"})
+
+
 def _all_children(node: dict) -> list[Any]:
+    """Every dict inside ``node`` one or two levels down that may be a subschema: under a key
+    no draft defines, both the value and its values (either may be a schema reached by
+    ``$ref``); under a keyword that maps names to subschemas, only the subschemas."""
     out: list[Any] = []
     for key, value in node.items():
         if key in ("enum", "const", "default", "examples", "required"):
             continue
         if isinstance(value, dict):
-            out.append(value)
+            if key not in _NAME_MAPS:
+                out.append(value)
             out.extend(v for v in value.values() if isinstance(v, dict))
         elif isinstance(value, list):
             out.extend(v for v in value if isinstance(v, dict))

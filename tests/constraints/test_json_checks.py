@@ -232,3 +232,11 @@ def test_a_property_named_like_a_keyword_is_only_a_name():
     schema = {"type": "object", "properties": {"extends": {"type": "string"}, "tags": {
         "type": "array", "uniqueItems": True, "items": {"type": "string"}}}}
     assert split_runtime_checks(schema)[1] == (JsonCheck(("tags",), unique_items=True),)
+
+
+@pytest.mark.parametrize("name", ["dependencies", "not", "if", "contains", "propertyNames", "prefixItems"])
+def test_a_property_named_like_an_opaque_keyword_is_placed(name):
+    # MaskBench JsonSchemaStore drupal-migration: {"dependencies": {"properties": {"config": ...}}}
+    schema = {"type": "object", "properties": {name: {"type": "object", "properties": {"tags": {
+        "type": "array", "uniqueItems": True, "items": {"type": "string"}}}}}}
+    assert split_runtime_checks(schema)[1] == (JsonCheck((name, "tags"), unique_items=True),)
