@@ -35,6 +35,7 @@ from .keywords import ANNOTATIONS, FORMAT_ALIASES, REF_IGNORED_SIBLINGS, SPEC_FO
 from .negation import all_of, exactly_one, negate
 from .numbers import rewrite_numbers
 from .object_difference import exclusive_objects
+from .pattern_regions import disjoint_pattern_properties
 from .references import check_references, inline_boolean_refs, resolve_references
 from .tree import (SCHEMA_KEYS, SCHEMA_LIST_KEYS, SCHEMA_MAP_KEYS, at_pointer, conjoin, escape_part, names_draft,
                    pointer_parts, subschemas)
@@ -320,7 +321,8 @@ class _Rewriter:
         if not isinstance(node, dict):
             return node
         self._children(node)
-        steps = (self._drop_annotations, self._numbers, self._not, self._one_of, self._dependencies, self._if_then_else, self._coverage)
+        steps = (self._drop_annotations, self._numbers, self._not, self._one_of, self._dependencies, self._if_then_else,
+                 self._coverage, disjoint_pattern_properties)
         for step in steps:
             node = step(node)
             if not isinstance(node, dict):
