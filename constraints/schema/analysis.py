@@ -31,7 +31,8 @@ from ..regex.frontend import anchors_at_edges, schema_pattern
 from .coverage import rewrite_coverage
 from .disjoint import objects_only_disjoint, pairwise_disjoint, possible_types, strings_only_disjoint
 from .formats import REFUSED_FORMATS, format_keywords
-from .keywords import ANNOTATIONS, FORMAT_ALIASES, REF_IGNORED_SIBLINGS, SPEC_FORMATS, XGRAMMAR_ENFORCED
+from .keywords import (ANNOTATIONS, DRAFT3_ONLY_FORMATS, FORMAT_ALIASES, LATER_DRAFTS, REF_IGNORED_SIBLINGS, SPEC_FORMATS,
+                       XGRAMMAR_ENFORCED)
 from .negation import all_of, exactly_one, negate
 from .numbers import rewrite_numbers
 from .object_difference import exclusive_objects
@@ -380,6 +381,9 @@ class _Rewriter:
         draft defines with no exact form is refused by name, any other name dropped."""
         fmt = node.get("format")
         if not isinstance(fmt, str):
+            return node
+        if fmt in DRAFT3_ONLY_FORMATS and names_draft(self.root, LATER_DRAFTS):
+            node.pop("format")  # a name the schema's draft does not define: an annotation
             return node
         fmt = FORMAT_ALIASES.get(fmt, fmt)
         exact = format_keywords(fmt)
