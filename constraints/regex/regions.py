@@ -66,3 +66,31 @@ def _nonempty(candidates: list[tuple[Any, tuple[int, ...]]]) -> list[tuple[Any, 
         if kept is not None:
             out.append((kept, members))
     return out
+
+
+def intersect_patterns(a: str, b: str) -> str | bool | None:
+    """The strings matching both patterns: True when every string ``a`` matches also matches
+    ``b`` (``a`` as written will do), False when none does, else their pattern; None when that
+    cannot be told or written here."""
+    fa, fb = pattern_language(a), pattern_language(b)
+    if fa is None or fb is None:
+        return None
+    try:
+        if (fa - fb).empty():
+            return True
+        both = trimmed((fa & fb).reduce())
+    except Exception:  # interegular gave up somewhere: nothing is promised
+        return None
+    return False if both is None else written_pattern(both)
+
+
+def pattern_matches(pattern: str, text: str) -> bool | None:
+    """Whether ``text`` holds a match of ``pattern`` (ECMA-262 search), read on its DFA; None
+    when the pattern has none here."""
+    fsm = pattern_language(pattern)
+    if fsm is None:
+        return None
+    try:
+        return bool(fsm.accepts(text))
+    except Exception:
+        return None

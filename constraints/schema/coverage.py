@@ -23,6 +23,7 @@ from fractions import Fraction
 from typing import Any, Callable
 
 from ..regex.analysis import finite_strings
+from .named_patterns import names_beside_patterns
 from .numbers import exact, json_number, multiple_of_keyword
 from .tree import conjoin, names_draft, resolve, subschemas
 
@@ -314,7 +315,7 @@ def _property_names(node: dict, root: dict) -> Any:
     pattern = names.get("pattern") if set(names) - _NAME_KEYS == {"pattern"} \
         and names.get("type", "string") == "string" and isinstance(names.get("pattern"), str) else None
     if "patternProperties" in node:
-        return node
+        return names_beside_patterns(node, valid, keys, pattern) or node
     if keys is not None:
         props = {**props, **{k: extra for k in keys if k not in props}}
     elif pattern is not None:

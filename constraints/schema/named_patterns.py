@@ -1,0 +1,75 @@
+"""``propertyNames`` beside ``patternProperties``, folded into the object's keys exactly.
+
+Every key must be a name ``propertyNames`` allows. Where those names are listed (an ``enum`` /
+``const``), each becomes a listed property with the subschemas it would have met: its own
+``properties`` entry, those of the patterns it matches, ``additionalProperties`` when it is
+neither listed nor matched; the object then takes no other key. Where they are a lone
+``pattern`` and the object is closed (``additionalProperties: false``), each pattern of
+``patternProperties`` is narrowed to the keys the name pattern also matches
+(:func:`constraints.regex.regions.intersect_patterns`). Listed properties keep their subschema
+when their name is allowed and become false otherwise. Anything else is left as it is (None).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..regex.regions import intersect_patterns, pattern_matches
+from .negation import all_of
+
+
+def names_beside_patterns(node: dict, valid: Callable[[str], bool], names: list[str] | None,
+                          name_pattern: str | None) -> dict | None:
+    """``node`` (with ``patternProperties``) without its ``propertyNames`` and meaning the same,
+    given the name schema as a predicate (``valid``) and as listed ``names`` or a lone
+    ``name_pattern``; None where that has no form here."""
+    patterns, props = node.get("patternProperties"), node.get("properties", {})
+    extra = node.get("additionalProperties", True)
+    if not isinstance(patterns, dict) or not isinstance(props, dict) or not isinstance(extra, (bool, dict)):
+        return None
+    if names is not None:
+        listed = _listed(props, patterns, extra, names, valid)
+        if listed is None:
+            return None
+        out = {k: v for k, v in node.items() if k not in ("propertyNames", "patternProperties")}
+        return {**out, "properties": listed, "additionalProperties": False}
+    if name_pattern is None or extra is not False:
+        return None
+    narrowed = _narrowed(patterns, name_pattern)
+    if narrowed is None:
+        return None
+    out = {k: v for k, v in node.items() if k != "propertyNames"}
+    out["properties"] = {k: (v if valid(k) else False) for k, v in props.items()}
+    out["patternProperties"] = narrowed
+    return out
+
+
+def _listed(props: dict, patterns: dict, extra: Any, names: list[str],
+            valid: Callable[[str], bool]) -> dict | None:
+    """Every allowed name as a listed property with the subschemas it meets (None: a pattern
+    with no DFA here)."""
+    out = {k: (v if valid(k) else False) for k, v in props.items()}
+    for name in [*props, *(n for n in names if n not in props)]:
+        if out.get(name) is False:
+            continue
+        matched = [pattern_matches(p, name) for p in patterns]
+        if any(m is None for m in matched):
+            return None
+        parts = [s for s, m in zip(patterns.values(), matched) if m]
+        own = [props[name]] if name in props else [] if parts else [extra]
+        out[name] = all_of([*own, *parts])
+    return out
+
+
+def _narrowed(patterns: dict, name_pattern: str) -> dict | None:
+    """``patterns`` each narrowed to the keys ``name_pattern`` matches (None: one cannot be)."""
+    out = {}
+    for pattern, schema in patterns.items():
+        both = intersect_patterns(pattern, name_pattern)
+        if both is None:
+            return None
+        if both is True:
+            out[pattern] = schema
+        elif both is not False:
+            out[both] = schema
+    return out
