@@ -94,3 +94,23 @@ def pattern_matches(pattern: str, text: str) -> bool | None:
         return bool(fsm.accepts(text))
     except Exception:
         return None
+
+
+def subtract_patterns(pattern: str, others: list[str]) -> str | bool | None:
+    """The strings ``pattern`` matches and none of ``others`` does: True when that is all of
+    ``pattern``'s (``pattern`` as written will do), False when none, else their pattern; None
+    when that cannot be told or written here."""
+    fa = pattern_language(pattern)
+    languages = [pattern_language(o) for o in others]
+    if fa is None or any(language is None for language in languages):
+        return None
+    try:
+        rest = fa
+        for language in languages:
+            rest = rest - language
+        if (fa - rest).empty():
+            return True
+        left = trimmed(rest.reduce())
+    except Exception:  # interegular gave up somewhere: nothing is promised
+        return None
+    return False if left is None else written_pattern(left)

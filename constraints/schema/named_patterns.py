@@ -4,9 +4,10 @@ Every key must be a name ``propertyNames`` allows. Where those names are listed 
 ``const``), each becomes a listed property with the subschemas it would have met: its own
 ``properties`` entry, those of the patterns it matches, ``additionalProperties`` when it is
 neither listed nor matched; the object then takes no other key. Where they are a lone
-``pattern`` and the object is closed (``additionalProperties: false``), each pattern of
-``patternProperties`` is narrowed to the keys the name pattern also matches
-(:func:`constraints.regex.regions.intersect_patterns`). Listed properties keep their subschema
+``pattern``, each pattern of ``patternProperties`` is narrowed to the keys the name pattern
+also matches (:func:`constraints.regex.regions.intersect_patterns`) and, unless the object is
+closed, the names no pattern takes get a pattern of their own with the ``additionalProperties``
+subschema (which must say nothing where properties are listed). Listed properties keep their subschema
 when their name is allowed and become false otherwise. Anything else is left as it is (None).
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..regex.regions import intersect_patterns, pattern_matches
+from ..regex.regions import intersect_patterns, pattern_matches, subtract_patterns
 from .negation import all_of
 
 
@@ -33,14 +34,22 @@ def names_beside_patterns(node: dict, valid: Callable[[str], bool], names: list[
             return None
         out = {k: v for k, v in node.items() if k not in ("propertyNames", "patternProperties")}
         return {**out, "properties": listed, "additionalProperties": False}
-    if name_pattern is None or extra is not False:
-        return None
+    if name_pattern is None or (extra is not False and props and extra not in (True, {})):
+        return None  # (a listed name the open part's pattern takes would meet its schema too)
     narrowed = _narrowed(patterns, name_pattern)
     if narrowed is None:
         return None
+    if extra is not False:  # the allowed names no pattern takes: additionalProperties' keys
+        rest = subtract_patterns(name_pattern, list(patterns))
+        if rest is None:
+            return None
+        if rest is not False:
+            narrowed[name_pattern if rest is True else rest] = extra
     out = {k: v for k, v in node.items() if k != "propertyNames"}
-    out["properties"] = {k: (v if valid(k) else False) for k, v in props.items()}
+    if props:
+        out["properties"] = {k: (v if valid(k) else False) for k, v in props.items()}
     out["patternProperties"] = narrowed
+    out["additionalProperties"] = False
     return out
 
 

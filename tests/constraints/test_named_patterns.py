@@ -21,12 +21,15 @@ LISTED_CLOSED = {"type": "object", "propertyNames": {"$ref": "#/$defs/name"}, "a
 PATTERN_CLOSED = {"type": "object", "propertyNames": {"type": "string", "pattern": "^[A-Z][a-z]+$"},
                   "additionalProperties": False, "properties": {"Ab": {"type": "string"}, "ab": {"type": "string"}},
                   "patternProperties": {"": {"type": "integer"}, "^x": {"minimum": 3}}}
+# a lone name pattern on an open object (MaskBench Github_hard o83677)
+PATTERN_OPEN = {"type": "object", "propertyNames": {"pattern": "^_?[a-z]+$"},
+                "patternProperties": {"^[a-z]+$": {"type": "number"}}}
 VALUES = [{}, {"atomic": {}}, {"atomic": 1}, {"bools": True}, {"bools": {}}, {"x1": 2}, {"x1": {}}, {"other": {}},
           {"p10": 1}, {"p10": "a"}, {"p300": 2, "p10": 3}, {"p50": 1}, {"Ab": "s"}, {"Ab": 1}, {"ab": "s"},
-          {"Cd": 4}, {"Cd": "4"}, {"xy": 5}, {"Xy": 1}, {"Q": 1}]
+          {"Cd": 4}, {"Cd": "4"}, {"xy": 5}, {"Xy": 1}, {"Q": 1}, {"_a": "s"}, {"a": "s"}, {"a_": 1}]
 
 
-@pytest.mark.parametrize("schema", [LISTED_OPEN, LISTED_CLOSED, PATTERN_CLOSED])
+@pytest.mark.parametrize("schema", [LISTED_OPEN, LISTED_CLOSED, PATTERN_CLOSED, PATTERN_OPEN])
 def test_property_names_beside_patterns_are_folded_in(schema):
     out = rewrite_schema(schema)
     assert not any(isinstance(n, dict) and "propertyNames" in n for _, n in subschemas(out))
@@ -35,8 +38,10 @@ def test_property_names_beside_patterns_are_folded_in(schema):
         assert got.is_valid(value) == check.is_valid(value), value
 
 
-def test_a_name_pattern_on_an_open_object_stays():
-    schema = {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}, "patternProperties": {"^a": {}}}
+def test_a_name_pattern_beside_listed_properties_and_additional_properties_stays():
+    # the additionalProperties pattern would take the listed names too
+    schema = {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}, "patternProperties": {"^a": {}},
+              "properties": {"b": {}}, "additionalProperties": {"type": "string"}}
     assert "propertyNames" in rewrite_schema(schema)
 
 
