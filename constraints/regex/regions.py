@@ -70,14 +70,16 @@ def _nonempty(candidates: list[tuple[Any, tuple[int, ...]]]) -> list[tuple[Any, 
 
 def intersect_patterns(a: str, b: str) -> str | bool | None:
     """The strings matching both patterns: True when every string ``a`` matches also matches
-    ``b`` (``a`` as written will do), False when none does, else their pattern; None when that
-    cannot be told or written here."""
+    ``b`` (``a`` as written will do), ``b`` when every string ``b`` matches also matches ``a``,
+    False when none does, else their pattern; None when that cannot be told or written here."""
     fa, fb = pattern_language(a), pattern_language(b)
     if fa is None or fb is None:
         return None
     try:
         if (fa - fb).empty():
             return True
+        if (fb - fa).empty():
+            return b
         both = trimmed((fa & fb).reduce())
     except Exception:  # interegular gave up somewhere: nothing is promised
         return None

@@ -67,3 +67,12 @@ def test_disjoint_or_unwritable_patterns_are_left_as_written():
 
 def _valid(schema: dict, instance: object) -> bool:
     return jsonschema.Draft202012Validator(schema).is_valid(instance)
+
+
+def test_intersections_keep_a_pattern_the_other_contains():
+    from constraints.regex.regions import intersect_patterns
+
+    wide, narrow = ecma_regex(".+", json_string=True), ecma_regex("^[a-z]{8,16}-[0-9]+$", json_string=True)
+    assert intersect_patterns(narrow, wide) is True
+    assert intersect_patterns(wide, narrow) == narrow
+    assert intersect_patterns(ecma_regex("^[0-9]"), narrow) is False
