@@ -15,8 +15,15 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..regex.disjoint import patterns_disjoint
 from ..regex.regions import intersect_patterns, pattern_matches, subtract_patterns
+from .keywords import type_list
 from .negation import all_of
+from .tree import resolve
+
+# what a name schema may say beside its pattern (annotations; type only as "string")
+_NOTES = frozenset({"type", "title", "description", "$comment", "examples"})
+MAX_NAME_BRANCHES = 8
 
 
 def names_beside_patterns(node: dict, valid: Callable[[str], bool], names: list[str] | None,
@@ -82,3 +89,41 @@ def _narrowed(patterns: dict, name_pattern: str) -> dict | None:
         elif both is not False:
             out[both] = schema
     return out
+
+
+
+def name_pattern(names: Any, root: dict) -> str | None:
+    """A pattern matching exactly the strings ``names`` accepts (names are strings, so branches
+    of other types drop out): a lone ``pattern``, an ``allOf`` of one, an ``anyOf`` of such
+    (the union of their patterns) or a ``oneOf`` of such whose strings are disjoint, through
+    ``$ref``; None for anything else."""
+    parts = _string_patterns(names, root, 0)
+    return "|".join(parts) if parts else None
+
+
+def _string_patterns(names: Any, root: dict, depth: int) -> list[str] | None:
+    """The patterns whose union is the strings ``names`` accepts ([]: none), or None."""
+    node = resolve(names, root)
+    if not isinstance(node, dict) or depth > 8:
+        return None
+    types = type_list(node["type"]) if "type" in node else ["string"]
+    if types is None:
+        return None
+    if "string" not in types:
+        return []  # whatever else it says, no string satisfies it
+    rest = set(node) - _NOTES
+    if rest == {"pattern"} and isinstance(node["pattern"], str):
+        return [node["pattern"]]
+    if rest == {"allOf"} and isinstance(node["allOf"], list) and len(node["allOf"]) == 1:
+        return _string_patterns(node["allOf"][0], root, depth + 1)
+    key = next(iter(rest)) if len(rest) == 1 else None
+    branches = node.get(key) if key in ("anyOf", "oneOf") else None
+    if not isinstance(branches, list) or not 0 < len(branches) <= MAX_NAME_BRANCHES:
+        return None
+    parts = [_string_patterns(b, root, depth + 1) for b in branches]
+    if any(p is None for p in parts):
+        return None
+    if key == "oneOf" and not all(patterns_disjoint(a, b) for i, p in enumerate(parts) for q in parts[i + 1:]
+                                  for a in p for b in q):
+        return None  # a string two branches take is no name: not a union
+    return [q for p in parts for q in p]

@@ -24,12 +24,20 @@ PATTERN_CLOSED = {"type": "object", "propertyNames": {"type": "string", "pattern
 # a lone name pattern on an open object (MaskBench Github_hard o83677)
 PATTERN_OPEN = {"type": "object", "propertyNames": {"pattern": "^_?[a-z]+$"},
                 "patternProperties": {"^[a-z]+$": {"type": "number"}}}
+# names of a union, the non-string branch dropping out (MaskBench Github_hard o67457)
+UNION_CLOSED = {"type": "object", "additionalProperties": False, "propertyNames": {"$ref": "#/$defs/id"},
+                "patternProperties": {".+": {"type": "string"}},
+                "$defs": {"id": {"allOf": [{"oneOf": [{"type": "number", "minimum": 1},
+                                                      {"type": "string", "pattern": "^[1-9][0-9]*$"},
+                                                      {"$ref": "#/$defs/wild"}]}]},
+                          "wild": {"type": "string", "pattern": "^Q$"}}}
 VALUES = [{}, {"atomic": {}}, {"atomic": 1}, {"bools": True}, {"bools": {}}, {"x1": 2}, {"x1": {}}, {"other": {}},
           {"p10": 1}, {"p10": "a"}, {"p300": 2, "p10": 3}, {"p50": 1}, {"Ab": "s"}, {"Ab": 1}, {"ab": "s"},
-          {"Cd": 4}, {"Cd": "4"}, {"xy": 5}, {"Xy": 1}, {"Q": 1}, {"_a": "s"}, {"a": "s"}, {"a_": 1}]
+          {"Cd": 4}, {"Cd": "4"}, {"xy": 5}, {"Xy": 1}, {"Q": 1}, {"_a": "s"}, {"a": "s"}, {"a_": 1},
+          {"12": "s"}, {"12": 1}, {"012": "s"}, {"Q": "s"}, {"QQ": "s"}]
 
 
-@pytest.mark.parametrize("schema", [LISTED_OPEN, LISTED_CLOSED, PATTERN_CLOSED, PATTERN_OPEN])
+@pytest.mark.parametrize("schema", [LISTED_OPEN, LISTED_CLOSED, PATTERN_CLOSED, PATTERN_OPEN, UNION_CLOSED])
 def test_property_names_beside_patterns_are_folded_in(schema):
     out = rewrite_schema(schema)
     assert not any(isinstance(n, dict) and "propertyNames" in n for _, n in subschemas(out))
