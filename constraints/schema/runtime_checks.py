@@ -180,7 +180,7 @@ def _properties_referenced(root: dict) -> set[int]:
 # ``required`` taken out: the matcher refuses a repeated key, a close before the required keys
 # and, when the object takes no other key, a key no unused name can complete.
 
-FREE_ORDER_MIN = 5  # objects of fewer listed properties get every order spelled out
+FREE_ORDER_MIN = 5  # closed objects of fewer listed properties get every order spelled out
 # set on an object made order-free: the patterns of its exact names, disjoint from each other
 # and from the patterns it had (an annotation to validators and backends)
 FREED_MARK = "x-trellis-free-order"
@@ -202,8 +202,15 @@ _PATTERN_SPECIALS = frozenset("\\^$.|?*+()[]{}/")
 
 
 def _many_properties(node: dict) -> bool:
+    """Whether ``node``'s listed properties are freed rather than spelled out in every order:
+    many of them, or any beside the unlisted keys ``additionalProperties`` takes (no spelled-out
+    order puts an unlisted key between listed ones: the backends write the unlisted keys last;
+    beside ``patternProperties`` the exact-name patterns cost llguidance a disjointness proof)."""
     props = node.get("properties")
-    return isinstance(props, dict) and len(props) >= FREE_ORDER_MIN
+    if not isinstance(props, dict) or not props:
+        return False
+    return len(props) >= FREE_ORDER_MIN or (node.get("additionalProperties", True) is not False
+                                            and not node.get("patternProperties"))
 
 
 class _Freeing(NamedTuple):
