@@ -204,13 +204,15 @@ _PATTERN_SPECIALS = frozenset("\\^$.|?*+()[]{}/")
 def _many_properties(node: dict) -> bool:
     """Whether ``node``'s listed properties are freed rather than spelled out in every order:
     many of them, or any beside the unlisted keys ``additionalProperties`` takes (no spelled-out
-    order puts an unlisted key between listed ones: the backends write the unlisted keys last;
-    beside ``patternProperties`` the exact-name patterns cost llguidance a disjointness proof)."""
+    order puts an unlisted key between listed ones: the backends write the unlisted keys last).
+    Not beside ``patternProperties`` (the exact-name patterns cost llguidance a disjointness
+    proof) nor with required keys (left in the grammar, llguidance tells one that no value can
+    meet; checked at run time, it would leave an object that can never close)."""
     props = node.get("properties")
     if not isinstance(props, dict) or not props:
         return False
     return len(props) >= FREE_ORDER_MIN or (node.get("additionalProperties", True) is not False
-                                            and not node.get("patternProperties"))
+                                            and not node.get("patternProperties") and not node.get("required"))
 
 
 class _Freeing(NamedTuple):
