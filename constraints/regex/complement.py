@@ -41,25 +41,37 @@ def complement_pattern(pattern: str) -> str | None:
         return None
     try:
         negated = trimmed(language.everythingbut().reduce())
-        if negated is None or len(negated.states) > MAX_STATES:
-            return None
-        body = eliminate(negated)
+    except Exception:  # interegular gave up somewhere: nothing is promised
+        return None
+    result = written_pattern(negated)
+    if result is None:
+        return None
+    if len(_COMPLEMENTED) >= MAX_REMEMBERED:
+        _COMPLEMENTED.clear()
+    _COMPLEMENTED[result] = pattern
+    return result
+
+
+def written_pattern(fsm: Any) -> str | None:
+    """A pattern (ECMA-normalised, anchored, for a JSON string's content) matching exactly the
+    whole strings ``fsm`` (trimmed, :func:`trimmed`) accepts, checked against it; None when the
+    DFA or the result is too large, or the check fails."""
+    if fsm is None or len(fsm.states) > MAX_STATES:
+        return None
+    try:
+        body = eliminate(fsm)
         if body is None:
             return None
         plain = ecma_regex(f"^(?:{body})$")
         if len(plain) > MAX_PATTERN_CHARS:
             return None
         written = pattern_language(plain, limit=MAX_PATTERN_CHARS)
-        if written is None or not (written ^ negated).empty():
+        if written is None or not (written ^ fsm).empty():
             return None
         # as a JSON string's pattern: the llguidance quoting workaround (never a NUL there)
-        result = ecma_regex(f"^(?:{body})$", json_string=True)
+        return ecma_regex(f"^(?:{body})$", json_string=True)
     except Exception:  # interegular gave up somewhere: nothing is promised
         return None
-    if len(_COMPLEMENTED) >= MAX_REMEMBERED:
-        _COMPLEMENTED.clear()
-    _COMPLEMENTED[result] = pattern
-    return result
 
 
 def trimmed(fsm: Any) -> Any:

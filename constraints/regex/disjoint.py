@@ -59,7 +59,7 @@ def _pattern_language(pattern: str):
         return None
     body, anchored_start, anchored_end = _strip_outer_anchors(pattern)
     if body is None:
-        return None
+        return _alternatives_language(pattern)
     if has_anchors(body):
         return None
     body = _interegular_syntax(body)
@@ -171,6 +171,47 @@ def _strip_outer_anchors(pattern: str) -> tuple[str | None, bool, bool]:
     if (start or end) and top_level_alternation(body):
         return None, start, end
     return body, start, end
+
+
+def _alternatives_language(pattern: str):
+    """The union of the languages of ``pattern``'s top-level alternatives, for a pattern whose
+    anchors belong to some of them (``,,|^,|,$``): a string holds a match of the pattern
+    exactly when it holds a match of one alternative. None when one has no DFA here."""
+    alternatives = top_level_alternatives(pattern)
+    if len(alternatives) < 2:
+        return None
+    languages = [_pattern_language(a) for a in alternatives]
+    if any(language is None for language in languages):
+        return None
+    try:
+        union = languages[0]
+        for language in languages[1:]:
+            union = union | language
+        return union.reduce()
+    except Exception:  # interegular gave up: nothing is promised
+        return None
+
+
+def top_level_alternatives(pattern: str) -> list[str]:
+    """``pattern`` split at its top-level ``|`` (outside groups and classes)."""
+    parts, start, depth, escaped, in_class = [], 0, 0, False, False
+    for i, ch in enumerate(pattern):
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif in_class:
+            in_class = ch != "]"
+        elif ch == "[":
+            in_class = True
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "|" and depth == 0:
+            parts.append(pattern[start:i])
+            start = i + 1
+    return [*parts, pattern[start:]]
 
 
 def top_level_alternation(body: str) -> bool:

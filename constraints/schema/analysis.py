@@ -29,12 +29,14 @@ from ..errors import ConstraintTooLargeError, EmptyLanguageError, InvalidConstra
 from ..regex.complement import forget_complements
 from ..regex.frontend import anchors_at_edges, schema_pattern
 from .coverage import rewrite_coverage
-from .disjoint import objects_only_disjoint, pairwise_disjoint, strings_only_disjoint
+from .disjoint import objects_only_disjoint, pairwise_disjoint, possible_types, strings_only_disjoint
 from .formats import REFUSED_FORMATS, format_keywords
-from .keywords import ANNOTATIONS, FORMAT_ALIASES, REF_IGNORED_SIBLINGS, SPEC_FORMATS, XGRAMMAR_ENFORCED
+from .keywords import (ANNOTATIONS, DRAFT3_ONLY_FORMATS, FORMAT_ALIASES, LATER_DRAFTS, REF_IGNORED_SIBLINGS, SPEC_FORMATS,
+                       XGRAMMAR_ENFORCED)
 from .negation import all_of, exactly_one, negate
 from .numbers import rewrite_numbers
 from .object_difference import exclusive_objects
+from .pattern_regions import disjoint_pattern_properties
 from .references import check_references, inline_boolean_refs, resolve_references
 from .tree import (SCHEMA_KEYS, SCHEMA_LIST_KEYS, SCHEMA_MAP_KEYS, at_pointer, conjoin, escape_part, names_draft,
                    pointer_parts, subschemas)
@@ -320,7 +322,8 @@ class _Rewriter:
         if not isinstance(node, dict):
             return node
         self._children(node)
-        steps = (self._drop_annotations, self._numbers, self._not, self._one_of, self._dependencies, self._if_then_else, self._coverage)
+        steps = (self._drop_annotations, self._numbers, self._not, self._one_of, self._dependencies, self._if_then_else,
+                 self._coverage, disjoint_pattern_properties, self._typeless)
         for step in steps:
             node = step(node)
             if not isinstance(node, dict):
@@ -379,6 +382,9 @@ class _Rewriter:
         fmt = node.get("format")
         if not isinstance(fmt, str):
             return node
+        if fmt in DRAFT3_ONLY_FORMATS and names_draft(self.root, LATER_DRAFTS):
+            node.pop("format")  # a name the schema's draft does not define: an annotation
+            return node
         fmt = FORMAT_ALIASES.get(fmt, fmt)
         exact = format_keywords(fmt)
         if exact is None:
@@ -402,6 +408,12 @@ class _Rewriter:
     def _pointer_of(self, node: dict) -> str:
         """Where ``node`` sits in the schema being rewritten (for a message; "" when unknown)."""
         return next((p for p, n in subschemas(self.root) if n is node), "")
+
+    def _typeless(self, node: dict) -> Any:
+        """False for a node no value of any type can satisfy (``type: object`` beside an
+        ``anyOf`` of strings, say: llguidance refuses such a subschema even where an instance
+        never reaches it); :func:`.disjoint.possible_types` only ever widens the types."""
+        return node if possible_types(node, self.root) else False
 
     def _coverage(self, node: dict) -> Any:
         return rewrite_coverage(node, self.root, negate)

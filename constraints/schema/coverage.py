@@ -23,6 +23,7 @@ from fractions import Fraction
 from typing import Any, Callable
 
 from ..regex.analysis import finite_strings
+from .named_patterns import name_pattern, names_beside_patterns
 from .numbers import exact, json_number, multiple_of_keyword
 from .tree import conjoin, names_draft, resolve, subschemas
 
@@ -311,10 +312,9 @@ def _property_names(node: dict, root: dict) -> Any:
     if valid is None:
         return node
     keys = _name_values(names)
-    pattern = names.get("pattern") if set(names) - _NAME_KEYS == {"pattern"} \
-        and names.get("type", "string") == "string" and isinstance(names.get("pattern"), str) else None
+    pattern = name_pattern(names, root) if keys is None else None
     if "patternProperties" in node:
-        return node
+        return names_beside_patterns(node, valid, keys, pattern) or node
     if keys is not None:
         props = {**props, **{k: extra for k in keys if k not in props}}
     elif pattern is not None:

@@ -22,6 +22,10 @@ SPEC_FORMATS = frozenset(FORMAT_PATTERNS) | frozenset(REFUSED_FORMATS) | frozens
 
 
 FORMAT_ALIASES = {"ip-address": "ipv4", "host-name": "hostname"}  # draft-03 names
+# formats draft-03 alone defines: in a schema that names a later draft they are unknown names,
+# which assert nothing (draft-04 and later: an unknown format succeeds)
+DRAFT3_ONLY_FORMATS = frozenset({"color", "style", "phone"})
+LATER_DRAFTS = ("draft-04", "draft-06", "draft-07", "2019-09", "2020-12")
 ANNOTATIONS = frozenset(
     {"title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly",
      "$schema", "$id", "id", "contentMediaType", "contentEncoding", "$anchor", "nullable", "example",

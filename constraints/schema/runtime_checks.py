@@ -180,7 +180,7 @@ def _properties_referenced(root: dict) -> set[int]:
 # ``required`` taken out: the matcher refuses a repeated key, a close before the required keys
 # and, when the object takes no other key, a key no unused name can complete.
 
-FREE_ORDER_MIN = 5  # objects of fewer listed properties get every order spelled out
+FREE_ORDER_MIN = 5  # closed objects of fewer listed properties get every order spelled out
 # set on an object made order-free: the patterns of its exact names, disjoint from each other
 # and from the patterns it had (an annotation to validators and backends)
 FREED_MARK = "x-trellis-free-order"
@@ -202,8 +202,17 @@ _PATTERN_SPECIALS = frozenset("\\^$.|?*+()[]{}/")
 
 
 def _many_properties(node: dict) -> bool:
+    """Whether ``node``'s listed properties are freed rather than spelled out in every order:
+    many of them, or any beside the unlisted keys ``additionalProperties`` takes (no spelled-out
+    order puts an unlisted key between listed ones: the backends write the unlisted keys last).
+    Not beside ``patternProperties`` (the exact-name patterns cost llguidance a disjointness
+    proof) nor with required keys (left in the grammar, llguidance tells one that no value can
+    meet; checked at run time, it would leave an object that can never close)."""
     props = node.get("properties")
-    return isinstance(props, dict) and len(props) >= FREE_ORDER_MIN
+    if not isinstance(props, dict) or not props:
+        return False
+    return len(props) >= FREE_ORDER_MIN or (node.get("additionalProperties", True) is not False
+                                            and not node.get("patternProperties") and not node.get("required"))
 
 
 class _Freeing(NamedTuple):
@@ -702,13 +711,22 @@ _MAP_OPAQUE = frozenset({"patternProperties", "dependentSchemas", "dependencies"
 _UNFOLLOWED = frozenset({"$dynamicRef", "$recursiveRef", "extends", "disallow"})
 
 
+# keywords whose value maps names to subschemas: the map itself is no schema (a property named
+# ``not`` or ``dependencies`` is no keyword of it)
+_NAME_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"})
+
+
 def _all_children(node: dict) -> list[Any]:
+    """Every dict inside ``node`` one or two levels down that may be a subschema: under a key
+    no draft defines, both the value and its values (either may be a schema reached by
+    ``$ref``); under a keyword that maps names to subschemas, only the subschemas."""
     out: list[Any] = []
     for key, value in node.items():
         if key in ("enum", "const", "default", "examples", "required"):
             continue
         if isinstance(value, dict):
-            out.append(value)
+            if key not in _NAME_MAPS:
+                out.append(value)
             out.extend(v for v in value.values() if isinstance(v, dict))
         elif isinstance(value, list):
             out.extend(v for v in value if isinstance(v, dict))

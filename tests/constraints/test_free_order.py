@@ -141,7 +141,7 @@ def test_every_order_of_a_small_subset(compiler, tok):
 def test_a_pattern_map_is_a_path():
     paths = {c.path for c in split_runtime_checks(CASES[4][0])[1]}
     step = PatternKey(frozenset(), "^[a-z]+$")
-    assert paths == {("services", step), ("services", step, "ports")}
+    assert paths == {(), ("services", step), ("services", step, "ports")}  # (): the small open root
 
 
 def test_the_checks_and_the_rewrite():
@@ -158,8 +158,10 @@ def test_the_checks_and_the_rewrite():
 @pytest.mark.parametrize(
     "schema",
     [
-        # fewer than five properties: property_order spells the orders out
-        {"type": "object", "properties": {n: S for n in "abcd"}},
+        # fewer than five properties of a closed object: property_order spells the orders out
+        {"type": "object", "properties": {n: S for n in "abcd"}, "additionalProperties": False},
+        # ... or beside patterns (exact-name patterns beside them cost llguidance a proof)
+        {"type": "object", "properties": {n: S for n in "abcd"}, "patternProperties": {"^x": S}},
         # another subschema at the same place binds the keys
         {"allOf": [TICKET, {"required": ["product"]}]},
         # one anyOf branch among objects of other keys
@@ -227,3 +229,24 @@ def test_a_closed_object_refuses_a_key_only_used_names_complete(compiler, tok):
               "additionalProperties": False}
     offered = _offered_after(compiler, tok, schema, '{"abc": "q", "ab": "r", "')
     assert not any(t.startswith("a") for t in offered) and any(t.startswith("x") for t in offered)
+
+
+def test_a_small_open_object_takes_unlisted_keys_between_listed_ones(compiler, tok):
+    # MaskBench JsonSchemaStore modernizrrc: {"$schema": ..., "classPrefix": ...} where only
+    # "classPrefix" is listed; spelled-out orders write the unlisted keys last
+    schema = {"type": "object", "properties": {"a": S, "b": {"type": "integer"}}}
+    stripped, checks = split_runtime_checks(schema)
+    assert checks == (JsonCheck((), free_keys=("a", "b")),)
+    assert_classified(compiler, tok, schema, options=ANY,
+                      valid=[{"x": 1, "b": 2}, {"a": "s", "x": [], "b": 0}, {"b": 1, "a": "t"}, {"x": 1}],
+                      invalid=[{"a": "s", "b": "2"}, {"a": 1, "b": 1}, {"x": 1, "b": "c"}])
+    declared = compiler.compile(ConstraintSpec("json_schema", schema))
+    assert not walk_json(declared, tok, {"x": 1, "b": 2})  # the default mode keeps the declared order
+
+
+def test_a_small_open_object_with_required_keys_keeps_the_spelled_out_orders():
+    # its required keys stay in the grammar, where llguidance tells an unsatisfiable one
+    # (MaskBench Glaiveai2K calculate_area_2f92f3ea: no instance at all) instead of a matcher
+    # that can never close the object
+    schema = {"type": "object", "properties": {"a": S, "b": S}, "required": ["a"]}
+    assert split_runtime_checks(schema) == (schema, ())

@@ -321,3 +321,18 @@ def test_an_additional_value_both_branches_take_is_not_exclusive():
     _same_language(schema, [[{"type": "git", "url": "u"}], [{"a": "b"}], [{"type": "git"}]])
     patterned = _repositories({"additionalProperties": {"enum": [False]}, "patternProperties": {"^t": {}}})
     assert not pairwise_disjoint(patterned["items"]["oneOf"], patterned)
+
+
+# MaskBench Github_hard o10421: a definition no value satisfies (an object that is one of two
+# strings), reached only through an anyOf branch that instances need not take
+NO_VALUE_BRANCH = {"type": "object", "properties": {"content": {"anyOf": [
+    {"type": "object", "properties": {"lang": {"type": "string"}}},
+    {"type": "object", "properties": {"type": {"$ref": "#/$defs/kind"}}}]}},
+    "$defs": {"kind": {"type": "object", "oneOf": [{"enum": ["text", "html"]}, {"type": "string", "pattern": "/"}]}}}
+
+
+def test_a_subschema_of_no_type_becomes_false(compiler, tok):
+    out = rewrite_schema(NO_VALUE_BRANCH)
+    assert out["$defs"]["kind"] is False
+    assert_classified(compiler, tok, NO_VALUE_BRANCH, valid=[{}, {"content": {"type": "text"}}, {"content": {}}],
+                      invalid=[{"content": 1}, []])

@@ -12,7 +12,8 @@ from constraints.regex.complement import MAX_STATES, complement_pattern
 from constraints.regex.dialect import ecma_regex
 
 PATTERNS = ["^[a-z]+$", "customer", "^[ab]", "b$", "^([a-z][0-9])+$", "(\\$)", r"^\d{3}-\d{4}$",
-            r"^[.,*\\\s-]+$", "^(?:ab|ba)*$", "[^x]", "a.c", "^(cat|dog)s?$", r"\.json$", '^[^"]*$']
+            r"^[.,*\\\s-]+$", "^(?:ab|ba)*$", "[^x]", "a.c", "^(cat|dog)s?$", r"\.json$", '^[^"]*$',
+            ",,|^,|,$", "^a|b$"]  # anchors of some top-level alternatives only (JsonSchemaStore madness)
 ALPHABET = "abcxyz0129.-$ \n\"é"
 
 

@@ -160,3 +160,14 @@ def test_formats_without_an_exact_form_are_refused_by_name(compiler, fmt):
         compiler.compile(ConstraintSpec("json_schema", schema))
     assert f"format {fmt!r} at /properties/a" in info.value.message
     assert info.value.keyword == "format" and info.value.pointer == "/properties/a"
+
+
+@pytest.mark.parametrize("fmt", ["color", "style", "phone"])
+def test_draft_3_formats_are_names_in_later_drafts(compiler, tok, fmt):
+    # MaskBench Github_ultra o19343 (draft-04, "format": "color"): draft-04 defines no such
+    # format, so it asserts nothing; draft 3 defines it, and it stays refused there
+    later = {"$schema": "http://json-schema.org/draft-04/schema#", "type": "string", "format": fmt}
+    compiled = compiler.compile(ConstraintSpec("json_schema", later))
+    assert walk_json(compiled, tok, "not a color, style or phone") and not walk_json(compiled, tok, 3)
+    with pytest.raises(UnsupportedConstraintError, match=f"format {fmt!r}"):
+        compiler.compile(ConstraintSpec("json_schema", {**later, "$schema": "http://json-schema.org/draft-03/schema#"}))
