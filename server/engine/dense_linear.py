@@ -15,10 +15,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import torch.nn.functional as F
-
-from collections.abc import Iterable
 
 from kernels.cpu_fused import cpu_fused_ops
 from kernels.cpu_linear import PackedWeight, pack_weight, packed_linear
@@ -59,6 +59,11 @@ class DenseLinears:
         for weight in weights:
             if id(weight) not in self._packed and (packed := pack_weight(weight)) is not None:
                 self._packed[id(weight)] = (weight, packed)
+
+    @property
+    def packs(self) -> bool:
+        """Whether weights were packed (every row through the panels: each row's bits alone)."""
+        return bool(self._packed)
 
     @property
     def packed_bytes(self) -> int:

@@ -177,8 +177,9 @@ class Engine:
         if self.blocks.capacity_tokens < max_model_len:
             raise ValueError(f"the KV cache holds {self.blocks.capacity_tokens} tokens, less than one "
                              f"sequence of max_model_len {max_model_len}")
-        # a quantized runner computes a token the same way whatever shares its step: prompts cut at blocks
-        chunk_multiple = runner.block_size if getattr(runner, "quantized", None) is not None else 1
+        # a runner that computes each row alone (quantized, float32 packed panels) computes a token the
+        # same way whatever shares its step and however its prompt was chunked: prompts cut at blocks
+        chunk_multiple = runner.block_size if getattr(runner, "attends_outputs_alone", False) else 1
         self.scheduler = Scheduler(self.blocks, max_batch_size, prefill_budget, chunk_multiple)
         # the features, each behind its own small interface
         self.intake = TokenIntake(tokenizer, max_model_len=max_model_len, jump_forward=jump_forward,
@@ -539,10 +540,14 @@ class Engine:
         seqs = None if self.vision is None else (
             decode_rows + [seq for seq, _ in extend_plan] + [seq for seq, choices in scoring for _ in choices])
         prompt_counts = self._prompt_tokens(rows, decode_rows, extend_plan)
+        # prompts a cache block per call (the same calls whatever the chunking or the prefix cache
+        # hit); a float32 runner's steps without prompt tokens keep the batched attention (each
+        # output token alone cost its drafts ~20%): only the quantized runners' drafts keep their bits
         quantized = getattr(self.runner, "quantized", None) is not None
+        alone = quantized or (getattr(self.runner, "attends_outputs_alone", False) and any(prompt_counts))
         batch = StepBatch.build(rows, self.runner.block_size, self.runner.device,
                                 logit_counts=counts if max(counts) > 1 else None, row_adapters=adapters,
-                                staging=self._step_staging, prompt_counts=prompt_counts if quantized else None,
+                                staging=self._step_staging, prompt_counts=prompt_counts if alone else None,
                                 position_offsets=self.vision.position_offsets(seqs) if seqs else None)
         if seqs:
             batch.media = self.vision.step_media(seqs, rows, self.runner.device)

@@ -168,6 +168,14 @@ class ModelRunner:
         return KVShape(config.num_hidden_layers, config.num_key_value_heads, head_dim)
 
     @property
+    def attends_outputs_alone(self) -> bool:
+        """Whether the projections compute each row alone (quantized weights, float32 packed
+        panels), so the engine cuts prompts at blocks and has attention take each prompt a cache
+        block per call (``PagedAttentionMetadata.prompt_counts``): prompt chunking and the prefix
+        cache then change no token's bits (drafts neither, for the quantized runners)."""
+        return self.quantized is not None or self.dense.packs
+
+    @property
     def vocab_size(self) -> int:
         return self.shape.vocab_size
 

@@ -2,7 +2,8 @@
 rows, inside a multi-token verification and with a prompt chunk in the step. On CUDA in bfloat16
 (the case cuBLAS and split attention break); in Triton's interpreter the same plumbing on the CPU.
 And the CPU's float32 runner as it is by default: its projections from packed weights
-(:mod:`kernels.cpu_linear`) keep a decode row's bits among other rows and a prompt chunk."""
+(:mod:`kernels.cpu_linear`) keep each row's bits, and with each prompt block attended on its own
+a prompt's bits do not depend on its chunks (a prefix-cache hit) either."""
 
 from __future__ import annotations
 
@@ -90,15 +91,38 @@ def test_fp8_layers_are_refused_with_batch_invariant_kernels(monkeypatch) -> Non
                                   batch_invariant=True)
 
 
-@torch.inference_mode()
-def test_a_float32_cpu_decode_row_keeps_its_bits_among_others() -> None:
+def _float32_cpu_runner() -> ModelRunner:
     ops = cpu_fused_ops()
     if ops is None or not ops.panel_kernel_vectorised():
         pytest.skip("no AVX-512 fused CPU ops here")
     packed = ModelRunner.for_sequences(_model(torch.device("cpu"), torch.float32), 8, 128, block_size=16)
     assert packed.dense.cpu_packed and packed.dense.packed_bytes > 0 and not packed.dense.batch_invariant
-    alone, among = _among_others(packed)
+    assert packed.attends_outputs_alone  # the engine then cuts prompts at blocks, attends them a block a call
+    return packed
+
+
+@torch.inference_mode()
+def test_a_float32_cpu_decode_row_keeps_its_bits_among_others() -> None:
+    alone, among = _among_others(_float32_cpu_runner())
     assert torch.equal(among, alone)
+
+
+@torch.inference_mode()
+def test_a_float32_cpu_prompt_keeps_its_bits_however_it_is_chunked() -> None:
+    """As the engine runs a float32 CPU runner on steps with prompt tokens (each row's prompt
+    tokens counted, prompts cut at blocks): a prompt fed in block-aligned chunks, as after a
+    prefix-cache hit, ends with the bits of one chunk, also beside other rows."""
+    runner = _float32_cpu_runner()
+
+    def run(slot_rows, prompts):
+        return step(runner, slot_rows, max_len=128, prompt_counts=prompts)
+
+    whole = run([(0, PROMPT, 0)], [len(PROMPT)])[0]
+    run([(1, PROMPT[:16], 0)], [16])  # the first block, as a cached prefix would be
+    assert torch.equal(run([(1, PROMPT[16:], 16)], [len(PROMPT) - 16])[0], whole)
+    run([(2, PROMPT[:16], 0)], [16])
+    beside = run([(3, [7] * 9, 0), (2, PROMPT[16:], 16)], [9, len(PROMPT) - 16])
+    assert torch.equal(beside[1], whole)
 
 
 def test_the_cpu_path_is_left_as_it_is() -> None:
