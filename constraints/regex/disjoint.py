@@ -215,20 +215,5 @@ def top_level_alternatives(pattern: str) -> list[str]:
 
 
 def top_level_alternation(body: str) -> bool:
-    depth, escaped, in_class = 0, False, False
-    for ch in body:
-        if escaped:
-            escaped = False
-        elif ch == "\\":
-            escaped = True
-        elif in_class:
-            in_class = ch != "]"
-        elif ch == "[":
-            in_class = True
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        elif ch == "|" and depth == 0:
-            return True
-    return False
+    """Whether ``body`` has a ``|`` at its top level."""
+    return len(top_level_alternatives(body)) > 1
