@@ -29,7 +29,8 @@ from types import ModuleType
 import torch
 
 log = logging.getLogger(__name__)
-SOURCE = Path(__file__).with_name("csrc") / "cpu_fused.cpp"
+SOURCES = [Path(__file__).with_name("csrc") / name for name in ("cpu_fused.cpp", "cpu_attention.cpp", "cpu_sampler.cpp")]
+HEADERS = [Path(__file__).with_name("csrc") / "vector_exp.h"]
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]  # OpenMP: at::parallel_for runs serial without it
 
 
@@ -52,7 +53,8 @@ def cpu_fused_ops() -> ModuleType | None:
 
             _put_ninja_on_path()
             log.info("fused CPU ops: loading (built once per machine, ~25 s the first time)")
-            return load(name=f"trellis_cpu_fused_{_machine_tag()}", sources=[str(SOURCE)], extra_cflags=FLAGS,
+            return load(name=f"trellis_cpu_fused_{_machine_tag()}_{_source_tag()}",
+                        sources=[str(source) for source in SOURCES], extra_cflags=FLAGS,
                         extra_ldflags=["-fopenmp"], verbose=False)
         except Exception as exc:  # no compiler, no ninja, a failed build: the references serve
             log.warning("fused CPU ops unavailable, using the torch references: %s", str(exc).splitlines()[0])
@@ -68,6 +70,15 @@ def _machine_tag() -> str:
     except OSError:
         flags = ""
     return hashlib.sha1((flags or platform.machine() + platform.processor()).encode()).hexdigest()[:10]
+
+
+def _source_tag() -> str:
+    """A short hash of the sources and headers: torch's builder rebuilds when a source changes,
+    not a header, so the name carries both (a changed header is a fresh build)."""
+    digest = hashlib.sha1()
+    for path in SOURCES + HEADERS:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:8]
 
 
 def _put_ninja_on_path() -> None:

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels._backend import select_backend
+from kernels.cpu_fused import cpu_fused_ops
 
 
 @dataclass
@@ -298,6 +299,9 @@ def paged_attention_torch(
     """
     if meta.prompt_counts is not None:
         return _attend_token_by_token(query, k_cache, v_cache, meta, scale, sliding_window, sinks, softcap)
+    kernel = _output_kernel(query, k_cache, sinks, softcap)
+    if kernel is not None and meta.visible_until is None:
+        return _attend_short_rows_alone(kernel, query, k_cache, v_cache, meta, scale, sliding_window)
     decode_rows = [r for r, q_len in enumerate(meta.query_lens_host) if q_len == 1]
     if len(decode_rows) == query.shape[0] == meta.num_rows:  # a decode-only step: no indexing
         return _attend_decode_rows(query, k_cache, v_cache, meta, slice(None), scale, sliding_window, sinks, softcap)
@@ -356,7 +360,10 @@ def _attend_token_by_token(
             done = end
     per_row = _output_queries(meta, sliding_window)
     if per_row:
-        if sinks is None and not softcap:
+        kernel = _output_kernel(query, k_cache, sinks, softcap)
+        if kernel is not None:
+            kernel.output_attention(out, query, k_cache, v_cache, _int32(meta.block_tables), _items(per_row), scale)
+        elif sinks is None and not softcap:
             _attend_outputs_padded(out, query, k_cache, v_cache, meta, per_row, scale)
         else:
             _attend_outputs_alone(out, query, k_cache, v_cache, meta, per_row, scale, sinks, softcap)
@@ -366,15 +373,17 @@ def _attend_token_by_token(
 OutputQuery = tuple[int, int, int, int]  # (row, token, first visible key, keys seen)
 
 
-def _output_queries(meta: PagedAttentionMetadata, sliding_window: int | None) -> dict[int, list[OutputQuery]]:
-    """The output queries (past each row's prompt part), by row. The same in every layer of a
-    step: worked out once per metadata (the last one is kept, per thread)."""
+def _output_queries(meta: PagedAttentionMetadata, sliding_window: int | None,
+                    prompt_counts: tuple[int, ...] | None = None) -> dict[int, list[OutputQuery]]:
+    """The output queries (past each row's prompt part: ``meta.prompt_counts`` unless given), by
+    row. The same in every layer of a step: worked out once per metadata (the last one is kept,
+    per thread)."""
     last = getattr(_workspace, "outputs", None)
     if last is not None and last[0] is meta and last[1] == sliding_window:
         return last[2]
     starts = _query_starts(meta)
     per_row: dict[int, list[OutputQuery]] = {}
-    for row, prompt in enumerate(meta.prompt_counts):
+    for row, prompt in enumerate(meta.prompt_counts if prompt_counts is None else prompt_counts):
         q_len, ctx, begin = meta.query_lens_host[row], meta.context_lens_host[row], starts[row]
         for j in range(prompt, q_len):
             seen = ctx - q_len + 1 + j
@@ -384,6 +393,55 @@ def _output_queries(meta: PagedAttentionMetadata, sliding_window: int | None) ->
             per_row.setdefault(row, []).append((row, begin + j, low, seen))
     _workspace.outputs = (meta, sliding_window, per_row)
     return per_row
+
+
+def _output_kernel(query: torch.Tensor, k_cache: torch.Tensor, sinks: torch.Tensor | None,
+                   softcap: float | None) -> ModuleType | None:
+    """The C++ kernel that attends output queries one by one where they lie in the cache
+    (``kernels/csrc/cpu_attention.cpp``: float32 on an AVX-512 CPU, no sinks or softcap), or None."""
+    if (sinks is not None or softcap or not query.is_cpu or query.dtype != torch.float32
+            or k_cache.dtype != torch.float32 or query.shape[2] % 16 or query.stride(2) != 1):
+        return None
+    return _output_attention_module()
+
+
+@functools.cache
+def _output_attention_module() -> ModuleType | None:
+    ops = cpu_fused_ops()
+    return ops if ops is not None and ops.output_attention_available() else None
+
+
+def _items(per_row: dict[int, list[OutputQuery]]) -> torch.Tensor:
+    """``per_row``'s queries as the kernel's int64 [Q, 4] (row, token, low, seen), once per step."""
+    last = getattr(_workspace, "items", None)
+    if last is not None and last[0] is per_row:
+        return last[1]
+    items = torch.tensor([item for queries in per_row.values() for item in queries], dtype=torch.int64)
+    _workspace.items = (per_row, items)
+    return items
+
+
+def _int32(tables: torch.Tensor) -> torch.Tensor:
+    return tables if tables.dtype == torch.int32 and tables.stride(-1) == 1 else tables.to(torch.int32).contiguous()
+
+
+def _attend_short_rows_alone(kernel: ModuleType, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                             meta: PagedAttentionMetadata, scale: float, sliding_window: int | None) -> torch.Tensor:
+    """A step without prompt counts on the kernel's CPU: every query of a row of up to
+    ``SHORT_QUERY`` tokens (decode rows, drafts, forced runs) attends alone, as the same token
+    would in a step with prompt counts; a longer row (a prompt chunk) is one SDPA call."""
+    out = torch.empty_like(query)
+    long_rows = tuple(q_len if q_len > SHORT_QUERY else 0 for q_len in meta.query_lens_host)
+    per_row = _output_queries(meta, sliding_window, long_rows)
+    if per_row:
+        kernel.output_attention(out, query, k_cache, v_cache, _int32(meta.block_tables), _items(per_row), scale)
+    starts = _query_starts(meta)
+    for row, q_len in enumerate(long_rows):
+        if q_len:
+            begin = starts[row]
+            out[begin : begin + q_len] = _attend_one_row(query[begin : begin + q_len], k_cache, v_cache, meta, row,
+                                                         scale, sliding_window, None, None)
+    return out
 
 
 def _attend_outputs_padded(out: torch.Tensor, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

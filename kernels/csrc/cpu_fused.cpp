@@ -504,6 +504,13 @@ void mask_rows(torch::Tensor logits, torch::Tensor words, torch::Tensor dst) {
   }
 }
 
+// cpu_attention.cpp
+bool output_attention_available();
+void output_attention(torch::Tensor out, torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
+                      torch::Tensor block_tables, torch::Tensor items, double scale);
+// cpu_sampler.cpp
+torch::Tensor sample_rows(torch::Tensor logits, torch::Tensor uniforms);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mask_rows", &mask_rows, "ban the tokens a bitmask row bans, in place");
   m.def("int4_linear", &int4_linear, "float32 rows through torch's int4 CPU kernel");
@@ -516,4 +523,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("panel_linear", &panel_linear, "float32 rows times a packed weight, each row as it would be alone");
   m.def("int4_panel_linear", &int4_panel_linear, "float32 rows times a packed int4 weight and its group scales");
   m.def("int8_panel_linear", &int8_panel_linear, "float32 rows times a packed int8 weight and its column scales");
+  m.def("output_attention_available", &output_attention_available, "whether output_attention runs here (AVX-512)");
+  m.def("output_attention", &output_attention, "output queries over a paged cache, each on its own");
+  m.def("sample_rows", &sample_rows, "one token per float32 logit row by inverse CDF (AVX-512)");
 }
