@@ -63,7 +63,6 @@ class DraftVerifier:
             if seq.verify and not self.scheduler.grow(seq, seq.cached_len + take + len(seq.verify)):
                 seq.verify = []  # no free block for the draft: plain decoding this step
             budget -= len(seq.verify)
-            step_tokens += len(seq.verify)  # the next row's draft is priced in the step grown by this one
         if not any(seq.verify for seq in decode_rows):
             return decode_rows, extend_plan
         drafting = [(seq, 1) for seq in decode_rows if seq.verify]

@@ -10,12 +10,6 @@ threshold follows the machine and the load: near zero for one sequence whose ste
 weight read, close to one when the batch already makes the step compute-bound. Until the fit
 has seen steps of different sizes, drafts are let through (that is how it sees them). A draft
 source kept less than ``MIN_ACCEPTANCE`` of the time is priced out whatever the fit says.
-
-The cost is not one straight line: on a CPU a step of 100 tokens (rows that append forced tokens
-together) costs less per token than one of 16 to 40, as the kernels' tiles fill. One line through
-both makes drafts at 16 rows look cheap (a 12% loss measured with int4 weights), so each step is
-filed by its size (powers of two) and a draft is priced by the line through the steps near its
-own size: the global line stands in only until those vary enough to give a slope.
 """
 
 from __future__ import annotations
@@ -29,17 +23,13 @@ MIN_ACCEPTANCE = 0.2
 
 
 VERIFY_WEIGHT = 0.1  # weight of the newest step in the verification cost estimate
-SIZE_CLASSES = 24  # steps filed by the bit length of their token count (up to 2**23 tokens)
-NEIGHBOURS = 1  # a local line spans a step's size class and this many on either side
 
 
 class SpeculationPolicy:
     """The fitted step cost and the acceptance a draft token needs (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._sums = [[0.0] * 5 for _ in range(SIZE_CLASSES)]  # per size class: weighted n, x, y, xx, xy
-        self._stamps = [0] * SIZE_CLASSES  # the step count at each class's last update (decay is lazy)
-        self._steps = 0
+        self._sums = [0.0] * 5  # weighted n, x, y, xx, xy
         self.verify_s_per_token = 0.0  # host seconds the verification spends per draft token fed
         self._last: tuple[int, float] | None = None  # (tokens, threshold): every row of a step asks alike
 
@@ -63,30 +53,23 @@ class SpeculationPolicy:
         if tokens <= 0 or seconds <= 0:
             return
         x, y = float(tokens), float(seconds)
-        self._steps += 1
-        home = _size_class(tokens)
-        sums = self._decayed(home)
+        sums = [value * DECAY for value in self._sums]
         for i, term in enumerate((1.0, x, y, x * x, x * y)):
             sums[i] += term
-        self._sums[home], self._stamps[home] = sums, self._steps
+        self._sums = sums
         self._last = None
 
-    def _decayed(self, size_class: int) -> list[float]:
-        """A size class's sums as of now: weighted ``DECAY`` per forward recorded since."""
-        weight = DECAY ** (self._steps - self._stamps[size_class])
-        return [value * weight for value in self._sums[size_class]]
-
-    def cost(self, tokens: int | None = None) -> tuple[float, float] | None:
-        """(a, b): fixed and per-token seconds of a forward near ``tokens`` tokens (the line
-        through every step when None, or when the steps near it all had one size), or None
-        until the slope is known."""
-        if tokens is not None:
-            home = _size_class(tokens)
-            near = range(max(home - NEIGHBOURS, 0), min(home + NEIGHBOURS + 1, SIZE_CLASSES))
-            local = _fit(_add([self._decayed(i) for i in near]))
-            if local is not None:
-                return local
-        return _fit(_add([self._decayed(i) for i in range(SIZE_CLASSES)]))
+    def cost(self) -> tuple[float, float] | None:
+        """(a, b): fixed and per-token seconds of a forward, or None until the slope is known."""
+        n, x, y, xx, xy = self._sums
+        if n <= 0:
+            return None
+        spread = xx / n - (x / n) ** 2
+        if spread < MIN_SPREAD:
+            return None
+        slope = (xy / n - (x / n) * (y / n)) / spread
+        fixed = y / n - slope * (x / n)
+        return max(fixed, 0.0), max(slope, 0.0)
 
     def threshold(self, tokens: int) -> float:
         """The share of draft tokens that must be kept for drafting to pay in a step of ``tokens``."""
@@ -95,7 +78,7 @@ class SpeculationPolicy:
         return self._last[1]
 
     def _threshold(self, tokens: int) -> float:
-        cost = self.cost(tokens)
+        cost = self.cost()
         if cost is None:
             return 0.0
         fixed, slope = cost
@@ -105,25 +88,3 @@ class SpeculationPolicy:
     def worth(self, acceptance: float, tokens: int) -> bool:
         """Drafts with this expected acceptance pay in a step of ``tokens`` tokens."""
         return acceptance > max(self.threshold(tokens), MIN_ACCEPTANCE)
-
-
-def _size_class(tokens: int) -> int:
-    return min(int(tokens).bit_length(), SIZE_CLASSES - 1)
-
-
-def _add(classes: list[list[float]]) -> list[float]:
-    return [sum(column) for column in zip(*classes)]
-
-
-def _fit(sums: list[float]) -> tuple[float, float] | None:
-    """The weighted least-squares line (fixed, per token) through ``sums``, or None when the
-    sizes vary too little to give a slope."""
-    n, x, y, xx, xy = sums
-    if n <= 0:
-        return None
-    spread = xx / n - (x / n) ** 2
-    if spread < MIN_SPREAD:
-        return None
-    slope = (xy / n - (x / n) * (y / n)) / spread
-    fixed = y / n - slope * (x / n)
-    return max(fixed, 0.0), max(slope, 0.0)

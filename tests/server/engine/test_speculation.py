@@ -136,21 +136,6 @@ def test_policy_prices_draft_tokens_from_the_fitted_step_cost() -> None:
     assert policy.worth(0.3, 1) and not policy.worth(0.3, 64)  # 64 tokens: 0.128 / 0.168 needed
 
 
-def test_policy_prices_a_draft_by_the_steps_near_its_size() -> None:
-    """On a CPU a long step (rows appending forced runs together) costs less per token than a
-    short one: one line through both priced drafts at 16 rows as half their cost (int4: -12%)."""
-    policy = SpeculationPolicy()
-    for tokens in [16, 20, 24, 31, 40, 18, 150, 200, 250, 120] * 3:
-        per_token, fixed = (0.004, 0.010) if tokens < 64 else (0.0025, 0.075)
-        policy.record(tokens, fixed + per_token * tokens)
-    fixed, slope = policy.cost(16)
-    assert fixed == pytest.approx(0.010) and slope == pytest.approx(0.004)
-    assert policy.cost(200)[1] == pytest.approx(0.0025)
-    assert policy.threshold(16) == pytest.approx(0.064 / 0.074)
-    assert policy.cost()[1] < 0.003  # the line through every step would make drafts look cheap
-    assert not policy.worth(0.8, 16)
-
-
 def test_policy_prices_a_launch_that_outlasts_the_device() -> None:
     """The H100's mixed steps: a one-token step replays its full graph at once (device-bound),
     a draft step launches piecewise graphs a layer at a time (host-bound, the device idles)."""
