@@ -122,7 +122,8 @@ def prefix_share(ours: list[list[int]], reference: list[list[int]]) -> float:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kinds", nargs="+", default=["none", "int8", "int4"])
+    parser.add_argument("--kinds", nargs="+", default=["none", "int8", "int4"],
+                        help="none is always measured first: the others' agreement is with it")
     parser.add_argument("--model", type=Path, default=None, help="a model directory (default: the embedded model)")
     parser.add_argument("--prompts", type=int, default=len(QUESTIONS))
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.smoke:
         args.prompts, args.max_tokens, args.prefill = 4, 8, 64
+    args.kinds = ["none"] + [kind for kind in args.kinds if kind != "none"]  # the reference, first
     directory = args.model or default_model_dir(show_progress=True)
     tokenizer = load_tokenizer(directory)
     prompts = [chat_prompt(tokenizer, q) for q in QUESTIONS[: args.prompts]]
