@@ -296,10 +296,12 @@ class _Rewriter:
         """Rewrite the subschemas a local ``$ref`` reaches under a key that is no schema
         keyword (``{"$ref": "#/my_defs/a"}``): the walk above does not visit them."""
         done: set[str] = set()
+        reached: list[dict] = [result]  # the schema and the unlisted targets rewritten so far
         while True:
-            listed = {id(n) for _, n in subschemas(result)}
+            walked = [n for base in reached for _, n in subschemas(base)]
+            listed = {id(n) for n in walked}  # rewritten already
             todo = []
-            for _, n in subschemas(result):
+            for n in walked:  # references inside a rewritten target lead on too
                 ref = n.get("$ref") if isinstance(n, dict) else None
                 if isinstance(ref, str) and ref.startswith("#/") and ref not in done:
                     todo.append(ref)
@@ -312,6 +314,8 @@ class _Rewriter:
                 if isinstance(parent, dict) and isinstance(parent.get(parts[-1]), dict) \
                         and id(parent[parts[-1]]) not in listed:
                     parent[parts[-1]] = self.node(parent[parts[-1]])
+                    if isinstance(parent[parts[-1]], dict):
+                        reached.append(parent[parts[-1]])
             if not todo:
                 return
 
