@@ -38,6 +38,7 @@ from .numbers import rewrite_numbers
 from .object_difference import exclusive_objects
 from .pattern_regions import disjoint_pattern_properties
 from .references import check_references, inline_boolean_refs, resolve_references
+from .type_pruning import prune_typed_branches
 from .tree import (SCHEMA_KEYS, SCHEMA_LIST_KEYS, SCHEMA_MAP_KEYS, at_pointer, conjoin, escape_part, names_draft,
                    pointer_parts, subschemas)
 
@@ -290,6 +291,7 @@ class _Rewriter:
         if isinstance(result, dict):
             self._unlisted_ref_targets(result)
             inline_boolean_refs(result)  # a target the rewrite turned into true / false
+            result = prune_typed_branches(result)
         return result if isinstance(result, dict) else {}
 
     def _unlisted_ref_targets(self, result: dict) -> None:
