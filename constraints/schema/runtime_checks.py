@@ -248,7 +248,7 @@ def _free_order(root: dict, node: dict, paths: set[Path]) -> _Freeing | None:
         if any(other is not node and id(other) not in known and _OBJECT_KEYWORDS.intersection(other)
                for other in _applying(root, path)):
             return None
-        if not _forces(root, root, path, lambda n: n is node, "object", set()):
+        if not _forces(root, root, path, lambda n: n is node, "object", {}):
             return None
     closed = extra is False
     named, open_patterns = [], []  # a closed object's other keys: spelled out, or never exhausted
@@ -377,12 +377,12 @@ def _unique_domain(root: dict, path: Path) -> tuple[str, ...] | str | None | boo
     complete), ``"objects"`` for objects that take any further key (a repeat can be told apart
     by one more key before it closes), ``"values"`` for values of a few unbounded types,
     compared whole; False when none of these holds."""
-    if not _forces(root, root, path, lambda n: n.get("uniqueItems") is True, "array", set()):
+    if not _forces(root, root, path, lambda n: n.get("uniqueItems") is True, "array", {}):
         return False
     item = (*path, None)
     applying = list(_applying(root, item))
     if all(set(n) <= _PLAIN_STRING for n in applying) and _forces(
-            root, root, item, lambda n: type_list(n.get("type")) == ["string"], None, set()):
+            root, root, item, lambda n: type_list(n.get("type")) == ["string"], None, {}):
         return None
     listed = _listed_strings(root, path, applying)
     if listed is not None:
@@ -436,7 +436,7 @@ def _any_values(root: dict, path: Path) -> bool:
 def _open_objects(root: dict, path: Path) -> bool:
     """Every value at ``path`` is an object, and every subschema that can apply to it takes
     further keys (no closed, pattern-only or bounded key set; no listed values)."""
-    if not _forces(root, root, path, lambda n: type_list(n.get("type")) == ["object"], None, set()):
+    if not _forces(root, root, path, lambda n: type_list(n.get("type")) == ["object"], None, {}):
         return False
     return all(not any(k in n for k in (*_CLOSING_KEYS, "maxProperties", "enum", "const"))
                and n.get("additionalProperties") is not False for n in _applying(root, path))
@@ -450,11 +450,11 @@ def _counts_hold(root: dict, path: Path, low: int | None, high: int | None) -> b
     """Every object at ``path`` must meet the bounds, it takes any further key (for a minimum)
     and requires none (for a maximum)."""
     if low is not None and not _forces(root, root, path, lambda n: (_count(n.get("minProperties")) or 0) >= low,
-                                       "object", set()):
+                                       "object", {}):
         return False
     if high is not None and not _forces(
         root, root, path, lambda n: _count(n.get("maxProperties")) is not None and n["maxProperties"] <= high,
-        "object", set()
+        "object", {}
     ):
         return False
     for node in _applying(root, path):
@@ -475,18 +475,28 @@ def _admits(node: dict, kind: str | None) -> bool:
     return kind is None or types is None or kind in types
 
 
-def _forces(root: dict, node: Any, path: Path, holds: Callable[[dict], bool], kind: str | None, seen: set) -> bool:
+def _forces(root: dict, node: Any, path: Path, holds: Callable[[dict], bool], kind: str | None, seen: dict) -> bool:
     """Whether every instance valid under ``node`` whose value at ``path`` exists (and is a
     ``kind``, when one is named) has that value satisfy ``holds`` in some subschema it must
-    meet. Conservative: False where it cannot tell."""
+    meet. Conservative: False where it cannot tell. ``seen`` remembers each (subschema, path)
+    answer: a subschema reached again through another branch (two ``oneOf`` branches referring
+    to one definition) answers as it did, one reached again inside itself (a recursion) False."""
     if node is False:
         return True
     if not isinstance(node, dict):
         return False
     key = (id(node), path)
-    if key in seen or len(seen) > MAX_VISITS:
+    if key in seen:
+        return seen[key]
+    if len(seen) > MAX_VISITS:
         return False
-    seen.add(key)
+    seen[key] = False  # until answered: a recursion proves nothing
+    seen[key] = _forces_here(root, node, path, holds, kind, seen)
+    return seen[key]
+
+
+def _forces_here(root: dict, node: dict, path: Path, holds: Callable[[dict], bool], kind: str | None,
+                 seen: dict) -> bool:
     step_kind = kind if not path else ("array" if path[0] is None else "object")
     if not _admits(node, step_kind):
         return True  # no such value under this node
@@ -505,7 +515,7 @@ def _forces(root: dict, node: Any, path: Path, holds: Callable[[dict], bool], ki
     return "if" in node and all(_forces(root, node.get(k, True), path, holds, kind, seen) for k in ("then", "else"))
 
 
-def _step_forces(root: dict, node: dict, path: Path, holds, kind: str | None, seen: set) -> bool:
+def _step_forces(root: dict, node: dict, path: Path, holds, kind: str | None, seen: dict) -> bool:
     head, rest = path[0], path[1:]
     if head is None:
         items = node.get("items")

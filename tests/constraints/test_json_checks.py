@@ -171,6 +171,26 @@ def test_checks_name_their_paths():
     assert "uniqueItems" not in json.dumps(stripped) and "uniqueItems" in json.dumps(schema)
 
 
+# MaskBench JsonSchemaStore host: both oneOf branches (two versions of one file format) list
+# one definition of unique strings; the second branch reaching it must not read as a recursion
+SHARED_BY_BRANCHES = {
+    "$defs": {"names": {"type": "array", "uniqueItems": True, "items": {"type": "string"}},
+              "v1": {"type": "object", "properties": {"names": {"$ref": "#/$defs/names"}, "a": {"type": "integer"}},
+                     "required": ["a"], "additionalProperties": False},
+              "v2": {"type": "object", "properties": {"names": {"$ref": "#/$defs/names"}, "b": {"type": "integer"}},
+                     "required": ["b"], "additionalProperties": False}},
+    "oneOf": [{"$ref": "#/$defs/v1"}, {"$ref": "#/$defs/v2"}],
+}
+
+
+def test_a_definition_two_branches_share_is_checked(compiler, tok):
+    stripped, checks = split_runtime_checks(SHARED_BY_BRANCHES, free_order=False)
+    assert checks == (JsonCheck(("names",), unique_items=True),)
+    assert "uniqueItems" not in json.dumps(stripped)
+    assert_classified(compiler, tok, SHARED_BY_BRANCHES, valid=[{"a": 1, "names": ["x", "y"]}, {"b": 2, "names": []}],
+                      invalid=[{"a": 1, "names": ["x", "x"]}, {"b": 1, "names": ["y", "y"]}, {"a": 1, "b": 2}])
+
+
 def _mask(matcher) -> torch.Tensor:
     mask = new_mask()
     matcher.fill_bitmask(mask, 0)
