@@ -381,7 +381,7 @@ def _unique_domain(root: dict, path: Path) -> tuple[str, ...] | str | None | boo
         return False
     item = (*path, None)
     applying = list(_applying(root, item))
-    if all(set(n) <= _PLAIN_STRING for n in applying) and _forces(
+    if _unbounded_strings(applying) and _forces(
             root, root, item, lambda n: type_list(n.get("type")) == ["string"], None, {}):
         return None
     listed = _listed_strings(root, path, applying)
@@ -390,6 +390,17 @@ def _unique_domain(root: dict, path: Path) -> tuple[str, ...] | str | None | boo
     if _open_objects(root, item):
         return _OBJECTS
     return _VALUES if _any_values(root, item) else False
+
+
+def _unbounded_strings(applying: list[dict]) -> bool:
+    """Whether the subschemas that can apply to an item say no more of a string than a
+    ``minLength``, and at most one ``pattern`` (any number of subschemas may repeat it) every
+    prefix of whose strings has infinitely many completions: a repeat can then always be
+    written on past (``^[A-Za-z_][A-Za-z0-9_]*$``; not ``^[0-9]+x$``, done at its ``x``)."""
+    patterns = {n["pattern"] for n in applying if "pattern" in n}
+    if any(set(n) - _PLAIN_STRING - {"pattern"} for n in applying) or len(patterns) > 1:
+        return False
+    return all(isinstance(p, str) and unbounded_completions(p) is True for p in patterns)
 
 
 def _listed_strings(root: dict, path: Path, applying: list[dict]) -> tuple[str, ...] | bool | None:

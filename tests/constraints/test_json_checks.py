@@ -68,6 +68,11 @@ CASES = [
         [{"k": ["x"], "z": ["x", "y"]}],
         [{"k": ["x", "x"]}, {"z": ["q", "q"]}],
     ),
+    (  # names of a pattern every prefix of which goes on (MaskBench JsonSchemaStore bxci: variable names)
+        {"type": "array", "uniqueItems": True, "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}},
+        [["a", "a1", "A"], ["x_y", "x"], []],
+        [["a", "a"], ["b", "c", "b"], ["1a"], [""]],
+    ),
     (  # a minimum of keys over an object that takes any key
         {"type": "object", "minProperties": 2, "properties": {"a": {"type": "string"}}},
         [{"a": "x", "b": 1}, {"b": 1, "c": [1]}, {"a": "x", "b": {"c": {}}, "d": None}],
@@ -133,6 +138,11 @@ def test_a_repeated_key_is_refused_in_a_counted_object(compiler, tok):
         # a map beside patterns: which subschema takes a key is the pattern's to say
         {"type": "object", "patternProperties": {"^a": {}},
          "additionalProperties": {"type": "array", "uniqueItems": True, "items": {"type": "string"}}},
+        # strings a pattern ends ("12x" takes nothing after its x): a repeat could leave no way on
+        {"type": "array", "uniqueItems": True, "items": {"type": "string", "pattern": "^[0-9]+x$"}},
+        # two patterns: what they take together is not checked here
+        {"type": "array", "uniqueItems": True,
+         "items": {"allOf": [{"type": "string", "pattern": "^a"}, {"pattern": "b$"}]}},
         # keys under a pattern: a minimum could find no further key
         {"type": "object", "minProperties": 3, "patternProperties": {"^[ab]$": {}}, "additionalProperties": False},
     ],
