@@ -140,3 +140,18 @@ def test_values_beside_pattern_properties_keep_their_form():
     schema = {"type": "object", "properties": {"basic": label}, "patternProperties": {"^[a-z]*$": label},
               "additionalProperties": False}
     assert any_order(schema) == schema
+
+
+def test_the_declared_order_is_tried_when_the_spelled_out_orders_fail():
+    """Every order spelled out can be too large for llguidance ("schema too large": MaskBench
+    JsonSchemaStore jreleaser-1.7.0) where the declared one compiles: it comes next, before
+    xgrammar, with the same rewrite otherwise."""
+    from constraints.compile.planner import plan
+
+    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}}
+    attempts = plan(ConstraintSpec("json_schema", schema))
+    first, second = attempts[0], attempts[1]
+    assert (first.backend, second.backend) == ("llguidance", "llguidance")
+    assert "anyOf" in first.source and second.source["properties"] == schema["properties"]
+    declared = plan(ConstraintSpec("json_schema", schema, {"json_property_order": "declared"}))
+    assert [a.backend for a in declared] == ["llguidance", "xgrammar"]
