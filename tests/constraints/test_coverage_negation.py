@@ -205,3 +205,20 @@ def test_a_reference_inside_an_unlisted_target_is_rewritten(compiler, tok):
         assert walk_json(compiled, tok, value), value
     for value in [{"x": 1}, {"x": [1]}]:
         assert not walk_json(compiled, tok, value), value
+
+
+# MaskBench JsonSchemaStore hazelcast-config-5.3: an odd group size between 3 and 7
+ODD_SIZE = {"type": "integer", "not": {"multipleOf": 2}, "minimum": 3, "maximum": 7}
+
+
+def test_bounded_integers_beside_a_not_are_listed(compiler, tok):
+    from constraints.schema.analysis import rewrite_schema
+
+    assert rewrite_schema(ODD_SIZE) == {"enum": [3, 5, 7]}
+    plain = {"type": "integer", "minimum": 3, "maximum": 7, "default": 4}
+    assert rewrite_schema(plain) == plain  # nothing the backends skip: left to them
+    compiled = compiler.compile(ConstraintSpec("json_schema", ODD_SIZE))
+    for value in [3, 5, 7]:
+        assert walk_json(compiled, tok, value), value
+    for value in [1, 2, 4, 6, 8, 9, 5.5]:
+        assert not walk_json(compiled, tok, value), value
