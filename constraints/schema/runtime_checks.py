@@ -468,12 +468,26 @@ def _counts_hold(root: dict, path: Path, low: int | None, high: int | None) -> b
         "object", {}
     ):
         return False
-    for node in _applying(root, path):
-        if any(k in node for k in _CLOSING_KEYS) or node.get("additionalProperties") is False:
-            return False
+    applying = list(_applying(root, path))
+    closing = [n for n in applying if any(k in n for k in _CLOSING_KEYS) or n.get("additionalProperties") is False]
+    if closing and (high is not None or len(closing) > 1 or not _endless_names(closing[0])):
+        return False
+    for node in applying:
         if high is not None and (node.get("required") or node.get("dependentRequired") or node.get("dependencies")):
             return False
     return True
+
+
+def _endless_names(node: dict) -> bool:
+    """Whether an object ``node`` closes still takes a further key whatever keys it has: a
+    ``patternProperties`` pattern matches infinitely many names past any prefix (a map of
+    ``^[a-z0-9-]+$`` names) and takes some value there; no ``propertyNames`` /
+    ``unevaluatedProperties`` beside."""
+    patterns = node.get("patternProperties")
+    if set(_CLOSING_KEYS).intersection(node) - {"patternProperties"} or not isinstance(patterns, dict):
+        return False
+    return any(isinstance(p, str) and value is not False and unbounded_completions(p) is True
+               for p, value in patterns.items())
 
 
 def _target(root: dict, ref: Any) -> Any:

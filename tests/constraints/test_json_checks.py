@@ -78,6 +78,12 @@ CASES = [
         [{"a": "x", "b": 1}, {"b": 1, "c": [1]}, {"a": "x", "b": {"c": {}}, "d": None}],
         [{}, {"a": "x"}, {"b": 1}],
     ),
+    (  # a minimum over a map whose one pattern takes endless names (MaskBench Github_hard o74560)
+        {"type": "object", "minProperties": 2, "patternProperties": {"^[a-z_]+$": {"type": "integer"}},
+         "additionalProperties": False},
+        [{"a": 1, "b": 2}, {"a": 1, "ab": 2, "abc": 3}],
+        [{}, {"a": 1}, {"A": 1, "b": 2}, {"a": 1, "b": "x"}],
+    ),
     (  # a maximum over an object that requires nothing
         {"type": "object", "maxProperties": 1, "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}},
         [{}, {"a": "x"}, {"b": 2}, {"zz": [1, 2]}],
