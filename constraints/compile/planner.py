@@ -207,11 +207,14 @@ def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
     # xgrammar keeps the declared order (an anyOf of objects costs it seconds to compile);
     # refusals name the keyword where the client wrote it (pointers of ``rewritten``)
     intersected = precompute_intersections(rewritten)
-    attempts = [Attempt("llguidance", any_order(intersected) if order != "declared" else intersected)]
+    ordered = any_order(intersected) if order != "declared" else intersected
+    attempts = [Attempt("llguidance", ordered)]
+    if ordered is not intersected:  # the orders' copies can be too many for llguidance: fewer spellings
+        attempts.append(Attempt("llguidance", intersected))
     if needs_lark(rewritten):  # llguidance's JSON compiler refuses contains: as a Lark grammar
-        attempts.insert(0, Attempt("llguidance", LarkSchema(rewritten)))
         if before_draft_06(rewritten) and not needs_lark(schema):
-            del attempts[1]  # ... or skips it in draft 3 / 4, where the rewrite's contains is no keyword
+            attempts = []  # ... or skips it in draft 3 / 4, where the rewrite's contains is no keyword
+        attempts.insert(0, Attempt("llguidance", LarkSchema(rewritten)))
     if checks:
         attempts = [dataclasses.replace(a, checks=checks) for a in attempts]
     # xgrammar takes no patternProperties: it keeps the declared order

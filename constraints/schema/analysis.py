@@ -38,6 +38,7 @@ from .numbers import rewrite_numbers
 from .object_difference import exclusive_objects
 from .pattern_regions import disjoint_pattern_properties
 from .references import check_references, inline_boolean_refs, resolve_references
+from .type_pruning import prune_typed_branches
 from .tree import (SCHEMA_KEYS, SCHEMA_LIST_KEYS, SCHEMA_MAP_KEYS, at_pointer, conjoin, escape_part, names_draft,
                    pointer_parts, subschemas)
 
@@ -290,16 +291,19 @@ class _Rewriter:
         if isinstance(result, dict):
             self._unlisted_ref_targets(result)
             inline_boolean_refs(result)  # a target the rewrite turned into true / false
+            result = prune_typed_branches(result)
         return result if isinstance(result, dict) else {}
 
     def _unlisted_ref_targets(self, result: dict) -> None:
         """Rewrite the subschemas a local ``$ref`` reaches under a key that is no schema
         keyword (``{"$ref": "#/my_defs/a"}``): the walk above does not visit them."""
         done: set[str] = set()
+        reached: list[dict] = [result]  # the schema and the unlisted targets rewritten so far
         while True:
-            listed = {id(n) for _, n in subschemas(result)}
+            walked = [n for base in reached for _, n in subschemas(base)]
+            listed = {id(n) for n in walked}  # rewritten already
             todo = []
-            for _, n in subschemas(result):
+            for n in walked:  # references inside a rewritten target lead on too
                 ref = n.get("$ref") if isinstance(n, dict) else None
                 if isinstance(ref, str) and ref.startswith("#/") and ref not in done:
                     todo.append(ref)
@@ -312,6 +316,8 @@ class _Rewriter:
                 if isinstance(parent, dict) and isinstance(parent.get(parts[-1]), dict) \
                         and id(parent[parts[-1]]) not in listed:
                     parent[parts[-1]] = self.node(parent[parts[-1]])
+                    if isinstance(parent[parts[-1]], dict):
+                        reached.append(parent[parts[-1]])
             if not todo:
                 return
 

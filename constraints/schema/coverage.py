@@ -103,7 +103,8 @@ _NUMBER_KEYS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMa
 
 
 def _bounded_multiples(node: dict, root: dict) -> Any:
-    """A number node bounded on both sides with a ``multipleOf`` has finitely many instances:
+    """A number node bounded on both sides with a ``multipleOf`` (an integer node: of 1) has
+    finitely many instances:
     when there are at most :data:`MAX_CANDIDATES` multiples in range, each is checked against
     the whole node with jsonschema, and the node becomes the ``enum`` of those that pass (at most
     :data:`MAX_ENUMERATED`), so what it says beside (``not``, other ``multipleOf``s, ``oneOf``
@@ -117,6 +118,8 @@ def _bounded_multiples(node: dict, root: dict) -> Any:
     lo = _bound(parts, ("minimum", "exclusiveMinimum"), max)
     hi = _bound(parts, ("maximum", "exclusiveMaximum"), min)
     steps = [s for p in parts if (s := exact(p.get("multipleOf"))) is not None and s > 0]
+    if not steps and types == ["integer"] and ("not" in node or "oneOf" in node):
+        steps = [Fraction(1)]  # integers are the multiples of 1 (a not / oneOf left: enumerate them)
     if lo is None or hi is None or not steps or not set(node) - _NUMBER_KEYS - {"type"} - _NAME_KEYS \
             and len(steps) == 1 and "allOf" not in node:
         return node  # nothing beside the bounds and one step: the backends enforce it already

@@ -59,7 +59,9 @@ def possible_types(node: Any, root: dict, depth: int = 0) -> set[str]:
 
 
 def _discriminators(node: Any, root: dict, depth: int = 0) -> dict[str, tuple[list[Any], bool]]:
-    """Properties with literal values (const/enum) -> (values, required)."""
+    """Properties with literal values (const/enum) -> (values, required). A property listed by
+    the node and its ``allOf`` members takes only the values every one of them lists (an
+    ``enum`` of every kind beside the ``oneOf``, one kind in each branch: the branch's)."""
     node = resolve(node, root)
     if not isinstance(node, dict) or depth > 8:
         return {}
@@ -75,7 +77,8 @@ def _discriminators(node: Any, root: dict, depth: int = 0) -> dict[str, tuple[li
     for part in node.get("allOf") or []:
         for name, (lits, required) in _discriminators(part, root, depth + 1).items():
             if name in out:
-                out[name] = (out[name][0], out[name][1] or required)
+                listed = {_canon(v) for v in lits}
+                out[name] = ([v for v in out[name][0] if _canon(v) in listed], out[name][1] or required)
             else:
                 out[name] = (lits, required or name in req)
     return out

@@ -23,6 +23,7 @@ import json
 from typing import Any
 from urllib.parse import unquote
 
+from .keywords import SPEC_KEYWORDS
 from .runtime_checks import FREED_MARK
 from .tree import SCHEMA_KEYS, SCHEMA_LIST_KEYS, SCHEMA_MAP_KEYS, at_pointer, escape_part, subschemas
 
@@ -153,12 +154,12 @@ class _State:
             return False
         if self.branches + _factorial(len(props)) > MAX_BRANCHES:
             return False
-        if set(node) - _COPYABLE - {"properties", "$defs", "definitions", "$schema"}:
+        if set(node) - _COPYABLE - {"properties", "$defs", "definitions", "$schema"} - _unknown_keys(node):
             return False
         if not isinstance(node.get("patternProperties", {}), dict):
             return False
-        inside = f"{pointer}/properties"
-        return not any(t == inside or t.startswith(inside + "/") for t in self.ref_targets)
+        moved = [f"{pointer}/{escape_part(k)}" for k in ("properties", *_unknown_keys(node))]
+        return not any(t == inside or t.startswith(inside + "/") for t in self.ref_targets for inside in moved)
 
     def _rewrite(self, node: dict, pointer: str) -> dict:
         """``anyOf`` over the node's copies, one per order of its properties (values in $defs)."""
@@ -167,7 +168,8 @@ class _State:
         refs = {name: self._hoist(value, f"{pointer}/properties/{escape_part(name)}") for name, value in props.items()}
         kept = {k: v for k, v in node.items() if k in ("$defs", "definitions", "$schema")}
         self._children(kept, pointer)
-        rest = {k: v for k, v in node.items() if k not in kept and k != "properties"}
+        dropped = _unknown_keys(node)  # no draft's keywords: they assert nothing, and no $ref leads into them
+        rest = {k: v for k, v in node.items() if k not in kept and k != "properties" and k not in dropped}
         # the other member schemas are repeated in every copy: each copy refers to one of them
         if isinstance(rest.get("additionalProperties"), dict):
             rest["additionalProperties"] = self._hoist(rest["additionalProperties"], f"{pointer}/additionalProperties")
@@ -191,6 +193,12 @@ class _State:
         self.defs[key] = True  # reserved before the value's own objects take names
         self.defs[key] = self.visit(value, pointer)
         return {"$ref": f"#/$defs/{key}"}
+
+
+def _unknown_keys(node: dict) -> set[str]:
+    """The keys of ``node`` that no draft defines (``x-taplo``, ``self``, ``Comment``): they
+    assert nothing, so the copies leave them out."""
+    return {k for k in node if k not in SPEC_KEYWORDS and not k.startswith(("x-guidance", "x-trellis"))}
 
 
 def _factorial(n: int) -> int:

@@ -248,7 +248,7 @@ def _free_order(root: dict, node: dict, paths: set[Path]) -> _Freeing | None:
         if any(other is not node and id(other) not in known and _OBJECT_KEYWORDS.intersection(other)
                for other in _applying(root, path)):
             return None
-        if not _forces(root, root, path, lambda n: n is node, "object", set()):
+        if not _forces(root, root, path, lambda n: n is node, "object", {}):
             return None
     closed = extra is False
     named, open_patterns = [], []  # a closed object's other keys: spelled out, or never exhausted
@@ -377,12 +377,12 @@ def _unique_domain(root: dict, path: Path) -> tuple[str, ...] | str | None | boo
     complete), ``"objects"`` for objects that take any further key (a repeat can be told apart
     by one more key before it closes), ``"values"`` for values of a few unbounded types,
     compared whole; False when none of these holds."""
-    if not _forces(root, root, path, lambda n: n.get("uniqueItems") is True, "array", set()):
+    if not _forces(root, root, path, lambda n: n.get("uniqueItems") is True, "array", {}):
         return False
     item = (*path, None)
     applying = list(_applying(root, item))
-    if all(set(n) <= _PLAIN_STRING for n in applying) and _forces(
-            root, root, item, lambda n: type_list(n.get("type")) == ["string"], None, set()):
+    if _unbounded_strings(applying) and _forces(
+            root, root, item, lambda n: type_list(n.get("type")) == ["string"], None, {}):
         return None
     listed = _listed_strings(root, path, applying)
     if listed is not None:
@@ -390,6 +390,17 @@ def _unique_domain(root: dict, path: Path) -> tuple[str, ...] | str | None | boo
     if _open_objects(root, item):
         return _OBJECTS
     return _VALUES if _any_values(root, item) else False
+
+
+def _unbounded_strings(applying: list[dict]) -> bool:
+    """Whether the subschemas that can apply to an item say no more of a string than a
+    ``minLength``, and at most one ``pattern`` (any number of subschemas may repeat it) every
+    prefix of whose strings has infinitely many completions: a repeat can then always be
+    written on past (``^[A-Za-z_][A-Za-z0-9_]*$``; not ``^[0-9]+x$``, done at its ``x``)."""
+    patterns = {n["pattern"] for n in applying if "pattern" in n}
+    if any(set(n) - _PLAIN_STRING - {"pattern"} for n in applying) or len(patterns) > 1:
+        return False
+    return all(isinstance(p, str) and unbounded_completions(p) is True for p in patterns)
 
 
 def _listed_strings(root: dict, path: Path, applying: list[dict]) -> tuple[str, ...] | bool | None:
@@ -436,7 +447,7 @@ def _any_values(root: dict, path: Path) -> bool:
 def _open_objects(root: dict, path: Path) -> bool:
     """Every value at ``path`` is an object, and every subschema that can apply to it takes
     further keys (no closed, pattern-only or bounded key set; no listed values)."""
-    if not _forces(root, root, path, lambda n: type_list(n.get("type")) == ["object"], None, set()):
+    if not _forces(root, root, path, lambda n: type_list(n.get("type")) == ["object"], None, {}):
         return False
     return all(not any(k in n for k in (*_CLOSING_KEYS, "maxProperties", "enum", "const"))
                and n.get("additionalProperties") is not False for n in _applying(root, path))
@@ -450,19 +461,33 @@ def _counts_hold(root: dict, path: Path, low: int | None, high: int | None) -> b
     """Every object at ``path`` must meet the bounds, it takes any further key (for a minimum)
     and requires none (for a maximum)."""
     if low is not None and not _forces(root, root, path, lambda n: (_count(n.get("minProperties")) or 0) >= low,
-                                       "object", set()):
+                                       "object", {}):
         return False
     if high is not None and not _forces(
         root, root, path, lambda n: _count(n.get("maxProperties")) is not None and n["maxProperties"] <= high,
-        "object", set()
+        "object", {}
     ):
         return False
-    for node in _applying(root, path):
-        if any(k in node for k in _CLOSING_KEYS) or node.get("additionalProperties") is False:
-            return False
+    applying = list(_applying(root, path))
+    closing = [n for n in applying if any(k in n for k in _CLOSING_KEYS) or n.get("additionalProperties") is False]
+    if closing and (high is not None or len(closing) > 1 or not _endless_names(closing[0])):
+        return False
+    for node in applying:
         if high is not None and (node.get("required") or node.get("dependentRequired") or node.get("dependencies")):
             return False
     return True
+
+
+def _endless_names(node: dict) -> bool:
+    """Whether an object ``node`` closes still takes a further key whatever keys it has: a
+    ``patternProperties`` pattern matches infinitely many names past any prefix (a map of
+    ``^[a-z0-9-]+$`` names) and takes some value there; no ``propertyNames`` /
+    ``unevaluatedProperties`` beside."""
+    patterns = node.get("patternProperties")
+    if set(_CLOSING_KEYS).intersection(node) - {"patternProperties"} or not isinstance(patterns, dict):
+        return False
+    return any(isinstance(p, str) and value is not False and unbounded_completions(p) is True
+               for p, value in patterns.items())
 
 
 def _target(root: dict, ref: Any) -> Any:
@@ -475,18 +500,28 @@ def _admits(node: dict, kind: str | None) -> bool:
     return kind is None or types is None or kind in types
 
 
-def _forces(root: dict, node: Any, path: Path, holds: Callable[[dict], bool], kind: str | None, seen: set) -> bool:
+def _forces(root: dict, node: Any, path: Path, holds: Callable[[dict], bool], kind: str | None, seen: dict) -> bool:
     """Whether every instance valid under ``node`` whose value at ``path`` exists (and is a
     ``kind``, when one is named) has that value satisfy ``holds`` in some subschema it must
-    meet. Conservative: False where it cannot tell."""
+    meet. Conservative: False where it cannot tell. ``seen`` remembers each (subschema, path)
+    answer: a subschema reached again through another branch (two ``oneOf`` branches referring
+    to one definition) answers as it did, one reached again inside itself (a recursion) False."""
     if node is False:
         return True
     if not isinstance(node, dict):
         return False
     key = (id(node), path)
-    if key in seen or len(seen) > MAX_VISITS:
+    if key in seen:
+        return seen[key]
+    if len(seen) > MAX_VISITS:
         return False
-    seen.add(key)
+    seen[key] = False  # until answered: a recursion proves nothing
+    seen[key] = _forces_here(root, node, path, holds, kind, seen)
+    return seen[key]
+
+
+def _forces_here(root: dict, node: dict, path: Path, holds: Callable[[dict], bool], kind: str | None,
+                 seen: dict) -> bool:
     step_kind = kind if not path else ("array" if path[0] is None else "object")
     if not _admits(node, step_kind):
         return True  # no such value under this node
@@ -505,7 +540,7 @@ def _forces(root: dict, node: Any, path: Path, holds: Callable[[dict], bool], ki
     return "if" in node and all(_forces(root, node.get(k, True), path, holds, kind, seen) for k in ("then", "else"))
 
 
-def _step_forces(root: dict, node: dict, path: Path, holds, kind: str | None, seen: set) -> bool:
+def _step_forces(root: dict, node: dict, path: Path, holds, kind: str | None, seen: dict) -> bool:
     head, rest = path[0], path[1:]
     if head is None:
         items = node.get("items")

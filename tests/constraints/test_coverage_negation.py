@@ -183,3 +183,42 @@ def test_a_recursive_negation_leaves_the_other_rewrites(compiler, tok):
                       valid=[[{}], [{"kids": []}, 1], [2, {"kids": [{"id": 3}], "id": "a"}, "b"]],
                       invalid=[[], [1, 2], ["a"], [{"kids": [1]}], [{"id": 1.5}], [{"kids": [{"id": None}]}],
                                [{}, 1, 2, 3]])
+
+
+# MaskBench JsonSchemaStore vtestunit: a $ref under a key no draft defines ("full"), reached only
+# from another such target: the oneOf there is rewritten too (llguidance refused it as written)
+NESTED_UNLISTED = {
+    "$ref": "#/definitions/a/full",
+    "definitions": {
+        "a": {"full": {"type": "object", "properties": {"x": {"$ref": "#/definitions/b/full"}}}},
+        "b": {"full": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}},
+    },
+}
+
+
+def test_a_reference_inside_an_unlisted_target_is_rewritten(compiler, tok):
+    from constraints.schema.analysis import rewrite_schema
+
+    assert "oneOf" not in rewrite_schema(NESTED_UNLISTED)["definitions"]["b"]["full"]
+    compiled = compiler.compile(ConstraintSpec("json_schema", NESTED_UNLISTED))
+    for value in [{"x": "s"}, {"x": ["s", "t"]}, {}]:
+        assert walk_json(compiled, tok, value), value
+    for value in [{"x": 1}, {"x": [1]}]:
+        assert not walk_json(compiled, tok, value), value
+
+
+# MaskBench JsonSchemaStore hazelcast-config-5.3: an odd group size between 3 and 7
+ODD_SIZE = {"type": "integer", "not": {"multipleOf": 2}, "minimum": 3, "maximum": 7}
+
+
+def test_bounded_integers_beside_a_not_are_listed(compiler, tok):
+    from constraints.schema.analysis import rewrite_schema
+
+    assert rewrite_schema(ODD_SIZE) == {"enum": [3, 5, 7]}
+    plain = {"type": "integer", "minimum": 3, "maximum": 7, "default": 4}
+    assert rewrite_schema(plain) == plain  # nothing the backends skip: left to them
+    compiled = compiler.compile(ConstraintSpec("json_schema", ODD_SIZE))
+    for value in [3, 5, 7]:
+        assert walk_json(compiled, tok, value), value
+    for value in [1, 2, 4, 6, 8, 9, 5.5]:
+        assert not walk_json(compiled, tok, value), value

@@ -68,10 +68,21 @@ CASES = [
         [{"k": ["x"], "z": ["x", "y"]}],
         [{"k": ["x", "x"]}, {"z": ["q", "q"]}],
     ),
+    (  # names of a pattern every prefix of which goes on (MaskBench JsonSchemaStore bxci: variable names)
+        {"type": "array", "uniqueItems": True, "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}},
+        [["a", "a1", "A"], ["x_y", "x"], []],
+        [["a", "a"], ["b", "c", "b"], ["1a"], [""]],
+    ),
     (  # a minimum of keys over an object that takes any key
         {"type": "object", "minProperties": 2, "properties": {"a": {"type": "string"}}},
         [{"a": "x", "b": 1}, {"b": 1, "c": [1]}, {"a": "x", "b": {"c": {}}, "d": None}],
         [{}, {"a": "x"}, {"b": 1}],
+    ),
+    (  # a minimum over a map whose one pattern takes endless names (MaskBench Github_hard o74560)
+        {"type": "object", "minProperties": 2, "patternProperties": {"^[a-z_]+$": {"type": "integer"}},
+         "additionalProperties": False},
+        [{"a": 1, "b": 2}, {"a": 1, "ab": 2, "abc": 3}],
+        [{}, {"a": 1}, {"A": 1, "b": 2}, {"a": 1, "b": "x"}],
     ),
     (  # a maximum over an object that requires nothing
         {"type": "object", "maxProperties": 1, "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}},
@@ -133,6 +144,11 @@ def test_a_repeated_key_is_refused_in_a_counted_object(compiler, tok):
         # a map beside patterns: which subschema takes a key is the pattern's to say
         {"type": "object", "patternProperties": {"^a": {}},
          "additionalProperties": {"type": "array", "uniqueItems": True, "items": {"type": "string"}}},
+        # strings a pattern ends ("12x" takes nothing after its x): a repeat could leave no way on
+        {"type": "array", "uniqueItems": True, "items": {"type": "string", "pattern": "^[0-9]+x$"}},
+        # two patterns: what they take together is not checked here
+        {"type": "array", "uniqueItems": True,
+         "items": {"allOf": [{"type": "string", "pattern": "^a"}, {"pattern": "b$"}]}},
         # keys under a pattern: a minimum could find no further key
         {"type": "object", "minProperties": 3, "patternProperties": {"^[ab]$": {}}, "additionalProperties": False},
     ],
@@ -169,6 +185,26 @@ def test_checks_name_their_paths():
     stripped, checks = split_runtime_checks(schema, free_order=False)
     assert checks == (JsonCheck(("a", None), unique_items=True),)
     assert "uniqueItems" not in json.dumps(stripped) and "uniqueItems" in json.dumps(schema)
+
+
+# MaskBench JsonSchemaStore host: both oneOf branches (two versions of one file format) list
+# one definition of unique strings; the second branch reaching it must not read as a recursion
+SHARED_BY_BRANCHES = {
+    "$defs": {"names": {"type": "array", "uniqueItems": True, "items": {"type": "string"}},
+              "v1": {"type": "object", "properties": {"names": {"$ref": "#/$defs/names"}, "a": {"type": "integer"}},
+                     "required": ["a"], "additionalProperties": False},
+              "v2": {"type": "object", "properties": {"names": {"$ref": "#/$defs/names"}, "b": {"type": "integer"}},
+                     "required": ["b"], "additionalProperties": False}},
+    "oneOf": [{"$ref": "#/$defs/v1"}, {"$ref": "#/$defs/v2"}],
+}
+
+
+def test_a_definition_two_branches_share_is_checked(compiler, tok):
+    stripped, checks = split_runtime_checks(SHARED_BY_BRANCHES, free_order=False)
+    assert checks == (JsonCheck(("names",), unique_items=True),)
+    assert "uniqueItems" not in json.dumps(stripped)
+    assert_classified(compiler, tok, SHARED_BY_BRANCHES, valid=[{"a": 1, "names": ["x", "y"]}, {"b": 2, "names": []}],
+                      invalid=[{"a": 1, "names": ["x", "x"]}, {"b": 1, "names": ["y", "y"]}, {"a": 1, "b": 2}])
 
 
 def _mask(matcher) -> torch.Tensor:

@@ -336,3 +336,29 @@ def test_a_subschema_of_no_type_becomes_false(compiler, tok):
     assert out["$defs"]["kind"] is False
     assert_classified(compiler, tok, NO_VALUE_BRANCH, valid=[{}, {"content": {"type": "text"}}, {"content": {}}],
                       invalid=[{"content": 1}, []])
+
+
+# MaskBench Github_hard o43189, Github_easy o69635: an enum of every kind required beside the
+# oneOf, one kind listed in each branch (the property's values are those both list)
+KIND_BESIDE = {
+    "type": "object",
+    "required": ["kind"],
+    "properties": {"kind": {"type": "string", "enum": ["a", "b", "c"]}, "n": {"type": "integer"}},
+    "oneOf": [{"properties": {"kind": {"enum": ["a"]}}},
+              {"properties": {"kind": {"enum": ["b"]}, "n": {"minimum": 3}}},
+              {"properties": {"kind": {"enum": ["c", "b"]}}}],
+}
+
+
+def test_a_discriminator_narrowed_by_each_branch(compiler, tok):
+    two = {**KIND_BESIDE, "oneOf": KIND_BESIDE["oneOf"][:2]}
+    assert pairwise_disjoint(two["oneOf"], two, {k: two[k] for k in ("type", "required", "properties")})
+    assert not _one_of_left(two)
+    assert_classified(compiler, tok, two, valid=[{"kind": "a"}, {"kind": "b", "n": 4}, {"kind": "a", "n": 1}],
+                      invalid=[{"kind": "c"}, {"kind": "b", "n": 1}, {}, {"n": 4}])
+
+
+def test_branches_sharing_a_listed_value_still_overlap():
+    """"b" is listed by the second and third branch: {"kind": "b"} (n >= 3) matches both."""
+    assert not pairwise_disjoint(KIND_BESIDE["oneOf"], KIND_BESIDE, {k: KIND_BESIDE[k] for k in ("type", "required", "properties")})
+    _same_language(KIND_BESIDE, [{"kind": "a"}, {"kind": "b", "n": 4}, {"kind": "b"}, {"kind": "c"}, {"kind": "b", "n": 1}])

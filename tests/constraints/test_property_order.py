@@ -140,3 +140,36 @@ def test_values_beside_pattern_properties_keep_their_form():
     schema = {"type": "object", "properties": {"basic": label}, "patternProperties": {"^[a-z]*$": label},
               "additionalProperties": False}
     assert any_order(schema) == schema
+
+
+def test_the_declared_order_is_tried_when_the_spelled_out_orders_fail():
+    """Every order spelled out can be too large for llguidance ("schema too large": MaskBench
+    JsonSchemaStore jreleaser-1.7.0) where the declared one compiles: it comes next, before
+    xgrammar, with the same rewrite otherwise."""
+    from constraints.compile.planner import plan
+
+    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}}
+    attempts = plan(ConstraintSpec("json_schema", schema))
+    first, second = attempts[0], attempts[1]
+    assert (first.backend, second.backend) == ("llguidance", "llguidance")
+    assert "anyOf" in first.source and second.source["properties"] == schema["properties"]
+    declared = plan(ConstraintSpec("json_schema", schema, {"json_property_order": "declared"}))
+    assert [a.backend for a in declared] == ["llguidance", "xgrammar"]
+
+
+def test_keys_no_draft_defines_are_left_out_of_the_copies(compiler, tok):
+    """An editor's hint beside the properties (MaskBench JsonSchemaStore cargo-make's
+    ``x-taplo``, Snowplow's ``self``) asserts nothing: the object still takes any order."""
+    schema = {"type": "object", "x-taplo": {"initKeys": ["b"]}, "self": {"vendor": "v"},
+              "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}, "required": ["a"]}
+    out = any_order(schema)
+    assert len(out["anyOf"]) == 2 and not any("x-taplo" in c or "self" in c for c in out["anyOf"])
+    compiled = compiler.compile(ConstraintSpec("json_schema", schema))
+    assert walk_json(compiled, tok, {"b": "x", "a": 1}) and walk_json(compiled, tok, {"a": 1})
+    assert not walk_json(compiled, tok, {"b": "x"}) and not walk_json(compiled, tok, {"a": "x"})
+
+
+def test_a_reference_into_an_unknown_key_keeps_the_node_in_place():
+    schema = {"type": "object", "meta": {"type": "string"},
+              "properties": {"a": {"$ref": "#/meta"}, "b": {"type": "integer"}}}
+    assert any_order(schema) == schema
