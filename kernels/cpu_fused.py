@@ -61,6 +61,14 @@ def cpu_fused_ops() -> ModuleType | None:
             return None
 
 
+@functools.cache
+def vectorised_cpu_ops() -> ModuleType | None:
+    """The built extension where its kernels are the AVX-512 ones (the packed panels, the output
+    attention, the sampler), else None (callers keep their torch routes)."""
+    ops = cpu_fused_ops()
+    return ops if ops is not None and ops.panel_kernel_vectorised() else None
+
+
 def _machine_tag() -> str:
     """A short hash of the CPU's feature flags: the build is for this CPU (``-march=native``),
     and a home folder shared with another machine must not hand it a build it cannot run."""

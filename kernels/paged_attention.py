@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels._backend import select_backend
-from kernels.cpu_fused import cpu_fused_ops
+from kernels.cpu_fused import vectorised_cpu_ops
 
 
 @dataclass
@@ -379,7 +379,7 @@ def _output_queries(meta: PagedAttentionMetadata, sliding_window: int | None,
     row. The same in every layer of a step: worked out once per metadata (the last one is kept,
     per thread)."""
     last = getattr(_workspace, "outputs", None)
-    if last is not None and last[0] is meta and last[1] == sliding_window:
+    if last is not None and last[0] is meta and last[1] == (sliding_window, prompt_counts):
         return last[2]
     starts = _query_starts(meta)
     per_row: dict[int, list[OutputQuery]] = {}
@@ -391,7 +391,7 @@ def _output_queries(meta: PagedAttentionMetadata, sliding_window: int | None,
             if meta.visible_until is not None:  # a later limit (read back: this path is the CPU's)
                 seen = min(ctx, max(seen, int(meta.visible_until[begin + j]) + 1))
             per_row.setdefault(row, []).append((row, begin + j, low, seen))
-    _workspace.outputs = (meta, sliding_window, per_row)
+    _workspace.outputs = (meta, (sliding_window, prompt_counts), per_row)
     return per_row
 
 
@@ -402,13 +402,7 @@ def _output_kernel(query: torch.Tensor, k_cache: torch.Tensor, sinks: torch.Tens
     if (sinks is not None or softcap or not query.is_cpu or query.dtype != torch.float32
             or k_cache.dtype != torch.float32 or query.shape[2] % 16 or query.stride(2) != 1):
         return None
-    return _output_attention_module()
-
-
-@functools.cache
-def _output_attention_module() -> ModuleType | None:
-    ops = cpu_fused_ops()
-    return ops if ops is not None and ops.output_attention_available() else None
+    return vectorised_cpu_ops()
 
 
 def _items(per_row: dict[int, list[OutputQuery]]) -> torch.Tensor:

@@ -6,12 +6,9 @@ Each function works on the rows ``idx`` of ``x`` [B, V] (float32, modified in pl
 
 from __future__ import annotations
 
-import functools
-from types import ModuleType
-
 import torch
 
-from kernels.cpu_fused import cpu_fused_ops
+from kernels.cpu_fused import vectorised_cpu_ops
 
 NEG_INF = float("-inf")
 
@@ -108,7 +105,7 @@ def sample_inverse_cdf(rows: torch.Tensor, uniforms: torch.Tensor) -> torch.Tens
     (``kernels/csrc/cpu_sampler.cpp``: its exp and the order of its sums are its own, so a
     token can differ from torch's route where two cumulative sums straddle ``u * total``).
     """
-    kernel = _cpu_sampling_kernel() if rows.is_cpu and rows.dtype == torch.float32 else None
+    kernel = vectorised_cpu_ops() if rows.is_cpu and rows.dtype == torch.float32 else None
     if kernel is not None and rows.stride(-1) == 1:
         return kernel.sample_rows(rows, uniforms)
     weights = (rows - rows.amax(dim=-1, keepdim=True)).exp_()  # [R, V], max weight 1
@@ -128,10 +125,3 @@ def ban_tokens_soft(x: torch.Tensor, row_idx: torch.Tensor, rows: torch.Tensor, 
     x.index_put_((rows, tok), x.new_full((), NEG_INF))
     dead = x.index_select(0, row_idx).amax(dim=-1, keepdim=True) == NEG_INF  # [M, 1]
     x.index_copy_(0, row_idx, torch.where(dead, saved, x.index_select(0, row_idx)))
-
-
-@functools.cache
-def _cpu_sampling_kernel() -> ModuleType | None:
-    """The C++ sampler where the fused CPU ops are built with AVX-512, else None."""
-    ops = cpu_fused_ops()
-    return ops if ops is not None and ops.output_attention_available() else None

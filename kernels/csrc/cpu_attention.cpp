@@ -97,15 +97,6 @@ HeadKernel head_kernel(int64_t chunks) {
 }  // namespace
 #endif
 
-// Whether output_attention can run here (AVX-512; otherwise the caller keeps SDPA).
-bool output_attention_available() {
-#if defined(__AVX512F__)
-  return true;
-#else
-  return false;
-#endif
-}
-
 // out[t] = softmax(query[t] . keys) . values for each item (row, t, low, seen) of `items`
 // [Q, 4] int64: query token t of cache row `row` over its keys low .. seen - 1, read through
 // block_tables [R, B] int32. query/out [T, H, D] float32 (last dimension contiguous), caches
@@ -174,6 +165,6 @@ void output_attention(torch::Tensor out, torch::Tensor query, torch::Tensor k_ca
     }
   });
 #else
-  TORCH_CHECK(false, "output_attention needs AVX-512 (check output_attention_available)");
+  TORCH_CHECK(false, "output_attention needs AVX-512 (check panel_kernel_vectorised)");
 #endif
 }

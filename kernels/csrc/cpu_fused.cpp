@@ -505,7 +505,6 @@ void mask_rows(torch::Tensor logits, torch::Tensor words, torch::Tensor dst) {
 }
 
 // cpu_attention.cpp
-bool output_attention_available();
 void output_attention(torch::Tensor out, torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
                       torch::Tensor block_tables, torch::Tensor items, double scale);
 // cpu_sampler.cpp
@@ -518,12 +517,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rmsnorm", &add_rmsnorm, "residual += x; RMSNorm(residual) * weight (float32 rows)");
   m.def("rope_write_kv", &rope_write_kv, "rotary on q and k, k and v written to their cache slots");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
-  m.def("panel_kernel_vectorised", &panel_kernel_vectorised, "whether panel_linear runs AVX-512");
+  m.def("panel_kernel_vectorised", &panel_kernel_vectorised, "whether the AVX-512 kernels were built (panels, output attention, sampler)");
   m.def("pack_panels", &pack_panels, "a float32 or int8 weight [N, K] as K-major panels of 48 rows");
   m.def("panel_linear", &panel_linear, "float32 rows times a packed weight, each row as it would be alone");
   m.def("int4_panel_linear", &int4_panel_linear, "float32 rows times a packed int4 weight and its group scales");
   m.def("int8_panel_linear", &int8_panel_linear, "float32 rows times a packed int8 weight and its column scales");
-  m.def("output_attention_available", &output_attention_available, "whether output_attention runs here (AVX-512)");
   m.def("output_attention", &output_attention, "output queries over a paged cache, each on its own");
   m.def("sample_rows", &sample_rows, "one token per float32 logit row by inverse CDF (AVX-512)");
 }

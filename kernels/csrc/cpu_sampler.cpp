@@ -108,7 +108,7 @@ torch::Tensor sample_rows(torch::Tensor logits, torch::Tensor uniforms) {
   });
   return out;
 #else
-  TORCH_CHECK(false, "sample_rows needs AVX-512 (check cpu_kernels_vectorised)");
+  TORCH_CHECK(false, "sample_rows needs AVX-512 (check panel_kernel_vectorised)");
   return logits;
 #endif
 }

@@ -9,12 +9,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from kernels.paged_attention import (PagedAttentionMetadata, _output_attention_module, paged_attention_reference,
-                                     paged_attention_torch)
+from kernels.cpu_fused import vectorised_cpu_ops
+from kernels.paged_attention import PagedAttentionMetadata, paged_attention_reference, paged_attention_torch
 
 BLOCK, HEADS, KV, DIM = 16, 9, 3, 64  # the default model's attention shape
 
-pytestmark = pytest.mark.skipif(_output_attention_module() is None,
+pytestmark = pytest.mark.skipif(vectorised_cpu_ops() is None,
                                 reason="the C++ output attention needs AVX-512 and a compiler")
 
 

@@ -8,9 +8,10 @@ import collections
 import pytest
 import torch
 
-from sampler.ops import _cpu_sampling_kernel, sample_inverse_cdf
+from kernels.cpu_fused import vectorised_cpu_ops
+from sampler.ops import sample_inverse_cdf
 
-pytestmark = pytest.mark.skipif(_cpu_sampling_kernel() is None, reason="the C++ sampler needs AVX-512 and a compiler")
+pytestmark = pytest.mark.skipif(vectorised_cpu_ops() is None, reason="the C++ sampler needs AVX-512 and a compiler")
 
 
 def test_draws_follow_softmax() -> None:
