@@ -20,6 +20,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <vector>
 
 namespace {
 
@@ -341,10 +342,102 @@ struct PanelWeight {
   int64_t count;  // panels
 };
 
+#if defined(__AVX512F__)
+constexpr int64_t kChunkSteps = 64;  // k steps of an int4 panel decoded at a time (12 KB, in L1)
+// from 7 rows decoding once beats int4_tile's decode per tile (benchmarks/cpu_linear.py; fewer
+// rows keep int4_tile's side-by-side panels, which hide the FMA latency)
+constexpr int64_t kDecodedFromRows = 7;
+
+// k steps k0..k0+steps-1 of int4 panel p as the float32 weights int4_tile computes, exactly
+// ([steps, 48] into dst); k0 and steps are whole groups.
+void decode_int4(const PanelWeight<Weights::kInt4>& weight, int64_t p, int64_t k0, int64_t steps, float* dst) {
+  const uint8_t* panel = weight.panels + p * weight.stride;
+  const auto* pairs = reinterpret_cast<const uint16_t*>(weight.scales + p * weight.scale_stride);
+  const __m512i low = _mm512_set1_epi32(15);
+  for (int64_t g = k0 / kInt4Group; g < (k0 + steps) / kInt4Group; ++g) {
+    __m512 scale[3], zero[3];
+    for (int c = 0; c < 3; ++c) {
+      scale[c] = bf16_to_float(pairs + g * 2 * kPanel + 16 * c);
+      zero[c] = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), scale[c], bf16_to_float(pairs + g * 2 * kPanel + kPanel + 16 * c));
+    }
+    for (int64_t i = g * kInt4Group; i < (g + 1) * kInt4Group; i += 2) {
+      const uint8_t* bytes = panel + (i / 2) * kPanel;
+      _mm_prefetch(reinterpret_cast<const char*>(bytes + kPrefetchAhead * kPanel), _MM_HINT_T0);
+      float* row = dst + (i - k0) * kPanel;
+      for (int c = 0; c < 3; ++c) {
+        const __m512i both = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes + 16 * c)));
+        _mm512_storeu_ps(row + 16 * c, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(both, low)), scale[c], zero[c]));
+        _mm512_storeu_ps(row + kPanel + 16 * c,
+                         _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(both, 4)), scale[c], zero[c]));
+      }
+    }
+  }
+}
+
+// R rows' 48 running sums (acc [R, 48]; zeros when first) carried over `steps` decoded k steps.
+template <int R>
+void chunk_tile(const float* w, int64_t steps, const float* x, int64_t ldx, float* acc, bool first) {
+  __m512 a[R][3];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 3; ++c) a[r][c] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + r * kPanel + 16 * c);
+  for (int64_t i = 0; i < steps; ++i) {
+    const __m512 w0 = _mm512_loadu_ps(w + i * kPanel), w1 = _mm512_loadu_ps(w + i * kPanel + 16),
+                 w2 = _mm512_loadu_ps(w + i * kPanel + 32);
+    for (int r = 0; r < R; ++r) {
+      const __m512 xv = _mm512_set1_ps(x[r * ldx + i]);
+      a[r][0] = _mm512_fmadd_ps(xv, w0, a[r][0]);
+      a[r][1] = _mm512_fmadd_ps(xv, w1, a[r][1]);
+      a[r][2] = _mm512_fmadd_ps(xv, w2, a[r][2]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 3; ++c) _mm512_storeu_ps(acc + r * kPanel + 16 * c, a[r][c]);
+}
+
+using ChunkTile = void (*)(const float*, int64_t, const float*, int64_t, float*, bool);
+constexpr ChunkTile kChunkTiles[kTileRows] = {chunk_tile<1>, chunk_tile<2>, chunk_tile<3>, chunk_tile<4>,
+                                              chunk_tile<5>, chunk_tile<6>, chunk_tile<7>, chunk_tile<8>};
+#endif
+
+// Seven rows or more over int4 panels: each panel's weights are decoded once per chunk of k steps
+// (in L1) for all the tiles, where int4_tile decodes them again for every tile of 8 rows.
+// The same operations per output: one FMA chain over the same weights, in order from zero.
+template <Weights W>
+bool decoded_rows(const PanelWeight<W>& weight, int64_t p0, int64_t group, const float* x, int64_t ldx, int64_t rows,
+                  float* out, int64_t ldo, int64_t cols_last) {
+#if defined(__AVX512F__)
+  if constexpr (W != Weights::kInt4) {
+    return false;
+  } else {
+    if (rows < kDecodedFromRows) return false;
+    thread_local std::vector<float> chunk, sums;
+    chunk.resize(kChunkSteps * kPanel);
+    sums.resize(rows * kPanel);
+    for (int64_t p = 0; p < group; ++p) {
+      for (int64_t k0 = 0; k0 < weight.k; k0 += kChunkSteps) {
+        const int64_t steps = std::min(kChunkSteps, weight.k - k0);
+        decode_int4(weight, p0 + p, k0, steps, chunk.data());
+        for (int64_t r = 0; r < rows; r += kTileRows) {
+          const int64_t here = std::min(kTileRows, rows - r);
+          kChunkTiles[here - 1](chunk.data(), steps, x + r * ldx + k0, ldx, sums.data() + r * kPanel, k0 == 0);
+        }
+      }
+      const int64_t cols = p + 1 == group ? cols_last : kPanel;
+      for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(out + r * ldo + p * kPanel, sums.data() + r * kPanel, cols * sizeof(float));
+    }
+    return true;
+  }
+#else
+  return false;
+#endif
+}
+
 // rows x (group consecutive panels from panel p, the last of them cols_last wide)
 template <Weights W>
 void panel_rows(const PanelWeight<W>& weight, int64_t p0, int64_t group, const float* x, int64_t ldx, int64_t rows,
                 float* out, int64_t ldo, int64_t cols_last) {
+  if (decoded_rows<W>(weight, p0, group, x, ldx, rows, out, ldo, cols_last)) return;
   for (int64_t r = 0; r < rows; r += kTileRows) {
     const int rows_here = static_cast<int>(std::min(kTileRows, rows - r));
     const int64_t together = panels_for(rows_here);
@@ -511,17 +604,19 @@ void output_attention(torch::Tensor out, torch::Tensor query, torch::Tensor k_ca
 torch::Tensor sample_rows(torch::Tensor logits, torch::Tensor uniforms);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("mask_rows", &mask_rows, "ban the tokens a bitmask row bans, in place");
-  m.def("int4_linear", &int4_linear, "float32 rows through torch's int4 CPU kernel");
-  m.def("int8_linear", &int8_linear, "float32 rows through torch's int8 CPU kernel");
-  m.def("add_rmsnorm", &add_rmsnorm, "residual += x; RMSNorm(residual) * weight (float32 rows)");
-  m.def("rope_write_kv", &rope_write_kv, "rotary on q and k, k and v written to their cache slots");
-  m.def("silu_mul", &silu_mul, "silu(gate) * up");
+  // the kernels run without the GIL: the mask thread and the HTTP thread go on meanwhile
+  const auto nogil = py::call_guard<py::gil_scoped_release>();
+  m.def("mask_rows", &mask_rows, "ban the tokens a bitmask row bans, in place", nogil);
+  m.def("int4_linear", &int4_linear, "float32 rows through torch's int4 CPU kernel", nogil);
+  m.def("int8_linear", &int8_linear, "float32 rows through torch's int8 CPU kernel", nogil);
+  m.def("add_rmsnorm", &add_rmsnorm, "residual += x; RMSNorm(residual) * weight (float32 rows)", nogil);
+  m.def("rope_write_kv", &rope_write_kv, "rotary on q and k, k and v written to their cache slots", nogil);
+  m.def("silu_mul", &silu_mul, "silu(gate) * up", nogil);
   m.def("panel_kernel_vectorised", &panel_kernel_vectorised, "whether the AVX-512 kernels were built (panels, output attention, sampler)");
-  m.def("pack_panels", &pack_panels, "a float32 or int8 weight [N, K] as K-major panels of 48 rows");
-  m.def("panel_linear", &panel_linear, "float32 rows times a packed weight, each row as it would be alone");
-  m.def("int4_panel_linear", &int4_panel_linear, "float32 rows times a packed int4 weight and its group scales");
-  m.def("int8_panel_linear", &int8_panel_linear, "float32 rows times a packed int8 weight and its column scales");
-  m.def("output_attention", &output_attention, "output queries over a paged cache, each on its own");
-  m.def("sample_rows", &sample_rows, "one token per float32 logit row by inverse CDF (AVX-512)");
+  m.def("pack_panels", &pack_panels, "a float32 or int8 weight [N, K] as K-major panels of 48 rows", nogil);
+  m.def("panel_linear", &panel_linear, "float32 rows times a packed weight, each row as it would be alone", nogil);
+  m.def("int4_panel_linear", &int4_panel_linear, "float32 rows times a packed int4 weight and its group scales", nogil);
+  m.def("int8_panel_linear", &int8_panel_linear, "float32 rows times a packed int8 weight and its column scales", nogil);
+  m.def("output_attention", &output_attention, "output queries over a paged cache, each on its own", nogil);
+  m.def("sample_rows", &sample_rows, "one token per float32 logit row by inverse CDF (AVX-512)", nogil);
 }
