@@ -14,6 +14,11 @@ output-tokens/s ratio of every level to concurrency 1 (measured in the same run)
 With ``--peer``, every level and workload runs against the server, then the peer, and the table
 gets one row for each with the server's tok/s over the peer's. json_schema rows count the answers
 that parse as JSON and satisfy the schema (``valid``).
+
+``output tok/s`` counts every token over the whole level, the tail included: once the last
+request is sent, fewer clients are busy, and answers of unequal length (json_schema's end with
+their JSON; free answers with ``ignore_eos`` all take ``--max-tokens``) leave some idle for longer.
+``steady tok/s`` is the pace while all ``concurrency`` clients had a request in flight.
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ class Sample:
     tokens: int
     text: str = ""
     failed: bool = False  # an error status, an error event in the stream, or the connection dropped
+    first_at: float = 0.0  # perf_counter() of the first content and of the end
+    end_at: float = 0.0
 
 
 async def one_request(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int,
@@ -98,7 +105,7 @@ async def one_request(client: httpx.AsyncClient, model: str, prompt: str, max_to
     end = time.perf_counter()
     # a server that reports no usage streams a token per chunk (llama.cpp's does)
     return Sample(ttft=(first or end) - started, total=end - started, tokens=tokens or content_chunks,
-                  text="".join(pieces))
+                  text="".join(pieces), first_at=first or end, end_at=end)
 
 
 async def run_level(base_url: str, model: str, concurrency: int, requests: int, max_tokens: int,
@@ -107,10 +114,13 @@ async def run_level(base_url: str, model: str, concurrency: int, requests: int, 
     async with httpx.AsyncClient(base_url=base_url, timeout=600) as client:
         queue = list(range(requests))
         samples: list[Sample] = []
+        drained = []  # when the last request was sent: from then on fewer than `concurrency` are in flight
 
         async def worker() -> None:
             while queue:
                 i = queue.pop()
+                if not queue:
+                    drained.append(time.perf_counter())
                 samples.append(await one_request(client, model, PROMPTS[i % len(PROMPTS)], max_tokens, extra))
 
         started = time.perf_counter()
@@ -126,11 +136,36 @@ async def run_level(base_url: str, model: str, concurrency: int, requests: int, 
         "failed": failed,
         "req_s": len(samples) / elapsed,
         "tok_s": sum(s.tokens for s in samples) / elapsed,
+        "steady_tok_s": _steady_tok_s(samples, started, drained[0] if drained else started + elapsed),
         "ttft_p50": _pct(ttfts, 50),
         "ttft_p95": _pct(ttfts, 95),
         "tpot_ms": 1000 * statistics.mean(tpot) if tpot else float("nan"),
         "valid": sum(_valid(s.text) for s in samples) / max(len(samples) + failed, 1) if extra and "response_format" in extra else None,
     }
+
+
+def _steady_tok_s(samples: list[Sample], start: float, drained: float) -> float:
+    """Output tokens/s while every client had a request in flight (from the level's start until
+    the last request was sent), each request's tokens spread evenly from its first to its last:
+    the server's pace at this concurrency, without the tail where answers of unequal length leave
+    clients idle (all free answers end together; json_schema answers end when the JSON does)."""
+    if drained <= start:
+        return float("nan")
+    tokens = 0.0
+    for s in samples:
+        if s.tokens <= 0:
+            continue
+        span = s.end_at - s.first_at
+        if span <= 0:
+            tokens += s.tokens if start <= s.first_at <= drained else 0
+        else:
+            tokens += s.tokens * max(0.0, min(s.end_at, drained) - max(s.first_at, start)) / span
+    return tokens / (drained - start)
+
+
+def _ratio(a: float, b: float) -> float:
+    """a / b; nan where b is 0 or nan (a level too short to have a steady part)."""
+    return a / b if b and b == b else float("nan")
 
 
 def _valid(text: str) -> bool:
@@ -211,29 +246,34 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = measure_levels(args, model, peer_model)
     base = rows[0][1]["tok_s"]
     free: dict[tuple[int, bool], float] = {}  # (level, peer) -> its first free row's tok/s
+    steady_free: dict[tuple[int, bool], float] = {}  # the same row's steady tok/s
     ours: dict[tuple[int, str], float] = {}  # (level, workload) -> the server's tok/s
     for name, r in rows:
         peer = name.endswith(" @ peer")
         if name.startswith("free"):
             free.setdefault((r["concurrency"], peer), r["tok_s"])
+            steady_free.setdefault((r["concurrency"], peer), r["steady_tok_s"])
         if not peer:
             ours[(r["concurrency"], name)] = r["tok_s"]
     print(f"model={model} max_tokens={args.max_tokens}" + (f" peer={args.peer} ({peer_model})" if args.peer else ""))
     print("| concurrency | workload | requests | req/s | output tok/s | vs c=1 | vs free | vs peer | valid | "
-          "TTFT p50 s | TTFT p95 s | TPOT ms | failed |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "TTFT p50 s | TTFT p95 s | TPOT ms | failed | steady tok/s | steady vs free |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     results = []
     for name, r in rows:
         peer = name.endswith(" @ peer")
         vs_peer = ours[(r["concurrency"], name.removesuffix(" @ peer"))] / r["tok_s"] if peer and r["tok_s"] else None
+        steady_vs_free = _ratio(r["steady_tok_s"], steady_free[(r["concurrency"], peer)])
         results.append({"workload": name, **r, "vs_c1": r["tok_s"] / base,
-                        "vs_free": r["tok_s"] / free[(r["concurrency"], peer)], "ours_vs_peer": vs_peer})
+                        "vs_free": r["tok_s"] / free[(r["concurrency"], peer)], "ours_vs_peer": vs_peer,
+                        "steady_vs_free": steady_vs_free})
         valid = "" if r["valid"] is None else f"{r['valid']:.0%}"
         print(
             f"| {r['concurrency']} | {name} | {r['requests']} | {r['req_s']:.2f} | {r['tok_s']:.1f} | "
             f"{r['tok_s'] / base:.2f}x | {r['tok_s'] / free[(r['concurrency'], peer)]:.2f}x | "
             f"{'' if vs_peer is None else f'{vs_peer:.2f}x'} | {valid} | {r['ttft_p50']:.2f} | "
-            f"{r['ttft_p95']:.2f} | {r['tpot_ms']:.1f} | {r['failed']} |"
+            f"{r['ttft_p95']:.2f} | {r['tpot_ms']:.1f} | {r['failed']} | {r['steady_tok_s']:.1f} | "
+            f"{steady_vs_free:.2f}x |"
         )
     return results
 

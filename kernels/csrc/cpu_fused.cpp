@@ -587,9 +587,19 @@ void mask_rows(torch::Tensor logits, torch::Tensor words, torch::Tensor dst) {
     TORCH_CHECK(target < logits.size(0), "logits row ", target, " out of range");
     float* row = logits.data_ptr<float>() + target * logits.stride(0);
     const uint32_t* bits = reinterpret_cast<const uint32_t*>(words.data_ptr<int32_t>() + r * width);
-    for (int64_t t = 0; t < covered; t += 32) {
+    int64_t t = 0;
+#if defined(__AVX512F__)
+    const __m512 ban = _mm512_set1_ps(banned);
+    for (; t + 32 <= covered; t += 32) {  // 16 tokens per masked store: the banned bits, inverted
       const uint32_t word = bits[t >> 5];
       if (word == 0xFFFFFFFFu) continue;  // a whole word allowed (inside a string, most are)
+      _mm512_mask_storeu_ps(row + t, static_cast<__mmask16>(~word & 0xFFFFu), ban);
+      _mm512_mask_storeu_ps(row + t + 16, static_cast<__mmask16>(~word >> 16), ban);
+    }
+#endif
+    for (; t < covered; t += 32) {
+      const uint32_t word = bits[t >> 5];
+      if (word == 0xFFFFFFFFu) continue;
       for (int64_t b = 0; b < 32 && t + b < covered; ++b)
         if (!((word >> b) & 1u)) row[t + b] = banned;
     }

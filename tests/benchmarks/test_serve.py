@@ -33,3 +33,15 @@ def test_a_peer_runs_the_same_workload_in_turn(tiny_server):
     assert [r["workload"] for r in rows] == ["free", "free @ peer", "json_schema", "json_schema @ peer"]
     assert rows[0]["ours_vs_peer"] is None and rows[1]["ours_vs_peer"] == rows[0]["tok_s"] / rows[1]["tok_s"]
     assert rows[0]["valid"] is None and 0 <= rows[2]["valid"] <= 1 and rows[3]["valid"] is not None
+
+
+def test_steady_pace_counts_the_tokens_streamed_while_every_client_was_busy():
+    """Tokens are spread over each answer's first-to-last span and cut at the moment the last
+    request was sent; the ragged tail after it does not count."""
+    samples = [serve.Sample(ttft=0, total=0, tokens=100, first_at=0.0, end_at=10.0),
+               serve.Sample(ttft=0, total=0, tokens=50, first_at=2.0, end_at=7.0),
+               serve.Sample(ttft=0, total=0, tokens=1, first_at=3.0, end_at=3.0),
+               serve.Sample(ttft=0, total=0, tokens=0, failed=True)]
+    # window [0, 5]: half the first answer (50), 3/5 of the second (30) and the one-token answer
+    assert serve._steady_tok_s(samples, 0.0, 5.0) == (50 + 30 + 1) / 5
+    assert serve._steady_tok_s(samples, 0.0, 0.0) != serve._steady_tok_s(samples, 0.0, 0.0)  # nan: no window
