@@ -77,6 +77,7 @@ from server.engine.mask_fill import MaskFill
 from server.engine.model import ModelRunner
 from server.engine.overlap_policy import OverlapPolicy
 from server.engine.prompt_lookup import PromptLookup
+from server.engine.quantized_weights import dense_prompt_counts
 from server.engine.row_calls import RowCalls
 from server.engine.scheduler import Scheduler
 from server.engine.scoring import ChoiceScorer
@@ -545,6 +546,12 @@ class Engine:
         # output token alone cost its drafts ~20%): only the quantized runners' drafts keep their bits
         quantized = getattr(self.runner, "quantized", None) is not None
         alone = quantized or (getattr(self.runner, "attends_outputs_alone", False) and any(prompt_counts))
+        if quantized and any(prompt_counts):  # a prompt's last block is taken as output tokens are
+            lengths = [len(seq.request.prompt_token_ids) for seq in decode_rows] + \
+                [len(seq.request.prompt_token_ids) for seq, _ in extend_plan]
+            lengths += [0] * (len(rows) - len(lengths))
+            prompt_counts = dense_prompt_counts([start for _, _, start in rows], prompt_counts, lengths,
+                                                self.runner.block_size)
         batch = StepBatch.build(rows, self.runner.block_size, self.runner.device,
                                 logit_counts=counts if max(counts) > 1 else None, row_adapters=adapters,
                                 staging=self._step_staging, prompt_counts=prompt_counts if alone else None,

@@ -11,7 +11,7 @@ import torch
 
 from kernels.quantized_linear import supports
 from server.engine.model import ModelRunner, load_hf_model
-from server.engine.quantized_weights import TokenRoutes
+from server.engine.quantized_weights import TokenRoutes, dense_prompt_counts
 from server.engine.step_batch import StepBatch
 from server.model_loader import ModelLoadError
 from server.state import resolve_quantization
@@ -142,3 +142,50 @@ def test_bf16_gives_the_same_tokens_however_its_prompt_is_chunked(tiny_hf, defau
         engine.shutdown()
     assert outputs[0] == outputs[1] and len(outputs[0]) == 8
 
+
+
+def test_a_prompts_last_block_is_taken_as_output_tokens() -> None:
+    """Prompt tokens before the block holding the prompt's last token keep the dense route;
+    that block's tokens (1 to block_size of them) are counted out of the prompt."""
+    # rows: a whole 10-token prompt, its second chunk (from 4), a cached prefix's last block
+    # (from 8), a decode row, a 3-token prompt (all of it in its last block), an 8-token one
+    starts, counts, lengths = [0, 4, 8, 10, 0, 0], [10, 6, 2, 0, 3, 8], [10, 10, 10, 10, 3, 8]
+    assert dense_prompt_counts(starts, counts, lengths, 4) == [8, 4, 0, 0, 0, 4]
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_a_quantized_prompt_gives_the_same_tokens_however_it_is_cached_or_chunked(
+        tiny_hf, default_tokenizer, monkeypatch, kind) -> None:
+    """Whole, in chunks of a few blocks, or with all but its last block from the prefix cache:
+    the same prompt gives bitwise the same tokens and logprobs, and the cached prompt's step
+    (its last block only) never reads the dense bf16 copies."""
+    from sampler import SamplingParams
+    from server.engine.engine import Engine
+    from server.engine.quantized_weights import QuantizedLinears
+    from server.engine.sequence import GenerationRequest
+
+    dense_calls = []
+    original = QuantizedLinears._prompt_rows
+    monkeypatch.setattr(QuantizedLinears, "_prompt_rows",
+                        lambda self, x, layer: dense_calls.append(x.shape[0]) or original(self, x, layer))
+    prompt = list(range(100, 131))  # 31 tokens: blocks of 4, the last one 3 tokens
+
+    def generate(engine: Engine, name: str):
+        deltas = []
+        engine.submit(GenerationRequest(request_id=name, sink=deltas.append, prompt_token_ids=prompt, max_tokens=6,
+                                        params=SamplingParams(temperature=0.0, logprobs=True), ignore_eos=True))
+        while not (deltas and deltas[-1].finish_reason):
+            engine.step()
+        return [(t, lp.logprob) for d in deltas for t, lp in zip(d.token_ids, d.logprobs or [])]
+
+    outputs = []
+    for budget in (1024, 6):
+        runner = ModelRunner.for_sequences(copy.deepcopy(tiny_hf), 2, 64, block_size=4, quantization=kind)
+        engine = Engine(runner, default_tokenizer, max_batch_size=2, max_model_len=64, prefill_budget=budget)
+        outputs.append(generate(engine, "first"))
+        assert dense_calls and max(dense_calls) <= 28  # the first 7 blocks, never the last one's 3 tokens
+        dense_calls.clear()
+        outputs.append(generate(engine, "cached"))  # 28 tokens from the prefix cache
+        assert engine.blocks.hits >= 28 and not dense_calls
+        engine.shutdown()
+    assert all(out == outputs[0] for out in outputs) and len(outputs[0]) == 6
