@@ -60,6 +60,8 @@ def weight_megabytes(runner: ModelRunner) -> float:
     """The linear layers' weights as the decode step reads them, MB."""
     if runner.quantized is not None:
         return runner.quantized.quantized_bytes / 1e6
+    if runner.dense.packs:  # float32 panels, or the GGUF grids the weights lie on
+        return runner.dense.packed_bytes / 1e6
     tensors = [t for layer in runner.layers for t in (layer.qkv_weight, layer.o_proj.weight, layer.gate_up_weight,
                                                       layer.down_proj.weight)] + [runner.hf.lm_head.weight]
     return sum(t.numel() * t.element_size() for t in tensors) / 1e6

@@ -10,6 +10,14 @@ register tiles of 8 rows: the same arithmetic at any row count and row position,
 MKL's time from 1 to 64 rows and about MKL's from 128 to 1,024 (``benchmarks/cpu_linear.py``).
 The packed copy doubles the float32 weights' memory (the originals stay for the modules and LoRA).
 
+A float32 weight whose every group of 32 input columns lies on a GGUF grid (the default model's
+weights are its Q4_1 GGUF dequantized, its embedding Q8_0) is packed as that grid instead
+(:func:`q4_grid`, :func:`q8_grid`): 4 or 8 bits a weight and a float32 (d, m) or d per group and
+column. The kernel decodes each weight to the same float32 value (``q * d + m`` with one rounding,
+``q * d`` exactly) and runs the same FMA chains, so :func:`packed_linear` gives the float32 panels'
+bits while a decode step reads a fifth of the bytes. ``TRELLIS_WEIGHT_GRIDS=0`` packs float32
+panels only (the output is the same; tests compare both).
+
 The quantized runners' weights take the same panels (:func:`pack_int8`, :func:`pack_int4`): int8
 with a float32 scale per weight row, int4 two input columns per byte with Q4_1's bf16 group
 scales, each weight dequantized in float32 inside the kernel once per 8-row tile. Their rows
@@ -19,6 +27,7 @@ from 8 rows and about its time at one, 0.3-0.6x its int8 kernel's at every row c
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -38,24 +47,147 @@ class PackedWeight:
     in_features: int
 
 
-def pack_weight(weight: torch.Tensor) -> PackedWeight | None:
-    """``weight`` packed for :func:`packed_linear`; None where the kernel does not apply (no fused
-    ops built, no AVX-512, not a float32 CPU matrix)."""
+@dataclass(frozen=True)
+class PackedGrid:
+    """A float32 weight ``[out_features, in_features]`` stored as its GGUF grid: ``kind`` "q4"
+    (Q4_1: ``panels`` as :class:`PackedInt4`'s bytes, ``scales`` float32 [P, K / 32, 2, 48], d and m)
+    or "q8" (Q8_0: int8 ``panels`` [P, K, 48], ``scales`` float32 [P, K / 32, 48], d)."""
+
+    kind: str
+    panels: torch.Tensor
+    scales: torch.Tensor
+    out_features: int
+    in_features: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.panels.numel() * self.panels.element_size() + self.scales.numel() * 4
+
+
+def weight_grids_enabled() -> bool:
+    """Whether :func:`pack_weight` looks for GGUF grids (``TRELLIS_WEIGHT_GRIDS``, default on)."""
+    return os.environ.get("TRELLIS_WEIGHT_GRIDS", "1") != "0"
+
+
+def pack_weight(weight: torch.Tensor, grids: bool | None = None) -> PackedWeight | PackedGrid | None:
+    """``weight`` packed for :func:`packed_linear`: as its Q4_1 or Q8_0 grid where every group lies
+    on one (``grids``, default :func:`weight_grids_enabled`), else as float32 panels; None where
+    the kernel does not apply (no fused ops built, no AVX-512, not a float32 CPU matrix)."""
     ops = cpu_fused_ops()
     if (ops is None or not ops.panel_kernel_vectorised() or weight.dim() != 2 or weight.stride(-1) != 1
             or not fusable(weight)):
         return None
-    return PackedWeight(ops.pack_panels(weight.detach()), weight.shape[0], weight.shape[1])
+    weight = weight.detach()
+    if weight_grids_enabled() if grids is None else grids:
+        packed = _pack_grid(weight)
+        if packed is not None:
+            return packed
+    return PackedWeight(ops.pack_panels(weight), weight.shape[0], weight.shape[1])
 
 
-def packed_linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def packed_linear(x: torch.Tensor, packed: PackedWeight | PackedGrid, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for float32 CPU ``x [..., K]`` with ``weight`` as ``packed``:
-    each output row's bits depend on that row of ``x`` only."""
+    each output row's bits depend on that row of ``x`` only, and are the same from a grid as from
+    the float32 panels."""
     rows = x.reshape(-1, x.shape[-1])
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
-    out = cpu_fused_ops().panel_linear(rows, packed.panels, packed.out_features, bias)
+    ops = cpu_fused_ops()
+    if isinstance(packed, PackedGrid):
+        multiply = ops.q4_grid_linear if packed.kind == "q4" else ops.q8_grid_linear
+        out = multiply(rows, packed.panels, packed.scales, packed.out_features)
+        if bias is not None:
+            out.add_(bias)
+    else:
+        out = ops.panel_linear(rows, packed.panels, packed.out_features, bias)
     return out.reshape(*x.shape[:-1], packed.out_features)
+
+
+def q4_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """``weight [N, K]`` as a Q4_1 grid, (q [N, K] 0-15, d [N, K / 32], m [N, K / 32]) with d and
+    m float16 values and ``weight == fl(q * d + m)`` (one rounding, the kernel's FMA) for every
+    element, or None where any group is off its grid."""
+    n, k = weight.shape
+    if k % INT4_GROUP:
+        return None
+    groups = weight.reshape(-1, INT4_GROUP)
+    low = groups.amin(-1)
+    if not torch.equal(low.half().float(), low):
+        return None
+    span = groups.amax(-1).double() - low.double()
+    q = torch.empty_like(groups, dtype=torch.uint8)
+    d = torch.empty_like(low)
+    pending = torch.arange(len(low))
+    # Q4_1 puts a group's minimum at q = 0 and its maximum at 15 (up to the rounding of d): the
+    # likeliest d first, the rest only for the groups it did not fit
+    for top, step in ((15, 0), (15, 1), (15, -1), (14, 0), (14, 1), (14, -1), (13, 0)):
+        near = (span[pending] / top).half()
+        if step:
+            near = torch.nextafter(near, torch.full_like(near, float("inf") if step > 0 else float("-inf")))
+        fits, values = _q4_fits(groups[pending].double(), low[pending].double(), near.double())
+        q[pending[fits]] = values[fits].to(torch.uint8)
+        d[pending[fits]] = near[fits].float()
+        pending = pending[~fits]
+        if len(pending) == 0:
+            return q.reshape(n, k), d.reshape(n, -1), low.reshape(n, -1)
+    return None
+
+
+def _q4_fits(groups: torch.Tensor, low: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(which groups are exactly ``fl(q * d + low)``, their q): float64, where q * d and the sum
+    are exact (checked), so the one rounding to float32 is the FMA's."""
+    q = torch.round((groups - low[:, None]) / torch.where(d > 0, d, 1.0)[:, None]) * (d > 0)[:, None]
+    product = q * d[:, None]
+    total = product + low[:, None]
+    fits = ((q >= 0) & (q <= 15) & (total - low[:, None] == product)
+            & (total.float().double() == groups)).all(-1)
+    return fits, q
+
+
+def q8_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``weight [N, K]`` as a Q8_0 grid, (q [N, K] int8, d [N, K / 32]) with d float16 values and
+    ``weight == q * d`` exactly, or None where any group is off its grid."""
+    n, k = weight.shape
+    if k % INT4_GROUP:
+        return None
+    groups = weight.reshape(-1, INT4_GROUP).double()
+    top = groups.abs().amax(-1)
+    q = torch.empty_like(groups, dtype=torch.int8)
+    d = torch.empty_like(top, dtype=torch.float32)
+    pending = torch.arange(len(top))
+    for largest in (127, 126):  # Q8_0 puts a group's largest magnitude at 127 (up to the rounding of d)
+        scale = top[pending] / largest
+        values = torch.round(groups[pending] / torch.where(scale > 0, scale, 1.0)[:, None]) * (scale > 0)[:, None]
+        fits = (scale.half().double() == scale) & ((values.abs() <= 127)
+                                                     & ((values * scale[:, None]).float().double() == groups[pending])).all(-1)
+        q[pending[fits]] = values[fits].to(torch.int8)
+        d[pending[fits]] = scale[fits].float()
+        pending = pending[~fits]
+        if len(pending) == 0:
+            return q.reshape(n, k), d.reshape(n, -1)
+    return None
+
+
+def _pack_grid(weight: torch.Tensor) -> PackedGrid | None:
+    """``weight`` as :class:`PackedGrid` where it lies on a Q4_1 or Q8_0 grid, else None."""
+    n, k = weight.shape
+    groups = k // INT4_GROUP
+    panels = -(-n // PANEL)
+    four = q4_grid(weight)
+    if four is not None:
+        q, d, m = four
+        nibbles = q.reshape(n, k // 2, 2)
+        pairs = _pad_rows(nibbles[..., 0] | (nibbles[..., 1] << 4), panels * PANEL)
+        packed = pairs.reshape(panels, PANEL, k // 2).transpose(1, 2).contiguous()
+        per_row = _pad_rows(torch.stack([d, m], dim=-1), panels * PANEL)  # [N', G, 2]
+        scales = per_row.reshape(panels, PANEL, groups, 2).permute(0, 2, 3, 1).contiguous()
+        return PackedGrid("q4", packed, scales, n, k)
+    eight = q8_grid(weight)
+    if eight is not None:
+        q, d = eight
+        scales = _pad_rows(d, panels * PANEL).reshape(panels, PANEL, groups).permute(0, 2, 1).contiguous()
+        return PackedGrid("q8", cpu_fused_ops().pack_panels(q.contiguous()), scales, n, k)
+    return None
 
 
 @dataclass(frozen=True)

@@ -152,7 +152,7 @@ constexpr int64_t kMaxGroup = 4;  // the most panels one tile takes
 // kernels/quantized_linear.py quantizes it): two k steps per byte (low nibble first) and per
 // group of kInt4Group k steps a bf16 scale and zero point per column, w = q * scale + (zero - 8 *
 // scale) in one FMA (the second term once per group), then the FMA chain over those weights.
-enum class Weights { kFloat32, kInt8, kInt4 };
+enum class Weights { kFloat32, kInt8, kInt4, kQ4Grid, kQ8Grid };
 constexpr int64_t kInt4Group = 32;
 
 template <Weights W>
@@ -163,6 +163,16 @@ template <>
 struct Storage<Weights::kInt8> { using T = int8_t; };
 template <>
 struct Storage<Weights::kInt4> { using T = uint8_t; };
+// A float32 weight whose every group of 32 input columns lies on a GGUF grid, stored as the grid:
+// Q4_1 (kQ4Grid, int4's bytes; w = q * d + m, one rounding, float32 d and m per group and column)
+// or Q8_0 (kQ8Grid, int8's panels; w = q * d, exact). Decoded, the weights are the float32
+// weight's bits, so the float32 panels' FMA chains give the same bits from a quarter or an eighth
+// of the bytes.
+template <>
+struct Storage<Weights::kQ4Grid> { using T = uint8_t; };
+template <>
+struct Storage<Weights::kQ8Grid> { using T = int8_t; };
+constexpr bool int4_bytes(Weights w) { return w == Weights::kInt4 || w == Weights::kQ4Grid; }
 
 #if defined(__AVX512F__)
 // The 16 float32 or int8 weights of columns 16c..16c+15 of a panel at k step i.
@@ -185,7 +195,21 @@ inline __m512 bf16_to_float(const uint16_t* values) {  // 16 bf16 values, exactl
 
 // int4: a byte holds k steps 2j and 2j + 1, so each byte is read once for both and each
 // group's scales once for its 32 steps; each output's chain is the same k by k.
-template <int R, int P>
+// Group g's scales of column vector c of a panel: int4's bf16 (scale, zero point) pairs give
+// w = q * scale + (zero - 8 * scale); a Q4_1 grid's float32 (d, m) give w = q * d + m.
+template <bool Grid>
+inline void group_scales(const float* scales, int64_t g, int c, __m512& scale, __m512& zero) {
+  if constexpr (Grid) {
+    scale = _mm512_loadu_ps(scales + g * 2 * kPanel + 16 * c);
+    zero = _mm512_loadu_ps(scales + g * 2 * kPanel + kPanel + 16 * c);
+  } else {
+    const uint16_t* sz = reinterpret_cast<const uint16_t*>(scales) + g * 2 * kPanel;
+    scale = bf16_to_float(sz + 16 * c);
+    zero = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), scale, bf16_to_float(sz + kPanel + 16 * c));
+  }
+}
+
+template <int R, int P, bool Grid>
 void int4_tile(const uint8_t* panel, int64_t panel_stride, int64_t k, const float* x, int64_t ldx,
                const float* scales, int64_t scale_stride, float* out, int64_t ldo, int64_t cols) {
   __m512 acc[R][3 * P];
@@ -193,14 +217,9 @@ void int4_tile(const uint8_t* panel, int64_t panel_stride, int64_t k, const floa
     for (int c = 0; c < 3 * P; ++c) acc[r][c] = _mm512_setzero_ps();
   const __m512i low = _mm512_set1_epi32(15);
   for (int64_t g = 0; g < k / kInt4Group; ++g) {
-    __m512 scale[3 * P], zero[3 * P];  // zero: the group's zero point less 8 scales
-    for (int p = 0; p < P; ++p)
-      for (int c = 0; c < 3; ++c) {
-        // scale_stride counts floats, as every kind's; the bf16 pairs are read from there
-        const uint16_t* sz = reinterpret_cast<const uint16_t*>(scales + p * scale_stride) + g * 2 * kPanel;
-        scale[3 * p + c] = bf16_to_float(sz + 16 * c);
-        zero[3 * p + c] = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), scale[3 * p + c], bf16_to_float(sz + kPanel + 16 * c));
-      }
+    __m512 scale[3 * P], zero[3 * P];  // w = q * scale + zero
+    for (int p = 0; p < P; ++p)  // scale_stride counts floats, as every kind's (int4 reads bf16 pairs there)
+      for (int c = 0; c < 3; ++c) group_scales<Grid>(scales + p * scale_stride, g, c, scale[3 * p + c], zero[3 * p + c]);
     for (int64_t i = g * kInt4Group; i < (g + 1) * kInt4Group; i += 2) {
       __m512i both[3 * P];
       for (int p = 0; p < P; ++p) {
@@ -235,11 +254,11 @@ void int4_tile(const uint8_t* panel, int64_t panel_stride, int64_t k, const floa
 template <Weights W, int R, int P>
 void panel_tile(const typename Storage<W>::T* panel, int64_t panel_stride, int64_t k, const float* x, int64_t ldx,
                 const float* scales, int64_t scale_stride, float* out, int64_t ldo, int64_t cols) {
-  if constexpr (W == Weights::kInt4) {
-    return int4_tile<R, P>(panel, panel_stride, k, x, ldx, scales, scale_stride, out, ldo, cols);
+  if constexpr (int4_bytes(W)) {
+    return int4_tile<R, P, W == Weights::kQ4Grid>(panel, panel_stride, k, x, ldx, scales, scale_stride, out, ldo, cols);
   }
   using T = typename Storage<W>::T;
-  constexpr int64_t kBytesPerStep = W == Weights::kInt4 ? kPanel / 2 : kPanel * sizeof(T);
+  constexpr int64_t kBytesPerStep = int4_bytes(W) ? kPanel / 2 : kPanel * sizeof(T);
   constexpr int kLines = (kBytesPerStep + 63) / 64;  // cache lines per k step of a panel
   __m512 acc[R][3 * P];
   for (int r = 0; r < R; ++r)
@@ -293,6 +312,12 @@ void panel_tile(const typename Storage<W>::T* panel, int64_t panel_stride, int64
                            (i / kInt4Group) * 2 * kPanel;
           const float scale = bf16_value(sz[col]);
           w = std::fma(static_cast<float>(q), scale, std::fma(-8.0f, scale, bf16_value(sz[kPanel + col])));
+        } else if constexpr (W == Weights::kQ4Grid) {
+          const int q = (i & 1) ? own[(i / 2) * kPanel + col] >> 4 : own[(i / 2) * kPanel + col] & 15;
+          const float* dm = scales + (c / kPanel) * scale_stride + (i / kInt4Group) * 2 * kPanel;
+          w = std::fma(static_cast<float>(q), dm[col], dm[kPanel + col]);
+        } else if constexpr (W == Weights::kQ8Grid) {
+          w = static_cast<float>(own[i * kPanel + col]) * scales[(c / kPanel) * scale_stride + (i / kInt4Group) * kPanel + col];
         } else {
           w = static_cast<float>(own[i * kPanel + col]);
         }
@@ -348,18 +373,16 @@ constexpr int64_t kChunkSteps = 64;  // k steps of an int4 panel decoded at a ti
 // rows keep int4_tile's side-by-side panels, which hide the FMA latency)
 constexpr int64_t kDecodedFromRows = 7;
 
-// k steps k0..k0+steps-1 of int4 panel p as the float32 weights int4_tile computes, exactly
-// ([steps, 48] into dst); k0 and steps are whole groups.
-void decode_int4(const PanelWeight<Weights::kInt4>& weight, int64_t p, int64_t k0, int64_t steps, float* dst) {
+// k steps k0..k0+steps-1 of int4 (or Q4_1 grid) panel p as the float32 weights int4_tile
+// computes, exactly ([steps, 48] into dst); k0 and steps are whole groups.
+template <Weights W>
+void decode_int4(const PanelWeight<W>& weight, int64_t p, int64_t k0, int64_t steps, float* dst) {
   const uint8_t* panel = weight.panels + p * weight.stride;
-  const auto* pairs = reinterpret_cast<const uint16_t*>(weight.scales + p * weight.scale_stride);
+  const float* scales = weight.scales + p * weight.scale_stride;
   const __m512i low = _mm512_set1_epi32(15);
   for (int64_t g = k0 / kInt4Group; g < (k0 + steps) / kInt4Group; ++g) {
     __m512 scale[3], zero[3];
-    for (int c = 0; c < 3; ++c) {
-      scale[c] = bf16_to_float(pairs + g * 2 * kPanel + 16 * c);
-      zero[c] = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), scale[c], bf16_to_float(pairs + g * 2 * kPanel + kPanel + 16 * c));
-    }
+    for (int c = 0; c < 3; ++c) group_scales<W == Weights::kQ4Grid>(scales, g, c, scale[c], zero[c]);
     for (int64_t i = g * kInt4Group; i < (g + 1) * kInt4Group; i += 2) {
       const uint8_t* bytes = panel + (i / 2) * kPanel;
       _mm_prefetch(reinterpret_cast<const char*>(bytes + kPrefetchAhead * kPanel), _MM_HINT_T0);
@@ -371,6 +394,19 @@ void decode_int4(const PanelWeight<Weights::kInt4>& weight, int64_t p, int64_t k
                          _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(both, 4)), scale[c], zero[c]));
       }
     }
+  }
+}
+
+// k steps k0..k0+steps-1 of Q8_0 grid panel p: w = q * d, exact (float32 d per group and column).
+void decode_q8(const PanelWeight<Weights::kQ8Grid>& weight, int64_t p, int64_t k0, int64_t steps, float* dst) {
+  const int8_t* panel = weight.panels + p * weight.stride;
+  const float* scales = weight.scales + p * weight.scale_stride;
+  for (int64_t i = k0; i < k0 + steps; ++i) {
+    _mm_prefetch(reinterpret_cast<const char*>(panel + (i + kPrefetchAhead) * kPanel), _MM_HINT_T0);
+    for (int c = 0; c < 3; ++c)
+      _mm512_storeu_ps(dst + (i - k0) * kPanel + 16 * c,
+                       _mm512_mul_ps(weights16<Weights::kQ8Grid>(panel, i, c),
+                                     _mm512_loadu_ps(scales + (i / kInt4Group) * kPanel + 16 * c)));
   }
 }
 
@@ -399,24 +435,28 @@ constexpr ChunkTile kChunkTiles[kTileRows] = {chunk_tile<1>, chunk_tile<2>, chun
                                               chunk_tile<5>, chunk_tile<6>, chunk_tile<7>, chunk_tile<8>};
 #endif
 
-// Seven rows or more over int4 panels: each panel's weights are decoded once per chunk of k steps
-// (in L1) for all the tiles, where int4_tile decodes them again for every tile of 8 rows.
-// The same operations per output: one FMA chain over the same weights, in order from zero.
+// Seven rows or more over int4 (or Q4_1 grid) panels, and any rows over Q8_0 grid panels: each
+// panel's weights are decoded once per chunk of k steps (in L1) for all the tiles, where int4_tile
+// decodes them again for every tile of 8 rows. The same operations per output: one FMA chain over
+// the same weights, in order from zero.
 template <Weights W>
 bool decoded_rows(const PanelWeight<W>& weight, int64_t p0, int64_t group, const float* x, int64_t ldx, int64_t rows,
                   float* out, int64_t ldo, int64_t cols_last) {
 #if defined(__AVX512F__)
-  if constexpr (W != Weights::kInt4) {
+  if constexpr (W == Weights::kFloat32 || W == Weights::kInt8) {
     return false;
   } else {
-    if (rows < kDecodedFromRows) return false;
+    if (W != Weights::kQ8Grid && rows < kDecodedFromRows) return false;
     thread_local std::vector<float> chunk, sums;
     chunk.resize(kChunkSteps * kPanel);
     sums.resize(rows * kPanel);
     for (int64_t p = 0; p < group; ++p) {
       for (int64_t k0 = 0; k0 < weight.k; k0 += kChunkSteps) {
         const int64_t steps = std::min(kChunkSteps, weight.k - k0);
-        decode_int4(weight, p0 + p, k0, steps, chunk.data());
+        if constexpr (W == Weights::kQ8Grid)
+          decode_q8(weight, p0 + p, k0, steps, chunk.data());
+        else
+          decode_int4<W>(weight, p0 + p, k0, steps, chunk.data());
         for (int64_t r = 0; r < rows; r += kTileRows) {
           const int64_t here = std::min(kTileRows, rows - r);
           kChunkTiles[here - 1](chunk.data(), steps, x + r * ldx + k0, ldx, sums.data() + r * kPanel, k0 == 0);
@@ -569,6 +609,38 @@ torch::Tensor int4_panel_linear(torch::Tensor x, torch::Tensor packed, torch::Te
                                           out_features, panels});  // a panel's bf16 pairs: groups * 48 floats
 }
 
+// x [M, K] times a float32 weight stored as its Q4_1 grid: bytes [P, K / 2, 48] as int4's, and
+// float32 (d, m) per group of 32 k steps and column [P, K / 32, 2, 48], w = q * d + m (one
+// rounding: the float32 weight exactly when it lies on the grid). The float32 panels' bits.
+torch::Tensor q4_grid_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, int64_t out_features) {
+  check_rows(x, "x");
+  TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == torch::kByte && packed.is_contiguous() &&
+                  packed.dim() == 3 && packed.size(2) == kPanel,
+              "packed must be uint8 [P, K / 2, 48]");
+  const int64_t k = 2 * packed.size(1), panels = packed.size(0), groups = k / kInt4Group;
+  TORCH_CHECK(k % kInt4Group == 0, "Q4_1 panels need K a multiple of ", kInt4Group);
+  TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == torch::kFloat32 && scales.dim() == 4 &&
+                  scales.size(0) == panels && scales.size(1) == groups && scales.size(2) == 2 &&
+                  scales.size(3) == kPanel,
+              "scales must be float32 [P, K / 32, 2, 48]");
+  return panels_times<Weights::kQ4Grid>(x, {packed.data_ptr<uint8_t>(), (k / 2) * kPanel, scales.data_ptr<float>(),
+                                            groups * 2 * kPanel, k, out_features, panels});
+}
+
+// x [M, K] times a float32 weight stored as its Q8_0 grid: int8 panels [P, K, 48] and float32 d per
+// group of 32 k steps and column [P, K / 32, 48], w = q * d (exact). The float32 panels' bits.
+torch::Tensor q8_grid_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, int64_t out_features) {
+  check_rows(x, "x");
+  check_packed(packed, torch::kChar);
+  const int64_t k = packed.size(1), panels = packed.size(0), groups = k / kInt4Group;
+  TORCH_CHECK(k % kInt4Group == 0, "Q8_0 panels need K a multiple of ", kInt4Group);
+  TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == torch::kFloat32 && scales.dim() == 3 &&
+                  scales.size(0) == panels && scales.size(1) == groups && scales.size(2) == kPanel,
+              "scales must be float32 [P, K / 32, 48]");
+  return panels_times<Weights::kQ8Grid>(x, {packed.data_ptr<int8_t>(), k * kPanel, scales.data_ptr<float>(),
+                                            groups * kPanel, k, out_features, panels});
+}
+
 // logits[dst[r]][t] = -inf for every token t that bitmask row words[r] bans (bit t % 32 of word
 // t / 32 clear, or t past the words); a negative dst leaves its row alone.
 void mask_rows(torch::Tensor logits, torch::Tensor words, torch::Tensor dst) {
@@ -627,6 +699,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("panel_linear", &panel_linear, "float32 rows times a packed weight, each row as it would be alone", nogil);
   m.def("int4_panel_linear", &int4_panel_linear, "float32 rows times a packed int4 weight and its group scales", nogil);
   m.def("int8_panel_linear", &int8_panel_linear, "float32 rows times a packed int8 weight and its column scales", nogil);
+  m.def("q4_grid_linear", &q4_grid_linear, "float32 rows times a weight stored as its Q4_1 grid (the float32 bits)", nogil);
+  m.def("q8_grid_linear", &q8_grid_linear, "float32 rows times a weight stored as its Q8_0 grid (the float32 bits)", nogil);
   m.def("output_attention", &output_attention, "output queries over a paged cache, each on its own", nogil);
   m.def("sample_rows", &sample_rows, "one token per float32 logit row by inverse CDF (AVX-512)", nogil);
 }

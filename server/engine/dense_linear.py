@@ -9,7 +9,8 @@
 - CPU, float32: every row count through :func:`kernels.cpu_linear.packed_linear` from weights
   packed once at load (:meth:`DenseLinears.pack`): each row as it would be alone, so drafts,
   jump-forward, batching and prompt chunks never change a row's bits, and a few rows cost little
-  more than one.
+  more than one. A weight lying on a GGUF grid (the default model's, dequantized from its Q4_1
+  file) is packed as the grid: the same bits from a fifth of the bytes.
 - Otherwise ``F.linear``.
 """
 
@@ -68,7 +69,8 @@ class DenseLinears:
     @property
     def packed_bytes(self) -> int:
         """The packed copies' bytes (they sit beside the weights)."""
-        return sum(packed.panels.numel() * packed.panels.element_size() for _, packed in self._packed.values())
+        return sum(getattr(packed, "nbytes", packed.panels.numel() * packed.panels.element_size())
+                   for _, packed in self._packed.values())
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``F.linear(x, weight, bias)`` by this runner's kernels."""

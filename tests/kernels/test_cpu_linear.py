@@ -9,7 +9,18 @@ import torch
 import torch.nn.functional as F
 
 from kernels.cpu_fused import cpu_fused_ops
-from kernels.cpu_linear import int4_linear, int8_linear, pack_int4, pack_int8, pack_weight, packed_linear
+from kernels.cpu_linear import (
+    PackedGrid,
+    PackedWeight,
+    int4_linear,
+    int8_linear,
+    pack_int4,
+    pack_int8,
+    pack_weight,
+    packed_linear,
+    q4_grid,
+    q8_grid,
+)
 from kernels.quantized_linear import quantize, quantized_linear_float32, quantized_linear_reference
 
 _OPS = cpu_fused_ops()
@@ -119,3 +130,47 @@ def test_an_int4_row_is_the_same_bits_at_every_row_count_and_position() -> None:
 def test_int4_packing_needs_whole_groups() -> None:
     values = torch.randint(0, 16, (16, 48))
     assert pack_int4(values, torch.ones(1, 16, 2)) is None  # 48 input columns: not groups of 32
+
+
+def _q4_grid_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    """A float32 weight on a Q4_1 grid, as a GGUF file's dequantized: per group of 32 columns a
+    float16 d and m, w = fl(q * d + m), each group's minimum at q = 0 and maximum at 15."""
+    gen = torch.Generator().manual_seed(seed)
+    d = (torch.rand(n, k // 32, generator=gen) * 0.01 + 1e-3).half().double()
+    m = (-torch.rand(n, k // 32, generator=gen) * 0.05).half().double()
+    q = torch.randint(0, 16, (n, k), generator=gen).double()
+    q[:, ::32], q[:, 1::32] = 0, 15
+    return (q * d.repeat_interleave(32, 1) + m.repeat_interleave(32, 1)).float()
+
+
+def _q8_grid_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    d = (torch.rand(n, k // 32, generator=gen) * 0.01 + 1e-3).half().double()
+    q = torch.randint(-127, 128, (n, k), generator=gen).double()
+    q[:, ::32] = 127
+    return (q * d.repeat_interleave(32, 1)).float()
+
+
+@pytest.mark.parametrize(("kind", "make"), [("q4", _q4_grid_weight), ("q8", _q8_grid_weight)])
+def test_a_weight_on_a_gguf_grid_gives_the_float32_panels_bits(kind, make) -> None:
+    """Packed as its Q4_1 / Q8_0 grid, a float32 weight multiplies to the same bits as from its
+    float32 panels, at every row count, and keeps a row's bits alone."""
+    weight = make(203, 352)
+    grid, panels = pack_weight(weight), pack_weight(weight, grids=False)
+    assert isinstance(grid, PackedGrid) and grid.kind == kind and isinstance(panels, PackedWeight)
+    assert grid.nbytes < panels.panels.numel() * 4 / 3
+    bias = torch.randn(203)
+    for rows in (1, 2, 3, 5, 7, 8, 9, 16, 33, 70):
+        x = torch.randn(rows, 352)
+        assert torch.equal(packed_linear(x, grid, bias), packed_linear(x, panels, bias)), rows
+    x = torch.randn(80, 352)
+    _assert_rows_keep_their_bits(x, lambda rows: packed_linear(rows, grid))
+
+
+def test_weights_off_any_grid_keep_float32_panels() -> None:
+    weight = _q4_grid_weight(96, 64)
+    weight[5, 7] += 1e-4  # one group off its grid
+    assert q4_grid(weight) is None and isinstance(pack_weight(weight), PackedWeight)
+    assert q8_grid(torch.randn(8, 64)) is None and q4_grid(torch.randn(8, 48)) is None  # K not whole groups
+    q, d, m = q4_grid(_q4_grid_weight(8, 64))
+    assert q.dtype == torch.uint8 and int(q.max()) == 15 and d.shape == m.shape == (8, 2)
