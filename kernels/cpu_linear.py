@@ -12,7 +12,7 @@ The packed copy doubles the float32 weights' memory (the originals stay for the 
 
 A float32 weight whose every group of 32 input columns lies on a GGUF grid (the default model's
 weights are its Q4_1 GGUF dequantized, its embedding Q8_0) is packed as that grid instead
-(:func:`q4_grid`, :func:`q8_grid`): 4 or 8 bits a weight and a float32 (d, m) or d per group and
+(:func:`q4_grid`, :func:`q8_grid`): 4 or 8 bits a weight and a float16 (d, m) or float32 d per group and
 column. The kernel decodes each weight to the same float32 value (``q * d + m`` with one rounding,
 ``q * d`` exactly) and runs the same FMA chains, so :func:`packed_linear` gives the float32 panels'
 bits while a decode step reads a fifth of the bytes. ``TRELLIS_WEIGHT_GRIDS=0`` packs float32
@@ -50,7 +50,7 @@ class PackedWeight:
 @dataclass(frozen=True)
 class PackedGrid:
     """A float32 weight ``[out_features, in_features]`` stored as its GGUF grid: ``kind`` "q4"
-    (Q4_1: ``panels`` as :class:`PackedInt4`'s bytes, ``scales`` float32 [P, K / 32, 2, 48], d and m)
+    (Q4_1: ``panels`` as :class:`PackedInt4`'s bytes, ``scales`` float16 [P, K / 32, 2, 48], d and m)
     or "q8" (Q8_0: int8 ``panels`` [P, K, 48], ``scales`` float32 [P, K / 32, 48], d)."""
 
     kind: str
@@ -61,7 +61,7 @@ class PackedGrid:
 
     @property
     def nbytes(self) -> int:
-        return self.panels.numel() * self.panels.element_size() + self.scales.numel() * 4
+        return self.panels.numel() * self.panels.element_size() + self.scales.numel() * self.scales.element_size()
 
 
 def weight_grids_enabled() -> bool:
@@ -179,7 +179,7 @@ def _pack_grid(weight: torch.Tensor) -> PackedGrid | None:
         nibbles = q.reshape(n, k // 2, 2)
         pairs = _pad_rows(nibbles[..., 0] | (nibbles[..., 1] << 4), panels * PANEL)
         packed = pairs.reshape(panels, PANEL, k // 2).transpose(1, 2).contiguous()
-        per_row = _pad_rows(torch.stack([d, m], dim=-1), panels * PANEL)  # [N', G, 2]
+        per_row = _pad_rows(torch.stack([d, m], dim=-1).half(), panels * PANEL)  # [N', G, 2], float16 values
         scales = per_row.reshape(panels, PANEL, groups, 2).permute(0, 2, 3, 1).contiguous()
         return PackedGrid("q4", packed, scales, n, k)
     eight = q8_grid(weight)

@@ -196,12 +196,13 @@ inline __m512 bf16_to_float(const uint16_t* values) {  // 16 bf16 values, exactl
 // int4: a byte holds k steps 2j and 2j + 1, so each byte is read once for both and each
 // group's scales once for its 32 steps; each output's chain is the same k by k.
 // Group g's scales of column vector c of a panel: int4's bf16 (scale, zero point) pairs give
-// w = q * scale + (zero - 8 * scale); a Q4_1 grid's float32 (d, m) give w = q * d + m.
+// w = q * scale + (zero - 8 * scale); a Q4_1 grid's float16 (d, m) give w = q * d + m.
 template <bool Grid>
 inline void group_scales(const float* scales, int64_t g, int c, __m512& scale, __m512& zero) {
   if constexpr (Grid) {
-    scale = _mm512_loadu_ps(scales + g * 2 * kPanel + 16 * c);
-    zero = _mm512_loadu_ps(scales + g * 2 * kPanel + kPanel + 16 * c);
+    const uint16_t* dm = reinterpret_cast<const uint16_t*>(scales) + g * 2 * kPanel;
+    scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dm + 16 * c)));
+    zero = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dm + kPanel + 16 * c)));
   } else {
     const uint16_t* sz = reinterpret_cast<const uint16_t*>(scales) + g * 2 * kPanel;
     scale = bf16_to_float(sz + 16 * c);
@@ -314,8 +315,9 @@ void panel_tile(const typename Storage<W>::T* panel, int64_t panel_stride, int64
           w = std::fma(static_cast<float>(q), scale, std::fma(-8.0f, scale, bf16_value(sz[kPanel + col])));
         } else if constexpr (W == Weights::kQ4Grid) {
           const int q = (i & 1) ? own[(i / 2) * kPanel + col] >> 4 : own[(i / 2) * kPanel + col] & 15;
-          const float* dm = scales + (c / kPanel) * scale_stride + (i / kInt4Group) * 2 * kPanel;
-          w = std::fma(static_cast<float>(q), dm[col], dm[kPanel + col]);
+          const auto* dm = reinterpret_cast<const at::Half*>(scales + (c / kPanel) * scale_stride) +
+                           (i / kInt4Group) * 2 * kPanel;
+          w = std::fma(static_cast<float>(q), static_cast<float>(dm[col]), static_cast<float>(dm[kPanel + col]));
         } else if constexpr (W == Weights::kQ8Grid) {
           w = static_cast<float>(own[i * kPanel + col]) * scales[(c / kPanel) * scale_stride + (i / kInt4Group) * kPanel + col];
         } else {
@@ -610,7 +612,7 @@ torch::Tensor int4_panel_linear(torch::Tensor x, torch::Tensor packed, torch::Te
 }
 
 // x [M, K] times a float32 weight stored as its Q4_1 grid: bytes [P, K / 2, 48] as int4's, and
-// float32 (d, m) per group of 32 k steps and column [P, K / 32, 2, 48], w = q * d + m (one
+// float16 (d, m) per group of 32 k steps and column [P, K / 32, 2, 48], w = q * d + m (one
 // rounding: the float32 weight exactly when it lies on the grid). The float32 panels' bits.
 torch::Tensor q4_grid_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, int64_t out_features) {
   check_rows(x, "x");
@@ -619,12 +621,14 @@ torch::Tensor q4_grid_linear(torch::Tensor x, torch::Tensor packed, torch::Tenso
               "packed must be uint8 [P, K / 2, 48]");
   const int64_t k = 2 * packed.size(1), panels = packed.size(0), groups = k / kInt4Group;
   TORCH_CHECK(k % kInt4Group == 0, "Q4_1 panels need K a multiple of ", kInt4Group);
-  TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == torch::kFloat32 && scales.dim() == 4 &&
+  TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == torch::kHalf && scales.dim() == 4 &&
                   scales.size(0) == panels && scales.size(1) == groups && scales.size(2) == 2 &&
                   scales.size(3) == kPanel,
-              "scales must be float32 [P, K / 32, 2, 48]");
-  return panels_times<Weights::kQ4Grid>(x, {packed.data_ptr<uint8_t>(), (k / 2) * kPanel, scales.data_ptr<float>(),
-                                            groups * 2 * kPanel, k, out_features, panels});
+              "scales must be float16 [P, K / 32, 2, 48]");
+  // the tiles take the scales as a float pointer (the grid's reinterpret it as float16 pairs)
+  const auto* halves = reinterpret_cast<const float*>(scales.data_ptr<at::Half>());
+  return panels_times<Weights::kQ4Grid>(x, {packed.data_ptr<uint8_t>(), (k / 2) * kPanel, halves, groups * kPanel, k,
+                                            out_features, panels});
 }
 
 // x [M, K] times a float32 weight stored as its Q8_0 grid: int8 panels [P, K, 48] and float32 d per
