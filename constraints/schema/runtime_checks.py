@@ -127,16 +127,17 @@ def split_runtime_checks(schema: Any, free_order: bool = True) -> tuple[Any, tup
         return schema, ()
     placed = [(walk.nodes[i], paths) for i, paths in walk.paths.items() if i not in walk.unplaceable]
     found = [(node, *f) for node, paths in placed if (f := _node_checks(root, node, paths)) is not None]
-    # an object item is compared whole once it closes: no other check may sit inside one
-    paths_checked = [c.path for _, _, node_checks in found for c in node_checks]
+    # an item is compared whole once it closes (its text kept as it is written): no other item
+    # compared whole may sit inside one (the matcher keeps one such text at a time); checks of
+    # other kinds inside one run as they do elsewhere, and the item, an object that takes
+    # further keys, still has a way on past a repeat
+    whole_paths = [c.path for _, _, node_checks in found for c in node_checks if c.object_items or c.any_values]
     found = [(node, keys, node_checks) for node, keys, node_checks in found
-             if not any((c.object_items or c.any_values) and any(_below(p, c.path) for p in paths_checked)
+             if not any((c.object_items or c.any_values) and any(_below(p, c.path) for p in whole_paths)
                         for c in node_checks)]
-    whole = [c.path for _, _, node_checks in found for c in node_checks if c.object_items or c.any_values]
     pinned = _properties_referenced(root) if free_order else set()
     free = [(node, f) for node, paths in placed if free_order and id(node) not in pinned
-            and (f := _free_order(root, node, paths)) is not None
-            and not any(_below(c.path, w) for c in f.checks for w in whole)]
+            and (f := _free_order(root, node, paths)) is not None]
     checks: dict[Path, JsonCheck] = {}
     for check in [c for _, _, node_checks in found for c in node_checks] + [c for _, f in free for c in f.checks]:
         checks[check.path] = checks[check.path].merged(check) if check.path in checks else check
