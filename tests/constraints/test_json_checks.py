@@ -100,6 +100,14 @@ CASES = [
         [[{"tags": ["x", "x"]}], [{"tags": ["x"]}, {"tags": ["x"]}], [{"targets": ["a", "a"]}],
          [{"opts": {}}], [{"tags": ["x"], "n": 1}, {"n": 1, "tags": ["x"]}], [{}, {}]],
     ),
+    (  # any string or a listed one (MaskBench JsonSchemaStore webextension permissions, vsix-publish
+        # categories): every prefix goes on into endless strings, a repeat is refused at its quote
+        {"type": "array", "uniqueItems": True, "items": {"anyOf": [
+            {"type": "string", "minLength": 3}, {"enum": ["a", "tabs", "ab"]}, {"$ref": "#/$defs/x"}]},
+         "$defs": {"x": {"const": "x"}}},
+        [["a", "ab", "abc"], ["tabs", "tab"], ["x", "a"], []],
+        [["a", "a"], ["tabs", "x", "tabs"], ["abc", "abc"], ["b"], ["x", "x"], [1]],
+    ),
     (
         {"type": "object", "properties": {"inner": {"type": "object", "minProperties": 1, "maxProperties": 2}}},
         [{}, {"inner": {"a": 1}}, {"inner": {"a": 1, "b": {"c": 3, "d": 4, "e": 5}}}],
@@ -160,6 +168,13 @@ def test_a_repeated_key_is_refused_in_a_counted_object(compiler, tok):
         # two patterns: what they take together is not checked here
         {"type": "array", "uniqueItems": True,
          "items": {"allOf": [{"type": "string", "pattern": "^a"}, {"pattern": "b$"}]}},
+        # listed strings beside bounded ones: "ab" could have no way on
+        {"type": "array", "uniqueItems": True, "items": {"anyOf": [{"type": "string", "maxLength": 2}, {"enum": ["a"]}]}},
+        # listed values beside any string, one of them no string: a used 7 has no way on
+        {"type": "array", "uniqueItems": True, "items": {"anyOf": [{"type": "string"}, {"enum": ["a", 7]}]}},
+        # any string in one array branch, numbers in the other
+        {"anyOf": [{"type": "array", "uniqueItems": True, "items": {"anyOf": [{"type": "string"}, {"enum": ["a"]}]}},
+                   {"type": "array", "uniqueItems": True, "items": {"type": "number", "maximum": 3}}]},
         # keys under a pattern: a minimum could find no further key
         {"type": "object", "minProperties": 3, "patternProperties": {"^[ab]$": {}}, "additionalProperties": False},
     ],
