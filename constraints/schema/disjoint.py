@@ -55,7 +55,62 @@ def possible_types(node: Any, root: dict, depth: int = 0) -> set[str]:
             types &= possible_types(b, root, depth + 1)
     if isinstance(node.get("$ref"), str) and len(node) > 1:
         types &= possible_types({"$ref": node["$ref"]}, root, depth + 1)
+    if "object" in types and no_object(node, root):
+        types.discard("object")
     return types
+
+
+MAX_OBJECT_PARTS = 64  # subschemas an object must meet together, looked at by no_object
+
+
+def no_object(node: Any, root: dict, blockers: tuple = (), depth: int = 0) -> bool:
+    """Whether no object satisfies ``node`` (and ``blockers``, subschemas it must meet too)
+    because it must have a key one of them rules out: ``required`` names a key whose
+    ``properties`` value is ``false``, or one that a closed object (``additionalProperties:
+    false``, no ``patternProperties``) does not list (``{"properties": {"url": {}}, "required":
+    ["weblink"], "additionalProperties": false}``), in the node, its ``allOf`` members, the
+    targets of its references or in every branch of an ``anyOf`` / ``oneOf`` it holds.
+    Conservative: False where it cannot tell."""
+    node = resolve(node, root)
+    if node is False:
+        return True
+    if not isinstance(node, dict) or depth > 8:
+        return False
+    parts, stack = [], [node]
+    while stack and len(parts) < MAX_OBJECT_PARTS:
+        part = resolve(stack.pop(), root)
+        if part is False:
+            return True
+        if not isinstance(part, dict) or any(part is p for p in parts):
+            continue
+        declared = type_list(part.get("type")) if "type" in part else None
+        if declared is not None and "object" not in declared:
+            return True
+        parts.append(part)
+        if isinstance(part.get("allOf"), list):
+            stack.extend(part["allOf"])
+        if isinstance(part.get("$ref"), str) and len(part) > 1:
+            stack.append({"$ref": part["$ref"]})
+    every = (*blockers, *parts)
+    required = {k for p in parts if isinstance(p.get("required"), list) for k in p["required"] if isinstance(k, str)}
+    if any(_rules_out(p, k) for k in required for p in every):
+        return True
+    for part in parts:
+        for key in ("anyOf", "oneOf"):
+            branches = part.get(key)
+            if isinstance(branches, list) and branches and all(
+                    no_object(b, root, every, depth + 1) for b in branches):
+                return True
+    return False
+
+
+def _rules_out(node: dict, key: str) -> bool:
+    """Whether an object meeting ``node`` cannot have ``key``."""
+    props = node.get("properties")
+    props = props if isinstance(props, dict) else {}
+    if key in props:
+        return props[key] is False
+    return node.get("additionalProperties") is False and not node.get("patternProperties")
 
 
 def _discriminators(node: Any, root: dict, depth: int = 0) -> dict[str, tuple[list[Any], bool]]:

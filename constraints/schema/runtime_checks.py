@@ -127,16 +127,17 @@ def split_runtime_checks(schema: Any, free_order: bool = True) -> tuple[Any, tup
         return schema, ()
     placed = [(walk.nodes[i], paths) for i, paths in walk.paths.items() if i not in walk.unplaceable]
     found = [(node, *f) for node, paths in placed if (f := _node_checks(root, node, paths)) is not None]
-    # an object item is compared whole once it closes: no other check may sit inside one
-    paths_checked = [c.path for _, _, node_checks in found for c in node_checks]
+    # an item is compared whole once it closes (its text kept as it is written): no other item
+    # compared whole may sit inside one (the matcher keeps one such text at a time); checks of
+    # other kinds inside one run as they do elsewhere, and the item, an object that takes
+    # further keys, still has a way on past a repeat
+    whole_paths = [c.path for _, _, node_checks in found for c in node_checks if c.object_items or c.any_values]
     found = [(node, keys, node_checks) for node, keys, node_checks in found
-             if not any((c.object_items or c.any_values) and any(_below(p, c.path) for p in paths_checked)
+             if not any((c.object_items or c.any_values) and any(_below(p, c.path) for p in whole_paths)
                         for c in node_checks)]
-    whole = [c.path for _, _, node_checks in found for c in node_checks if c.object_items or c.any_values]
     pinned = _properties_referenced(root) if free_order else set()
     free = [(node, f) for node, paths in placed if free_order and id(node) not in pinned
-            and (f := _free_order(root, node, paths)) is not None
-            and not any(_below(c.path, w) for c in f.checks for w in whole)]
+            and (f := _free_order(root, node, paths)) is not None]
     checks: dict[Path, JsonCheck] = {}
     for check in [c for _, _, node_checks in found for c in node_checks] + [c for _, f in free for c in f.checks]:
         checks[check.path] = checks[check.path].merged(check) if check.path in checks else check
@@ -384,6 +385,8 @@ def _unique_domain(root: dict, path: Path) -> tuple[str, ...] | str | None | boo
     if _unbounded_strings(applying) and _forces(
             root, root, item, lambda n: type_list(n.get("type")) == ["string"], None, {}):
         return None
+    if _open_string_items(root, path):
+        return None
     listed = _listed_strings(root, path, applying)
     if listed is not None:
         return listed
@@ -401,6 +404,65 @@ def _unbounded_strings(applying: list[dict]) -> bool:
     if any(set(n) - _PLAIN_STRING - {"pattern"} for n in applying) or len(patterns) > 1:
         return False
     return all(isinstance(p, str) and unbounded_completions(p) is True for p in patterns)
+
+
+def _open_string_items(root: dict, path: Path) -> bool:
+    """Whether every item of an array at ``path`` is a string (``type: string``, or listed
+    strings), and the strings each ``items`` subschema takes include every string past some
+    length: a plain string, perhaps with a ``minLength``, as one branch of every union it sits
+    in, listed strings beside it (``anyOf: [{type: string}, {enum: ["activeTab", ...]}]``,
+    MaskBench JsonSchemaStore webextension). Every prefix of an item then goes on into endless
+    strings: a repeat can always be written on past."""
+    if not _forces(root, root, (*path, None), lambda n: _strings_only(root, n, 0), None, {}):
+        return False
+    found = False
+    for node in _applying(root, path):
+        if any(node.get(k) is not None for k in ("prefixItems", "additionalItems", "unevaluatedItems", "contains")):
+            return False
+        items = node.get("items")
+        if items is not None:
+            if not _endless_strings(root, items, 0):
+                return False
+            found = True
+    return found
+
+
+_OPEN_STRING_KEYS = _STRUCTURAL | {"type", "minLength", "anyOf"}
+
+
+def _endless_strings(root: dict, node: Any, depth: int) -> bool:
+    """Whether ``node`` takes every string past some length (an under-approximation)."""
+    if node is True:
+        return True
+    if not isinstance(node, dict) or depth > 16 or set(node) - _OPEN_STRING_KEYS:
+        return False
+    if "type" in node and "string" not in (type_list(node["type"]) or ()):
+        return False
+    if "$ref" in node and not _endless_strings(root, _target(root, node["$ref"]), depth + 1):
+        return False
+    members = node.get("allOf", [])
+    branches = node.get("anyOf")
+    return isinstance(members, list) and all(_endless_strings(root, m, depth + 1) for m in members) and (
+        branches is None or (isinstance(branches, list) and any(_endless_strings(root, b, depth + 1) for b in branches)))
+
+
+def _strings_only(root: dict, node: Any, depth: int) -> bool:
+    """Whether every value ``node`` takes is a string (an under-approximation)."""
+    if node is False:
+        return True
+    if not isinstance(node, dict) or depth > 16:
+        return False
+    if type_list(node.get("type")) == ["string"]:
+        return True
+    listed = node["enum"] if isinstance(node.get("enum"), list) else [node["const"]] if "const" in node else None
+    if listed is not None and all(isinstance(v, str) for v in listed):
+        return True
+    if "$ref" in node and _strings_only(root, _target(root, node["$ref"]), depth + 1):
+        return True
+    if isinstance(node.get("allOf"), list) and any(_strings_only(root, m, depth + 1) for m in node["allOf"]):
+        return True
+    branches = node.get("anyOf")
+    return isinstance(branches, list) and bool(branches) and all(_strings_only(root, b, depth + 1) for b in branches)
 
 
 def _listed_strings(root: dict, path: Path, applying: list[dict]) -> tuple[str, ...] | bool | None:

@@ -89,6 +89,25 @@ CASES = [
         [{}, {"a": "x"}, {"b": 2}, {"zz": [1, 2]}],
         [{"a": "x", "b": 2}, {"a": "x", "q": 1}, {"p": 1, "q": 2}],
     ),
+    (  # objects compared whole, with checks of other kinds inside (MaskBench JsonSchemaStore uproject:
+        # unique modules, each with unique platform names and listed targets)
+        {"type": "array", "uniqueItems": True, "items": {"type": "object", "properties": {
+            "tags": {"type": "array", "uniqueItems": True, "items": {"type": "string"}},
+            "targets": {"type": "array", "uniqueItems": True, "items": {"enum": ["a", "b"]}},
+            "opts": {"type": "object", "minProperties": 1}}}},
+        [[{"tags": ["x"]}, {"tags": ["x", "y"]}], [{"tags": ["x"], "n": 1}, {"tags": ["x"]}],
+         [{"targets": ["a", "b"]}, {"targets": ["b", "a"]}], [{"opts": {"a": 1}}, {"opts": {"a": 2}}], [{}, {"q": []}]],
+        [[{"tags": ["x", "x"]}], [{"tags": ["x"]}, {"tags": ["x"]}], [{"targets": ["a", "a"]}],
+         [{"opts": {}}], [{"tags": ["x"], "n": 1}, {"n": 1, "tags": ["x"]}], [{}, {}]],
+    ),
+    (  # any string or a listed one (MaskBench JsonSchemaStore webextension permissions, vsix-publish
+        # categories): every prefix goes on into endless strings, a repeat is refused at its quote
+        {"type": "array", "uniqueItems": True, "items": {"anyOf": [
+            {"type": "string", "minLength": 3}, {"enum": ["a", "tabs", "ab"]}, {"$ref": "#/$defs/x"}]},
+         "$defs": {"x": {"const": "x"}}},
+        [["a", "ab", "abc"], ["tabs", "tab"], ["x", "a"], []],
+        [["a", "a"], ["tabs", "x", "tabs"], ["abc", "abc"], ["b"], ["x", "x"], [1]],
+    ),
     (
         {"type": "object", "properties": {"inner": {"type": "object", "minProperties": 1, "maxProperties": 2}}},
         [{}, {"inner": {"a": 1}}, {"inner": {"a": 1, "b": {"c": 3, "d": 4, "e": 5}}}],
@@ -149,12 +168,29 @@ def test_a_repeated_key_is_refused_in_a_counted_object(compiler, tok):
         # two patterns: what they take together is not checked here
         {"type": "array", "uniqueItems": True,
          "items": {"allOf": [{"type": "string", "pattern": "^a"}, {"pattern": "b$"}]}},
+        # listed strings beside bounded ones: "ab" could have no way on
+        {"type": "array", "uniqueItems": True, "items": {"anyOf": [{"type": "string", "maxLength": 2}, {"enum": ["a"]}]}},
+        # listed values beside any string, one of them no string: a used 7 has no way on
+        {"type": "array", "uniqueItems": True, "items": {"anyOf": [{"type": "string"}, {"enum": ["a", 7]}]}},
+        # any string in one array branch, numbers in the other
+        {"anyOf": [{"type": "array", "uniqueItems": True, "items": {"anyOf": [{"type": "string"}, {"enum": ["a"]}]}},
+                   {"type": "array", "uniqueItems": True, "items": {"type": "number", "maximum": 3}}]},
         # keys under a pattern: a minimum could find no further key
         {"type": "object", "minProperties": 3, "patternProperties": {"^[ab]$": {}}, "additionalProperties": False},
     ],
 )
 def test_inexact_places_keep_the_keyword(schema):
     assert split_runtime_checks(schema, free_order=False) == (schema, ())
+
+
+def test_items_compared_whole_inside_items_compared_whole_keep_the_outer_keyword():
+    # the matcher keeps one whole item's text at a time: the inner arrays are checked, the
+    # outer keeps its keyword (MaskBench JsonSchemaStore rust-project: unique crates of unique deps)
+    schema = {"type": "array", "uniqueItems": True, "items": {"type": "object", "properties": {
+        "deps": {"type": "array", "uniqueItems": True, "items": {"type": "object"}}}}}
+    stripped, checks = split_runtime_checks(schema, free_order=False)
+    assert [c.path for c in checks] == [(None, "deps")]
+    assert stripped["uniqueItems"] is True and "uniqueItems" not in stripped["items"]["properties"]["deps"]
 
 
 def test_a_recursive_schema_keeps_the_keyword(compiler):
@@ -276,3 +312,24 @@ def test_a_property_named_like_an_opaque_keyword_is_placed(name):
     schema = {"type": "object", "properties": {name: {"type": "object", "properties": {"tags": {
         "type": "array", "uniqueItems": True, "items": {"type": "string"}}}}}}
     assert split_runtime_checks(schema, free_order=False)[1] == (JsonCheck((name, "tags"), unique_items=True),)
+
+
+def test_order_free_objects_compared_whole(compiler, tok):
+    # MaskBench JsonSchemaStore uplugin: unique plugin references of many properties, taken in
+    # any order ("json_property_order": "any"), two required; a repeat in another order is one
+    schema = {"type": "array", "uniqueItems": True, "items": {
+        "type": "object", "required": ["Name", "Enabled"], "properties": {
+            "Name": {"type": "string"}, "Enabled": {"type": "boolean"}, "Optional": {"type": "boolean"},
+            "Description": {"type": "string"}, "Url": {"type": "string"},
+            "Platforms": {"type": "array", "uniqueItems": True, "items": {"type": "string"}}}}}
+    options = {"json_property_order": "any"}
+    assert any(c.free_keys for c in split_runtime_checks(schema)[1])
+    assert_classified(compiler, tok, schema,
+                      [[{"Name": "a", "Enabled": True}, {"Enabled": True, "Name": "b"}],
+                       [{"Name": "a", "Enabled": True}, {"Name": "a", "Enabled": True, "x": 1}],
+                       [{"Platforms": ["w", "l"], "Name": "a", "Enabled": False}]],
+                      [[{"Name": "a", "Enabled": True}, {"Enabled": True, "Name": "a"}],
+                       [{"Name": "a", "Enabled": True, "Platforms": ["w", "w"]}], [{"Name": "a"}]], options)
+    compiled = compiler.compile(ConstraintSpec("json_schema", schema, options))
+    assert not walk_text(compiled, tok, '[{"Name": "a", "Enabled": true, "Name": "b"}]')  # a repeated key
+    assert walk_text(compiled, tok, '[{"Name": "a", "Enabled": true}, {"Name": "a", "Enabled": false}]')
