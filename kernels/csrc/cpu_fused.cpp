@@ -269,6 +269,9 @@ void panel_tile(const typename Storage<W>::T* panel, int64_t panel_stride, int64
     for (int p = 0; p < P; ++p) {
       const T* own = panel + p * panel_stride;
       for (int c = 0; c < 3; ++c) w[3 * p + c] = weights16<W>(own, i, c);
+      if constexpr (W == Weights::kQ8Grid)  // q * d, exact: the weight's float32 value
+        for (int c = 0; c < 3; ++c)
+          w[3 * p + c] = _mm512_mul_ps(w[3 * p + c], _mm512_loadu_ps(scales + p * scale_stride + (i / kInt4Group) * kPanel + 16 * c));
       // the hardware's prefetcher alone left a large weight at ~0.8x MKL's pace
       const char* ahead = reinterpret_cast<const char*>(own) + (i + kPrefetchAhead) * kBytesPerStep;
       for (int line = 0; line < kLines; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
@@ -437,9 +440,9 @@ constexpr ChunkTile kChunkTiles[kTileRows] = {chunk_tile<1>, chunk_tile<2>, chun
                                               chunk_tile<5>, chunk_tile<6>, chunk_tile<7>, chunk_tile<8>};
 #endif
 
-// Seven rows or more over int4 (or Q4_1 grid) panels, and any rows over Q8_0 grid panels: each
-// panel's weights are decoded once per chunk of k steps (in L1) for all the tiles, where int4_tile
-// decodes them again for every tile of 8 rows. The same operations per output: one FMA chain over
+// Seven rows or more over int4, Q4_1 or Q8_0 grid panels: each panel's weights are decoded once
+// per chunk of k steps (in L1) for all the tiles, where the tiles decode them again for every tile
+// of 8 rows. The same operations per output: one FMA chain over
 // the same weights, in order from zero.
 template <Weights W>
 bool decoded_rows(const PanelWeight<W>& weight, int64_t p0, int64_t group, const float* x, int64_t ldx, int64_t rows,
@@ -448,7 +451,7 @@ bool decoded_rows(const PanelWeight<W>& weight, int64_t p0, int64_t group, const
   if constexpr (W == Weights::kFloat32 || W == Weights::kInt8) {
     return false;
   } else {
-    if (W != Weights::kQ8Grid && rows < kDecodedFromRows) return false;
+    if (rows < kDecodedFromRows) return false;
     thread_local std::vector<float> chunk, sums;
     chunk.resize(kChunkSteps * kPanel);
     sums.resize(rows * kPanel);
