@@ -103,13 +103,34 @@ def packed_linear(x: torch.Tensor, packed: PackedWeight | PackedGrid, bias: torc
     return out.reshape(*x.shape[:-1], packed.out_features)
 
 
+GRID_CHUNK = 1 << 20  # weights checked at a time: a weight off its grid is known from its first rows
+
+
+def _by_rows(weight: torch.Tensor, find) -> list | None:
+    """``find`` over ``weight``'s rows a chunk at a time (float64 copies stay small); None as soon
+    as a chunk is off its grid, else the chunks' results."""
+    rows = max(1, GRID_CHUNK // weight.shape[1])
+    found = []
+    for start in range(0, weight.shape[0], rows):
+        part = find(weight[start : start + rows])
+        if part is None:
+            return None
+        found.append(part)
+    return found
+
+
 def q4_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """``weight [N, K]`` as a Q4_1 grid, (q [N, K] 0-15, d [N, K / 32], m [N, K / 32]) with d and
     m float16 values and ``weight == fl(q * d + m)`` (one rounding, the kernel's FMA) for every
     element, or None where any group is off its grid."""
-    n, k = weight.shape
-    if k % INT4_GROUP:
+    if weight.shape[1] % INT4_GROUP:
         return None
+    parts = _by_rows(weight, _q4_grid_rows)
+    return None if parts is None else tuple(torch.cat(piece) for piece in zip(*parts))
+
+
+def _q4_grid_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    n, k = weight.shape
     groups = weight.reshape(-1, INT4_GROUP)
     low = groups.amin(-1)
     if not torch.equal(low.half().float(), low):
@@ -147,9 +168,14 @@ def _q4_fits(groups: torch.Tensor, low: torch.Tensor, d: torch.Tensor) -> tuple[
 def q8_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``weight [N, K]`` as a Q8_0 grid, (q [N, K] int8, d [N, K / 32]) with d float16 values and
     ``weight == q * d`` exactly, or None where any group is off its grid."""
-    n, k = weight.shape
-    if k % INT4_GROUP:
+    if weight.shape[1] % INT4_GROUP:
         return None
+    parts = _by_rows(weight, _q8_grid_rows)
+    return None if parts is None else tuple(torch.cat(piece) for piece in zip(*parts))
+
+
+def _q8_grid_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    n, k = weight.shape
     groups = weight.reshape(-1, INT4_GROUP).double()
     top = groups.abs().amax(-1)
     q = torch.empty_like(groups, dtype=torch.int8)
