@@ -145,7 +145,7 @@ def _q4_grid_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
         near = (span[pending] / top).half()
         if step:
             near = torch.nextafter(near, torch.full_like(near, float("inf") if step > 0 else float("-inf")))
-        fits, values = _q4_fits(groups[pending].double(), low[pending].double(), near.double())
+        fits, values = _q4_fits(groups[pending], low[pending], near.float())
         q[pending[fits]] = values[fits].to(torch.uint8)
         d[pending[fits]] = near[fits].float()
         pending = pending[~fits]
@@ -155,13 +155,10 @@ def _q4_grid_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
 
 
 def _q4_fits(groups: torch.Tensor, low: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(which groups are exactly ``fl(q * d + low)``, their q): float64, where q * d and the sum
-    are exact (checked), so the one rounding to float32 is the FMA's."""
+    """(which groups are exactly ``fl(q * d + low)``, their q), in float32: q (4 bits) times a
+    float16 d (11) is exact, so the sum's one rounding is the FMA's."""
     q = torch.round((groups - low[:, None]) / torch.where(d > 0, d, 1.0)[:, None]) * (d > 0)[:, None]
-    product = q * d[:, None]
-    total = product + low[:, None]
-    fits = ((q >= 0) & (q <= 15) & (total - low[:, None] == product)
-            & (total.float().double() == groups)).all(-1)
+    fits = ((q >= 0) & (q <= 15) & (q * d[:, None] + low[:, None] == groups)).all(-1)
     return fits, q
 
 
@@ -176,18 +173,20 @@ def q8_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 def _q8_grid_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     n, k = weight.shape
-    groups = weight.reshape(-1, INT4_GROUP).double()
-    top = groups.abs().amax(-1)
+    groups = weight.reshape(-1, INT4_GROUP)
+    top = groups.abs().amax(-1).double()
     q = torch.empty_like(groups, dtype=torch.int8)
     d = torch.empty_like(top, dtype=torch.float32)
     pending = torch.arange(len(top))
     for largest in (127, 126):  # Q8_0 puts a group's largest magnitude at 127 (up to the rounding of d)
-        scale = top[pending] / largest
+        scale = top[pending] / largest  # float64: checked to be a float16 value, then exact in float32
+        exact = scale.half().double() == scale
+        scale = scale.float()
         values = torch.round(groups[pending] / torch.where(scale > 0, scale, 1.0)[:, None]) * (scale > 0)[:, None]
-        fits = (scale.half().double() == scale) & ((values.abs() <= 127)
-                                                     & ((values * scale[:, None]).float().double() == groups[pending])).all(-1)
+        # q (8 bits) times a float16 d (11) is exact in float32
+        fits = exact & ((values.abs() <= 127) & (values * scale[:, None] == groups[pending])).all(-1)
         q[pending[fits]] = values[fits].to(torch.int8)
-        d[pending[fits]] = scale[fits].float()
+        d[pending[fits]] = scale[fits]
         pending = pending[~fits]
         if len(pending) == 0:
             return q.reshape(n, k), d.reshape(n, -1)
