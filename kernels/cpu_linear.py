@@ -46,6 +46,10 @@ class PackedWeight:
     out_features: int
     in_features: int
 
+    @property
+    def nbytes(self) -> int:
+        return self.panels.numel() * self.panels.element_size()
+
 
 @dataclass(frozen=True)
 class PackedGrid:
@@ -201,11 +205,7 @@ def _pack_grid(weight: torch.Tensor) -> PackedGrid | None:
     four = q4_grid(weight)
     if four is not None:
         q, d, m = four
-        nibbles = q.reshape(n, k // 2, 2)
-        pairs = _pad_rows(nibbles[..., 0] | (nibbles[..., 1] << 4), panels * PANEL)
-        packed = pairs.reshape(panels, PANEL, k // 2).transpose(1, 2).contiguous()
-        per_row = _pad_rows(torch.stack([d, m], dim=-1).half(), panels * PANEL)  # [N', G, 2], float16 values
-        scales = per_row.reshape(panels, PANEL, groups, 2).permute(0, 2, 3, 1).contiguous()
+        packed, scales = _int4_panels(q, torch.stack([d, m], dim=-1).half())  # d and m are float16 values
         return PackedGrid("q4", packed, scales, n, k)
     eight = q8_grid(weight)
     if eight is not None:
@@ -263,14 +263,21 @@ def pack_int4(values: torch.Tensor, scales: torch.Tensor) -> PackedInt4 | None:
     out_features, in_features = values.shape
     if ops is None or not ops.panel_kernel_vectorised() or in_features % INT4_GROUP:
         return None
+    packed, packed_scales = _int4_panels(values, scales.to(torch.bfloat16).transpose(0, 1).contiguous())
+    return PackedInt4(packed, packed_scales, out_features)
+
+
+def _int4_panels(values: torch.Tensor, pairs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``values [N, K]`` (0-15) as the kernels' int4 bytes [P, K / 2, 48], two input columns a byte
+    (low nibble first), and each row's per-group ``pairs [N, K / 32, 2]`` as [P, K / 32, 2, 48]."""
+    out_features, in_features = values.shape
     panels = -(-out_features // PANEL)
     nibbles = values.to(torch.uint8).reshape(out_features, in_features // 2, 2)
-    pairs = _pad_rows(nibbles[..., 0] | (nibbles[..., 1] << 4), panels * PANEL)  # [N', K / 2]
-    packed = pairs.reshape(panels, PANEL, in_features // 2).transpose(1, 2).contiguous()
-    per_row = _pad_rows(scales.to(torch.bfloat16).transpose(0, 1).contiguous(), panels * PANEL)  # [N', G, 2]
-    groups = in_features // INT4_GROUP
-    packed_scales = per_row.reshape(panels, PANEL, groups, 2).permute(0, 2, 3, 1).contiguous()
-    return PackedInt4(packed, packed_scales, out_features)
+    bytes_ = _pad_rows(nibbles[..., 0] | (nibbles[..., 1] << 4), panels * PANEL)  # [N', K / 2]
+    packed = bytes_.reshape(panels, PANEL, in_features // 2).transpose(1, 2).contiguous()
+    per_row = _pad_rows(pairs, panels * PANEL)  # [N', G, 2]
+    scales = per_row.reshape(panels, PANEL, in_features // INT4_GROUP, 2).permute(0, 2, 3, 1).contiguous()
+    return packed, scales
 
 
 def int4_linear(x: torch.Tensor, packed: PackedInt4) -> torch.Tensor:

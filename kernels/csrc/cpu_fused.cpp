@@ -164,8 +164,8 @@ struct Storage<Weights::kInt8> { using T = int8_t; };
 template <>
 struct Storage<Weights::kInt4> { using T = uint8_t; };
 // A float32 weight whose every group of 32 input columns lies on a GGUF grid, stored as the grid:
-// Q4_1 (kQ4Grid, int4's bytes; w = q * d + m, one rounding, float32 d and m per group and column)
-// or Q8_0 (kQ8Grid, int8's panels; w = q * d, exact). Decoded, the weights are the float32
+// Q4_1 (kQ4Grid, int4's bytes; w = q * d + m, one rounding, float16 d and m per group and column)
+// or Q8_0 (kQ8Grid, int8's panels; w = q * d, exact, a float32 d per group and column). Decoded, the weights are the float32
 // weight's bits, so the float32 panels' FMA chains give the same bits from a quarter or an eighth
 // of the bytes.
 template <>
@@ -193,8 +193,6 @@ inline __m512 bf16_to_float(const uint16_t* values) {  // 16 bf16 values, exactl
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
-// int4: a byte holds k steps 2j and 2j + 1, so each byte is read once for both and each
-// group's scales once for its 32 steps; each output's chain is the same k by k.
 // Group g's scales of column vector c of a panel: int4's bf16 (scale, zero point) pairs give
 // w = q * scale + (zero - 8 * scale); a Q4_1 grid's float16 (d, m) give w = q * d + m.
 template <bool Grid>
@@ -210,6 +208,8 @@ inline void group_scales(const float* scales, int64_t g, int c, __m512& scale, _
   }
 }
 
+// int4: a byte holds k steps 2j and 2j + 1, so each byte is read once for both and each
+// group's scales once for its 32 steps; each output's chain is the same k by k.
 template <int R, int P, bool Grid>
 void int4_tile(const uint8_t* panel, int64_t panel_stride, int64_t k, const float* x, int64_t ldx,
                const float* scales, int64_t scale_stride, float* out, int64_t ldo, int64_t cols) {
@@ -374,8 +374,8 @@ struct PanelWeight {
 
 #if defined(__AVX512F__)
 constexpr int64_t kChunkSteps = 64;  // k steps of an int4 panel decoded at a time (12 KB, in L1)
-// from 7 rows decoding once beats int4_tile's decode per tile (benchmarks/cpu_linear.py; fewer
-// rows keep int4_tile's side-by-side panels, which hide the FMA latency)
+// from 7 rows decoding once beats int4_tile's decode per tile (µs a row, one thread, 1-16 rows;
+// fewer rows keep the tiles' side-by-side panels, which hide the FMA latency)
 constexpr int64_t kDecodedFromRows = 7;
 
 // k steps k0..k0+steps-1 of int4 (or Q4_1 grid) panel p as the float32 weights int4_tile
@@ -442,8 +442,7 @@ constexpr ChunkTile kChunkTiles[kTileRows] = {chunk_tile<1>, chunk_tile<2>, chun
 
 // Seven rows or more over int4, Q4_1 or Q8_0 grid panels: each panel's weights are decoded once
 // per chunk of k steps (in L1) for all the tiles, where the tiles decode them again for every tile
-// of 8 rows. The same operations per output: one FMA chain over
-// the same weights, in order from zero.
+// of 8 rows. The same operations per output: one FMA chain over the same weights, in order from zero.
 template <Weights W>
 bool decoded_rows(const PanelWeight<W>& weight, int64_t p0, int64_t group, const float* x, int64_t ldx, int64_t rows,
                   float* out, int64_t ldo, int64_t cols_last) {
@@ -597,17 +596,25 @@ torch::Tensor int8_panel_linear(torch::Tensor x, torch::Tensor packed, torch::Te
 // in the low and high nibble of one byte) with bf16 group scales [P, K / 32, 2, 48] (scale, zero
 // point per column), w = (q - 8) * scale + zero as q * scale + (zero - 8 * scale): [M, N]. Float32 activations (torch's int4 kernel rounds
 // them to bf16); the same operations at any row count and position.
-torch::Tensor int4_panel_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, int64_t out_features) {
+// K of int4 bytes [P, K / 2, 48] with their 16-bit (scale, zero point) pairs [P, K / 32, 2, 48].
+int64_t check_int4_panels(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scales,
+                          torch::ScalarType scale_type) {
   check_rows(x, "x");
   TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == torch::kByte && packed.is_contiguous() &&
                   packed.dim() == 3 && packed.size(2) == kPanel,
               "packed must be uint8 [P, K / 2, 48]");
-  const int64_t k = 2 * packed.size(1), panels = packed.size(0), groups = k / kInt4Group;
+  const int64_t k = 2 * packed.size(1);
   TORCH_CHECK(k % kInt4Group == 0, "int4 panels need K a multiple of ", kInt4Group);
-  TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == torch::kBFloat16 && scales.dim() == 4 &&
-                  scales.size(0) == panels && scales.size(1) == groups && scales.size(2) == 2 &&
+  TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == scale_type && scales.dim() == 4 &&
+                  scales.size(0) == packed.size(0) && scales.size(1) == k / kInt4Group && scales.size(2) == 2 &&
                   scales.size(3) == kPanel,
-              "scales must be bf16 [P, K / 32, 2, 48]");
+              "scales must be ", scale_type, " [P, K / 32, 2, 48]");
+  return k;
+}
+
+torch::Tensor int4_panel_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, int64_t out_features) {
+  const int64_t k = check_int4_panels(x, packed, scales, torch::kBFloat16);
+  const int64_t panels = packed.size(0), groups = k / kInt4Group;
   // the tiles take the scales as a float pointer (int4's reinterpret it as the bf16 bits)
   const auto* bits = reinterpret_cast<const float*>(scales.data_ptr<at::BFloat16>());
   return panels_times<Weights::kInt4>(x, {packed.data_ptr<uint8_t>(), (k / 2) * kPanel, bits, groups * kPanel, k,
@@ -618,16 +625,8 @@ torch::Tensor int4_panel_linear(torch::Tensor x, torch::Tensor packed, torch::Te
 // float16 (d, m) per group of 32 k steps and column [P, K / 32, 2, 48], w = q * d + m (one
 // rounding: the float32 weight exactly when it lies on the grid). The float32 panels' bits.
 torch::Tensor q4_grid_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, int64_t out_features) {
-  check_rows(x, "x");
-  TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == torch::kByte && packed.is_contiguous() &&
-                  packed.dim() == 3 && packed.size(2) == kPanel,
-              "packed must be uint8 [P, K / 2, 48]");
-  const int64_t k = 2 * packed.size(1), panels = packed.size(0), groups = k / kInt4Group;
-  TORCH_CHECK(k % kInt4Group == 0, "Q4_1 panels need K a multiple of ", kInt4Group);
-  TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == torch::kHalf && scales.dim() == 4 &&
-                  scales.size(0) == panels && scales.size(1) == groups && scales.size(2) == 2 &&
-                  scales.size(3) == kPanel,
-              "scales must be float16 [P, K / 32, 2, 48]");
+  const int64_t k = check_int4_panels(x, packed, scales, torch::kHalf);
+  const int64_t panels = packed.size(0), groups = k / kInt4Group;
   // the tiles take the scales as a float pointer (the grid's reinterpret it as float16 pairs)
   const auto* halves = reinterpret_cast<const float*>(scales.data_ptr<at::Half>());
   return panels_times<Weights::kQ4Grid>(x, {packed.data_ptr<uint8_t>(), (k / 2) * kPanel, halves, groups * kPanel, k,

@@ -69,8 +69,7 @@ class DenseLinears:
     @property
     def packed_bytes(self) -> int:
         """The packed copies' bytes (they sit beside the weights)."""
-        return sum(getattr(packed, "nbytes", packed.panels.numel() * packed.panels.element_size())
-                   for _, packed in self._packed.values())
+        return sum(packed.nbytes for _, packed in self._packed.values())
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``F.linear(x, weight, bias)`` by this runner's kernels."""
