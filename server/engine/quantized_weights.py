@@ -17,7 +17,7 @@ through the same quantized weights:
   its own (:func:`dense_prompt_counts`, which the engine passes as the step's prompt counts). A
   step whose only prompt tokens are that block (a short prompt, or one whose earlier blocks the
   prefix cache held) would otherwise read every layer's bf16 copy for them: the default model's
-  212 MB, which doubled the step of 16 rows it joined (37 -> 74 ms; now 43). Requests arriving
+  212 MB, which doubled the step of 16 rows it joined (37 -> 74 ms; now 38). Requests arriving
   one by one (answers that end when their JSON does) put a prompt in one step of four. The
   route is still the token's own (its position in its prompt), never the batch's.
 
