@@ -46,8 +46,8 @@ class PagedAttentionMetadata:
     context_lens_host: list[int]
     # per row, how many of its first new tokens are prompt tokens; when given (torch path), each
     # row's prompt part attends on its own, as it would with nothing after it, and every other
-    # query alone over exactly its visible keys: a token's output then depends on its context
-    # only, not on its row or the batch (for weights whose bf16 activations would magnify an ulp)
+    # query alone over exactly its visible keys (the C++ kernel takes every query alone, prompt
+    # ones too): a token's output then depends on its context only, not on its row or the batch
     prompt_counts: tuple[int, ...] | None = None
     # per row, its first block when the blocks holding its context are consecutive ids (-1: not):
     # the torch path then reads the keys and values as a view of the cache instead of a gather
@@ -297,9 +297,11 @@ def paged_attention_torch(
     ``meta.visible_until`` widens the multi-token rows' masks (a decode row's limit cannot reach
     past its own position, the last key of its context).
     """
-    if meta.prompt_counts is not None:
-        return _attend_token_by_token(query, k_cache, v_cache, meta, scale, sliding_window, sinks, softcap)
     kernel = _output_kernel(query, k_cache, sinks, softcap)
+    if meta.prompt_counts is not None:
+        if kernel is not None and meta.visible_until is None:
+            return _attend_every_query_alone(kernel, query, k_cache, v_cache, meta, scale, sliding_window)
+        return _attend_token_by_token(query, k_cache, v_cache, meta, scale, sliding_window, sinks, softcap)
     if kernel is not None and meta.visible_until is None:
         return _attend_short_rows_alone(kernel, query, k_cache, v_cache, meta, scale, sliding_window)
     decode_rows = [r for r, q_len in enumerate(meta.query_lens_host) if q_len == 1]
@@ -325,6 +327,19 @@ def paged_attention_torch(
             query[begin : begin + q_len], k_cache, v_cache, meta, row, scale, sliding_window, sinks, softcap,
             limits=_limits(meta, begin, q_len),
         )
+    return out
+
+
+def _attend_every_query_alone(kernel: ModuleType, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                              meta: PagedAttentionMetadata, scale: float, sliding_window: int | None) -> torch.Tensor:
+    """A step with ``meta.prompt_counts`` on the kernel's CPU: every query, prompt or output, in
+    one kernel call, each over exactly its visible keys. A token's bits depend on its context
+    only, so prompt chunking, the prefix cache and drafts change none; the kernel computes a
+    row's queries together, which a prompt's one call per cache block (SDPA) could not."""
+    out = torch.empty_like(query)
+    per_row = _output_queries(meta, sliding_window, (0,) * meta.num_rows)
+    if per_row:
+        kernel.output_attention(out, query, k_cache, v_cache, _int32(meta.block_tables), _items(per_row), scale)
     return out
 
 

@@ -130,12 +130,12 @@ class ModelRunner:
         self.quantized = self._quantize(quantization) if quantization not in ("none", "fp8") else None
         self._routes = ALL_OUTPUT  # the current pass's token routes through quantized layers
         self._primed = False  # prime_linear_choices ran
-        # a quantized CPU runner's norms, rotary and activation in one C++ call each
-        # (kernels.cpu_fused): its matmuls are small enough that dispatch is most of the rest;
-        # `none` keeps the references, which round as transformers does
-        self.cpu_fused = self.quantized is not None and cpu_fused_ops() is not None  # built now, not in a step
+        # a CPU runner's norms, rotary and activation in one C++ call each (kernels.cpu_fused)
+        # where its matmuls compute each row alone (quantized, or float32 packed panels): at a few
+        # rows, the references' ~1,000 aten calls a step were half of a float32 decode step
         if self.quantized is None:
             self.dense.pack(weight for weight, _ in self.linear_weights())
+        self.cpu_fused = (self.quantized is not None or self.dense.packs) and cpu_fused_ops() is not None
 
     def _quantize(self, kind: str) -> QuantizedLinears:
         if kind not in QUANTIZATION_CHOICES:

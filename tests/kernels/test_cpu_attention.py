@@ -88,3 +88,36 @@ def test_sinks_keep_the_sdpa_path() -> None:
     meta = _meta(rows)
     expected = paged_attention_reference(query, k, v, meta, scale=0.125, sinks=sinks)
     assert torch.allclose(paged_attention_torch(query, k, v, meta, scale=0.125, sinks=sinks), expected, atol=1e-5)
+
+
+def test_a_prompt_gets_the_same_bits_however_it_is_chunked() -> None:
+    """With prompt counts every query, prompt or output, is the kernel's alone: a prompt of 70
+    tokens (tiles of 16 queries and a partial one) whole, in chunks at block boundaries, and token
+    by token give the same bits, close to the reference."""
+    k, v = _caches()
+    table = _tables(8, 4)
+    query = torch.randn(70, HEADS, DIM)
+    whole = paged_attention_torch(query, k, v, _meta([(table, 70, 70)], (70,)), scale=0.125)
+    expected = paged_attention_reference(query, k, v, _meta([(table, 70, 70)]), scale=0.125)
+    assert torch.allclose(whole, expected, atol=2e-6)
+    first = paged_attention_torch(query[:32], k, v, _meta([(table, 32, 32)], (32,)), scale=0.125)
+    rest = paged_attention_torch(query[32:], k, v, _meta([(table, 38, 70)], (30,)), scale=0.125)  # 30 + 8 outputs
+    assert torch.equal(torch.cat([first, rest]), whole)
+    for j in (0, 15, 16, 47, 69):
+        lone = paged_attention_torch(query[j : j + 1], k, v, _meta([(table, 1, j + 1)], (1,)), scale=0.125)
+        assert torch.equal(lone[0], whole[j])
+
+
+def test_prompts_beside_outputs_keep_their_bits() -> None:
+    """A step holding two prompt chunks, drafts and decode rows (the kernel's tasks sorted by
+    cost, taken by whichever thread is free) gives each token what it gets alone."""
+    k, v = _caches()
+    rows = [(_tables(10, 1), 40, 150), (_tables(3, 2), 1, 33), (_tables(12, 3), 5, 180), (_tables(6, 5), 90, 90)]
+    query = torch.randn(136, HEADS, DIM)
+    step = paged_attention_torch(query, k, v, _meta(rows, (40, 0, 0, 90)), scale=0.125)
+    starts = [0, 40, 41, 46]
+    for (table, q_len, ctx), start in zip(rows, starts, strict=True):
+        for j in (0, q_len - 1):
+            lone = paged_attention_torch(query[start + j : start + j + 1], k, v, _meta([(table, 1, ctx - q_len + 1 + j)]),
+                                         scale=0.125)
+            assert torch.equal(lone[0], step[start + j])
