@@ -10,6 +10,8 @@
 * **Untyped object branches.** Two branches that say only object keywords, with no ``type``,
   both accept every non-object, so a ``oneOf`` holding them rejects every non-object: it is
   ``type: object`` beside the ``oneOf``, and the branches need be exclusive among objects only.
+* **Optional tags.** Object branches told apart by a tag the objects need not have are split
+  on its presence (:mod:`.tag_split`).
 
 Both steps are exact; neither ever widens what the ``oneOf`` accepts.
 """
@@ -22,6 +24,7 @@ from .disjoint import OBJECT_KEYWORDS, _disjoint, possible_types
 from .keywords import SPEC_KEYWORDS, meaningful
 from .negation import all_of, exactly_one
 from .object_difference import exclusive_objects
+from .tag_split import split_on_tag
 from .tree import resolve
 
 Exclusive = Callable[[list[Any], dict, dict], Any]
@@ -72,12 +75,12 @@ def overlap_groups(branches: list[Any], root: dict, context: dict) -> list[list[
 
 def _by_groups(branches: list[Any], root: dict, context: dict, whole_tried: bool) -> Any:
     groups = overlap_groups(branches, root, context)
-    if len(groups) == 1 and whole_tried:
-        return None  # the caller's own rewrites failed on this very group
+    # the caller's own rewrites failed on a group of all the branches: only the split is new
+    tried = whole_tried and len(groups) == 1
     options: list[Any] = []
     for group in groups:
         members = [branches[i] for i in group]
-        form = members[0] if len(members) == 1 else _group_form(members, root, context)
+        form = members[0] if len(members) == 1 else _group_form(members, root, context, tried)
         if form is None:
             return None
         if form is not False:
@@ -87,9 +90,12 @@ def _by_groups(branches: list[Any], root: dict, context: dict, whole_tried: bool
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
-def _group_form(members: list[Any], root: dict, context: dict) -> Any:
-    """"Exactly one of ``members``" (beside ``context``), or None."""
-    form = exactly_one(members, root)
-    if form is None:
+def _group_form(members: list[Any], root: dict, context: dict, tried: bool) -> Any:
+    """"Exactly one of ``members``" (beside ``context``), or None. ``tried``: the negations
+    and object differences are known to fail on them."""
+    form = None if tried else exactly_one(members, root)
+    if form is None and not tried:
         form = exclusive_objects(members, root, context)
+    if form is None:
+        form = split_on_tag(members, root, context)
     return form
