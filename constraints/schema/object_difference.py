@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import copy
 import functools
-import itertools
 import json
-import math
 from typing import Any
 
 from .disjoint import _disjoint, possible_types
 from .keywords import ANNOTATIONS, SPEC_KEYWORDS, type_list
 from .negation import all_of, negate
 from .tree import resolve
+from .way_sets import merged_values, minimal_combinations, value_sources
 
 MAX_BRANCHES = 16  # branches compared pairwise
 MAX_WAYS = 16  # copies of one branch, each with one way to fail each branch it overlaps
@@ -66,31 +65,11 @@ def exclusive_objects(branches: list[Any], root: dict, context: dict) -> Any:
         combos = minimal_combinations(ways, MAX_WAYS)
         if combos is None:
             return None
-        copies = (copy.deepcopy(functools.reduce(_with_way, combo, plain[i])) for combo in combos)
+        sources = value_sources(ways, [plain[j] for j in others])
+        copies = (copy.deepcopy(functools.reduce(_with_way, merged_values(combo, sources, root), plain[i]))
+                  for combo in combos)
         options.extend(c for c in copies if _may_hold_required(c, root))
     return {"anyOf": options} if options else False
-
-
-def minimal_combinations(ways: list[list[dict]], limit: int) -> list[list[dict]] | None:
-    """The ways to fail every overlapping branch at once: one way from each list, as the
-    fewest sets that cover them all. A way that fails several branches (the same schema in
-    several lists) is written once, and a set holding another is dropped (its objects are
-    among the other's), so "value too long, or ``state`` outside each list" stays two copies
-    instead of 2^9. None past ``limit`` sets."""
-    keyed = [{json.dumps(w, sort_keys=True): w for w in options} for options in ways]
-    sets: list[frozenset[str]] = [frozenset()]
-    for options in keyed:
-        grown: set[frozenset[str]] = set()
-        for chosen in sets:
-            if chosen & options.keys():
-                grown.add(chosen)  # it fails this branch already
-            else:
-                grown.update(chosen | {k} for k in options)
-        sets = sorted((s for s in grown if not any(t < s for t in grown)), key=sorted)  # a stable order
-        if len(sets) > limit:
-            return None
-    every = {k: w for options in keyed for k, w in options.items()}
-    return [[every[k] for k in sorted(s)] for s in sets]
 
 
 def _with_way(node: dict, way: dict) -> dict:
