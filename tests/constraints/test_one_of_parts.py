@@ -199,3 +199,9 @@ URL_OR_PATH = {"type": "string", "oneOf": [{"pattern": format_keywords("uri")["p
 def test_uri_or_relative_path(compiler, tok):
     assert not _one_of_left(URL_OR_PATH)
     assert_classified(compiler, tok, URL_OR_PATH, valid=["https://a.b/c", "./x"], invalid=["x", "./", 1])
+
+
+def test_negate_skips_a_format_no_draft_defines():
+    """``format: mongoId`` asserts nothing: its negation is that of the rest of the schema."""
+    assert negate({"type": "string", "format": "mongoId"}, {}) == negate({"type": "string"}, {})
+    assert negate({"type": "string", "format": "date-time"}, {}) is None  # a defined format: no exact complement here
