@@ -4,6 +4,7 @@ branches is an ``anyOf``."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ..regex.disjoint import patterns_disjoint
@@ -140,9 +141,23 @@ def _discriminators(node: Any, root: dict, depth: int = 0) -> dict[str, tuple[li
 
 
 def _canon(value: Any) -> str:
-    import json
+    return same_value_key(value)
 
-    return json.dumps(value, sort_keys=True)
+
+def same_value_key(value: Any) -> str:
+    """A key two JSON values share exactly when JSON Schema calls them equal (``1`` and
+    ``1.0`` alike, ``1`` and ``true`` apart)."""
+    return json.dumps(_integral(value), sort_keys=True)
+
+
+def _integral(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    return value
 
 
 MAX_DISJOINT_DEPTH = 4  # property values compared inside property values, at most

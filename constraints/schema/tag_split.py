@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .disjoint import possible_types
+from .disjoint import possible_types, same_value_key
 from .negation import all_of
 from .object_difference import _plain, exclusive_objects
 from .tree import resolve
@@ -73,9 +73,9 @@ def _literals(schema: Any, root: dict) -> set[str] | None:
     if not isinstance(node, dict):
         return None
     if "const" in node:
-        return {json.dumps(node["const"], sort_keys=True)}
+        return {same_value_key(node["const"])}
     if isinstance(node.get("enum"), list):
-        return {json.dumps(v, sort_keys=True) for v in node["enum"]}
+        return {same_value_key(v) for v in node["enum"]}
     return None
 
 

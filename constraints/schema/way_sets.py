@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .disjoint import same_value_key
 from .keywords import ANNOTATIONS
 from .negation import negate
 from .tree import resolve
@@ -101,5 +102,7 @@ def _literal_union(schemas: list[Any], root: dict) -> dict | None:
         if rest is not None and others != rest:
             return None
         rest = others
-        values.extend(v for v in listed if v not in values)
-    return {**json.loads(rest or "{}"), "enum": values}
+        values.extend(listed)
+    unique = {same_value_key(v): v for v in values}
+    return {**json.loads(rest or "{}"), "enum": list(unique.values())}
+

@@ -205,3 +205,17 @@ def test_negate_skips_a_format_no_draft_defines():
     """``format: mongoId`` asserts nothing: its negation is that of the rest of the schema."""
     assert negate({"type": "string", "format": "mongoId"}, {}) == negate({"type": "string"}, {})
     assert negate({"type": "string", "format": "date-time"}, {}) is None  # a defined format: no exact complement here
+
+
+def test_equal_numbers_written_apart_are_no_discriminator():
+    """1 and 1.0 are one JSON Schema value: branches listing them are not disjoint (the oneOf
+    over them accepts nothing), and no tag; 1 and true stay apart."""
+    import jsonschema
+
+    form = rewrite_schema({"oneOf": [{"const": 1}, {"const": 1.0}]})
+    assert not jsonschema.Draft202012Validator(form).is_valid(1)
+    tagged = [{"properties": {"t": {"const": 1}}}, {"properties": {"t": {"const": 1.0}}}]
+    assert split_on_tag(tagged, {}, {"type": "object"}) is None
+    from constraints.schema.way_sets import _literal_union
+
+    assert _literal_union([{"enum": [1, "a"]}, {"enum": [True, 1.0]}], {}) == {"enum": [1.0, "a", True]}
