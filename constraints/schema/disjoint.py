@@ -93,7 +93,7 @@ def no_object(node: Any, root: dict, blockers: tuple = (), depth: int = 0) -> bo
         if isinstance(part.get("$ref"), str) and len(part) > 1:
             stack.append({"$ref": part["$ref"]})
     every = (*blockers, *parts)
-    required = {k for p in parts if isinstance(p.get("required"), list) for k in p["required"] if isinstance(k, str)}
+    required = {k for p in every if isinstance(p.get("required"), list) for k in p["required"] if isinstance(k, str)}
     if any(_rules_out(p, k) for k in required for p in every):
         return True
     for part in parts:
@@ -180,6 +180,8 @@ def _disjoint(a: Any, b: Any, root: dict, depth: int = 0) -> bool:
     if ta & tb <= {"string"} and any(_patterns_exclude(x, y) for x in pa for y in pb):
         return True
     if ta & tb <= {"object"}:
+        if no_object({"allOf": [ra, rb]}, root):  # what one requires, the other rules out
+            return True
         da, db = _discriminators(ra, root), _discriminators(rb, root)
         for name in set(da) & set(db):
             (va, ra_), (vb, rb_) = da[name], db[name]

@@ -219,3 +219,18 @@ def test_equal_numbers_written_apart_are_no_discriminator():
     from constraints.schema.way_sets import _literal_union
 
     assert _literal_union([{"enum": [1, "a"]}, {"enum": [True, 1.0]}], {}) == {"enum": [1.0, "a", True]}
+
+
+RPC = {"definitions": {
+    "common": {"type": "object", "required": ["id"], "not": {"required": ["result", "error"]}},
+    "success": {"allOf": [{"$ref": "#/definitions/common"}, {"required": ["result"]}]},
+    "error": {"allOf": [{"$ref": "#/definitions/common"}, {"required": ["error"]}]}},
+    "oneOf": [{"$ref": "#/definitions/success"}, {"$ref": "#/definitions/error"}]}
+
+
+def test_branches_that_a_shared_part_keeps_apart(compiler, tok):
+    """Each branch requires a key and their shared part rules out having both: disjoint
+    (MaskBench Github_easy o90953, JSON-RPC responses)."""
+    assert not _one_of_left(RPC)
+    assert_classified(compiler, tok, RPC, valid=[{"id": 1, "result": 2}, {"id": 1, "error": 3}],
+                      invalid=[{"id": 1, "result": 2, "error": 3}, {"id": 1}, {"result": 2}, []])
