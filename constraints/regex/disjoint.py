@@ -17,6 +17,10 @@ from functools import lru_cache
 from .analysis import has_anchors
 
 MAX_PATTERN_CHARS = 400  # longer patterns are not turned into DFAs here
+# patterns_disjoint builds each DFA once (cached) and only intersects, so one long pattern (the
+# ``uri`` format's, 2,348 characters, 726 states in 0.6 s; a long list of alternatives) is worth
+# deciding against a short one (at most MAX_PATTERN_CHARS); two long ones are not tried
+MAX_DISJOINT_PATTERN_CHARS = 4_000
 _ANY = r"[\s\S]*"
 # constructs whose meaning interegular may not share with ECMA-262: groups with flags or
 # lookarounds, back-references, word boundaries, \p classes, \c controls
@@ -38,7 +42,9 @@ def _interegular_syntax(pattern: str) -> str:
 def patterns_disjoint(a: str, b: str) -> bool:
     """True only when no string contains a match of both ``a`` and ``b`` (ECMA-normalised
     patterns, as :func:`constraints.regex.dialect.ecma_regex` writes them)."""
-    fa, fb = pattern_language(a), pattern_language(b)
+    if min(len(a), len(b)) > MAX_PATTERN_CHARS:
+        return False  # two long ones: their product is where the time goes
+    fa, fb = pattern_language(a, MAX_DISJOINT_PATTERN_CHARS), pattern_language(b, MAX_DISJOINT_PATTERN_CHARS)
     if fa is None or fb is None:
         return False
     try:

@@ -36,6 +36,7 @@ from .keywords import (ANNOTATIONS, DRAFT3_ONLY_FORMATS, FORMAT_ALIASES, LATER_D
 from .negation import all_of, exactly_one, negate
 from .numbers import rewrite_numbers
 from .object_difference import exclusive_objects
+from .one_of_parts import exclusive_parts
 from .pattern_regions import disjoint_pattern_properties
 from .references import check_references, inline_boolean_refs, resolve_references
 from .type_pruning import prune_typed_branches
@@ -470,6 +471,8 @@ class _Rewriter:
         exclusive = exactly_one(live, self.root)
         if exclusive is None:  # object branches that overlap: each less what the others take
             exclusive = exclusive_objects(live, self.root, context)
+        if exclusive is None:  # groups of overlapping branches, or untyped object branches
+            exclusive = exclusive_parts(live, self.root, context)
         if exclusive is not None:
             return conjoin(node, exclusive, ("oneOf",))
         return node

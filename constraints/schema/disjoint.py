@@ -4,6 +4,7 @@ branches is an ``anyOf``."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ..regex.disjoint import patterns_disjoint
@@ -92,7 +93,7 @@ def no_object(node: Any, root: dict, blockers: tuple = (), depth: int = 0) -> bo
         if isinstance(part.get("$ref"), str) and len(part) > 1:
             stack.append({"$ref": part["$ref"]})
     every = (*blockers, *parts)
-    required = {k for p in parts if isinstance(p.get("required"), list) for k in p["required"] if isinstance(k, str)}
+    required = {k for p in every if isinstance(p.get("required"), list) for k in p["required"] if isinstance(k, str)}
     if any(_rules_out(p, k) for k in required for p in every):
         return True
     for part in parts:
@@ -140,9 +141,23 @@ def _discriminators(node: Any, root: dict, depth: int = 0) -> dict[str, tuple[li
 
 
 def _canon(value: Any) -> str:
-    import json
+    return same_value_key(value)
 
-    return json.dumps(value, sort_keys=True)
+
+def same_value_key(value: Any) -> str:
+    """A key two JSON values share exactly when JSON Schema calls them equal (``1`` and
+    ``1.0`` alike, ``1`` and ``true`` apart)."""
+    return json.dumps(_integral(value), sort_keys=True)
+
+
+def _integral(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    return value
 
 
 MAX_DISJOINT_DEPTH = 4  # property values compared inside property values, at most
@@ -165,6 +180,8 @@ def _disjoint(a: Any, b: Any, root: dict, depth: int = 0) -> bool:
     if ta & tb <= {"string"} and any(_patterns_exclude(x, y) for x in pa for y in pb):
         return True
     if ta & tb <= {"object"}:
+        if no_object({"allOf": [ra, rb]}, root):  # what one requires, the other rules out
+            return True
         da, db = _discriminators(ra, root), _discriminators(rb, root)
         for name in set(da) & set(db):
             (va, ra_), (vb, rb_) = da[name], db[name]

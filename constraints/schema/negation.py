@@ -9,18 +9,20 @@ from typing import Any
 
 from ..regex.analysis import finite_strings
 from ..regex.complement import complement_pattern
-from .keywords import ALL_TYPES, SPEC_KEYWORDS, meaningful, type_list
+from .disjoint import _disjoint
+from .keywords import ALL_TYPES, FORMAT_ALIASES, SPEC_FORMATS, SPEC_KEYWORDS, meaningful, type_list
 from .tree import resolve
 
 MAX_COMPLEMENT_CHARS = 2_000  # literals negated into a regex
 MAX_ONE_OF_NEGATED = 6
+MAX_ONE_OF_PAIR_CHARS = 2_000  # a oneOf whose negation spells out pairs of its branches
 
 
 def exactly_one(branches: list[Any], root: dict) -> Any:
     """oneOf as anyOf over "this branch and no other", when every branch can be negated."""
     if len(branches) > MAX_ONE_OF_NEGATED:
         return None
-    negs = [negate(b, root) for b in branches]
+    negs = negate_all(branches, root)
     if any(n is None for n in negs):
         return None
     options = []
@@ -29,6 +31,17 @@ def exactly_one(branches: list[Any], root: dict) -> Any:
         if option is not False:
             options.append(option)
     return {"anyOf": options} if options else False
+
+
+def negate_all(schemas: list[Any], root: dict) -> list[Any]:
+    """The negations of ``schemas``, in order, stopping at the first that has none (then the
+    list is shorter, and holds a None last)."""
+    out: list[Any] = []
+    for schema in schemas:
+        out.append(negate(schema, root))
+        if out[-1] is None:
+            break
+    return out
 
 
 def all_of(parts: list[Any]) -> Any:
@@ -43,6 +56,10 @@ def all_of(parts: list[Any]) -> Any:
 
 # the subschemas whose negation is being computed (ids): one met again is a recursion
 _NEGATING: ContextVar[frozenset[int]] = ContextVar("negating", default=frozenset())
+# steps (subschemas negated) left to the outermost negation: references and nested oneOfs can
+# make a negation as large as the whole schema, many times over
+_BUDGET: ContextVar[list[int]] = ContextVar("negation_budget", default=[0])
+MAX_NEGATION_STEPS = 2_000
 
 
 def negate(schema: Any, root: dict) -> Any:
@@ -54,6 +71,21 @@ def negate(schema: Any, root: dict) -> Any:
     active = _NEGATING.get()
     if id(schema) in active:
         return None
+    if not active:  # a negation asked for from outside: a fresh budget of steps
+        budget = _BUDGET.set([MAX_NEGATION_STEPS])
+        try:
+            return _negate_within_budget(schema, root, active)
+        finally:
+            _BUDGET.reset(budget)
+    return _negate_within_budget(schema, root, active)
+
+
+def _negate_within_budget(schema: Any, root: dict, active: frozenset[int]) -> Any:
+    """:func:`negate` as one step of the budget the outermost call set (None once spent)."""
+    left = _BUDGET.get()
+    if left[0] <= 0:
+        return None
+    left[0] -= 1
     token = _NEGATING.set(active | {id(schema)}) if isinstance(schema, dict) else None
     try:
         return _negate(schema, root)
@@ -73,7 +105,10 @@ def _negate(schema: Any, root: dict) -> Any:
     if not s:
         return False
     if "$ref" in s:
-        return None
+        target = _ref_target(s["$ref"], root)
+        if target is None:
+            return None
+        s = {**s, "$ref": target}  # negated below as one keyword among the others
     parts = []
     for key in list(s):
         neg = _negate_keyword(key, s, root)
@@ -125,18 +160,22 @@ def _negate_keyword(key: str, s: dict, root: dict) -> Any:
             return None
         return _not_values(values)
     if key == "anyOf" and isinstance(value, list):
-        negs = [negate(b, root) for b in value]
+        negs = negate_all(value, root)
         if any(n is None for n in negs):
             return None
         return all_of(negs)
     if key == "allOf" and isinstance(value, list):
-        negs = [negate(b, root) for b in value]
+        negs = negate_all(value, root)
         if any(n is None for n in negs):
             return None
         negs = [n for n in negs if n is not False]
         if any(n is True for n in negs):
             return True
         return {"anyOf": negs} if negs else False
+    if key == "oneOf" and isinstance(value, list):
+        return _negate_one_of(value, root)
+    if key == "$ref":  # the target, which _negate put in the reference's place
+        return negate(value, root)
     if key == "not":  # double negation
         return value
     if key == "propertyNames":
@@ -153,7 +192,46 @@ def _negate_keyword(key: str, s: dict, root: dict) -> Any:
         return _negate_bound(key, value)
     if key not in SPEC_KEYWORDS:  # no draft defines it: an annotation, true of every instance
         return _SKIP
+    if key == "format" and isinstance(value, str) and FORMAT_ALIASES.get(value, value) not in SPEC_FORMATS:
+        return _SKIP  # a name no draft defines asserts nothing (the rewrite drops it too)
     return None
+
+
+def _negate_one_of(branches: list[Any], root: dict) -> Any:
+    """not oneOf: no branch matches, or two do. Branches proven pairwise disjoint never
+    match two at once (then it is not anyOf); else the pairs not proven disjoint are spelled
+    out, for at most :data:`MAX_ONE_OF_NEGATED` branches."""
+    negs = negate_all(branches, root)
+    if any(n is None for n in negs):
+        return None
+    none_match = all_of(negs)
+    pairs = [(a, b) for i, a in enumerate(branches) for b in branches[i + 1:] if not _disjoint(a, b, root)]
+    if not pairs:
+        return none_match
+    if len(branches) > MAX_ONE_OF_NEGATED or _chars(branches) > MAX_ONE_OF_PAIR_CHARS:
+        return None  # each pair copies two branches: kept small
+    options = [o for o in (none_match, *(all_of([a, b]) for a, b in pairs)) if o is not False]
+    if any(o is True or o == {} for o in options):
+        return True
+    return {"anyOf": options} if options else False
+
+
+def _chars(value: Any) -> int:
+    import json
+
+    return len(json.dumps(value))
+
+
+def _ref_target(ref: Any, root: dict) -> Any:
+    """The subschema a local ``$ref`` leads to (followed through bare references), or None
+    when it leads nowhere here. The keywords beside it apply too: normalisation dropped them
+    in the drafts that ignore them."""
+    if not isinstance(ref, str) or not ref.startswith("#"):
+        return None
+    target = resolve({"$ref": ref}, root)
+    if isinstance(target, dict) and list(target) == ["$ref"]:
+        return None  # unresolved
+    return target
 
 
 def finite_names(schema: Any, root: dict) -> list[str] | None:

@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import copy
 import functools
-import itertools
 import json
-import math
 from typing import Any
 
 from .disjoint import _disjoint, possible_types
 from .keywords import ANNOTATIONS, SPEC_KEYWORDS, type_list
 from .negation import all_of, negate
 from .tree import resolve
+from .way_sets import merged_values, minimal_combinations, value_sources
 
 MAX_BRANCHES = 16  # branches compared pairwise
 MAX_WAYS = 16  # copies of one branch, each with one way to fail each branch it overlaps
@@ -59,9 +58,16 @@ def exclusive_objects(branches: list[Any], root: dict, context: dict) -> Any:
         if plain[i] is None or any(plain[j] is None for j in others):
             return None
         ways = [_fails(plain[i], plain[j], root, context) for j in others]
-        if any(w is None for w in ways) or math.prod(len(w) for w in ways) > MAX_WAYS:
+        if any(w == [] for w in ways):
+            continue  # every object of this branch matches another one too: it keeps none
+        if any(w is None for w in ways):
             return None
-        copies = (copy.deepcopy(functools.reduce(_with_way, combo, plain[i])) for combo in itertools.product(*ways))
+        combos = minimal_combinations(ways, MAX_WAYS)
+        if combos is None:
+            return None
+        sources = value_sources(ways, [plain[j] for j in others])
+        copies = (copy.deepcopy(functools.reduce(_with_way, merged_values(combo, sources, root), plain[i]))
+                  for combo in combos)
         options.extend(c for c in copies if _may_hold_required(c, root))
     return {"anyOf": options} if options else False
 
@@ -102,10 +108,15 @@ def _may_hold_required(node: dict, root: dict) -> bool:
 
 
 def _plain(branch: Any, root: dict) -> dict | None:
-    """The branch (its bare ``$ref`` followed) when it says only plain object keywords."""
+    """The branch (its bare ``$ref`` followed) when it says only plain object keywords, or an
+    ``allOf`` of such parts that :func:`flat_parts` writes as one."""
     node = resolve(branch, root)
     if not isinstance(node, dict):
         return None
+    if "allOf" in node:
+        node = flat_parts(node, root)
+        if node is None:
+            return None
     said = {k for k in node if k in SPEC_KEYWORDS and k not in ANNOTATIONS}
     if not said <= _PLAIN_OBJECT or not isinstance(node.get("properties", {}), dict):
         return None
@@ -114,6 +125,54 @@ def _plain(branch: Any, root: dict) -> dict | None:
     if "type" in node and type_list(node["type"]) != ["object"]:
         return None
     return node
+
+
+MAX_FLAT_DEPTH = 4  # allOf inside allOf, followed at most this deep
+
+
+def flat_parts(node: dict, root: dict, depth: int = 0) -> dict | None:
+    """``node`` and its ``allOf`` members (bare references followed) as one node of plain
+    object keywords, or None. Exact only for open parts: a part's ``additionalProperties``
+    speaks of the names that part lists, so a closed part (or one with a schema for the other
+    names) is never merged; a name several parts list gets the ``allOf`` of their schemas."""
+    if depth > MAX_FLAT_DEPTH:
+        return None
+    own = {k: v for k, v in node.items() if k != "allOf"}
+    parts = [own]
+    for member in node.get("allOf") if isinstance(node.get("allOf"), list) else [None]:
+        member = resolve(member, root)
+        if not isinstance(member, dict):
+            return None
+        parts.append(flat_parts(member, root, depth + 1) if "allOf" in member else member)
+    merged: dict = {}
+    for part in parts:
+        if part is None or not _open_plain(part):
+            return None
+        merged = _merged(merged, part)
+    return merged
+
+
+def _open_plain(part: dict) -> bool:
+    said = {k for k in part if k in SPEC_KEYWORDS and k not in ANNOTATIONS}
+    return (said <= _PLAIN_OBJECT and part.get("additionalProperties", True) is True
+            and isinstance(part.get("properties", {}), dict) and isinstance(part.get("required", []), list)
+            and ("type" not in part or type_list(part["type"]) == ["object"]))
+
+
+def _merged(a: dict, b: dict) -> dict:
+    """Two open plain object nodes as one (both hold)."""
+    out: dict = {}
+    if "type" in a or "type" in b:
+        out["type"] = "object"
+    props = dict(a.get("properties", {}))
+    for name, schema in b.get("properties", {}).items():
+        props[name] = schema if name not in props or _same(props[name], schema) else {"allOf": [props[name], schema]}
+    if props:
+        out["properties"] = props
+    required = list(dict.fromkeys([*a.get("required", []), *b.get("required", [])]))
+    if required:
+        out["required"] = required
+    return out
 
 
 def _fails(a: dict, b: dict, root: dict, context: dict) -> list[dict] | None:
