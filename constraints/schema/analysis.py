@@ -481,7 +481,7 @@ class _Rewriter:
         """``form`` (the branches as an ``anyOf``), with ``minProperties: 1`` when two branches
         or more accept ``{}`` (beside ``context``): {} then matches more than one branch, and any
         other object at most one. None when a branch cannot be checked against {}."""
-        from .coverage import instance_validator
+        from .validation import instance_validator
 
         draft = self.root.get("$schema") if isinstance(self.root.get("$schema"), str) else None
         accepting = 0

@@ -16,7 +16,6 @@ small; otherwise the node is left as it was (and strict mode refuses the keyword
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from fractions import Fraction
@@ -24,8 +23,9 @@ from typing import Any, Callable
 
 from ..regex.analysis import finite_strings
 from .named_patterns import name_pattern, names_beside_patterns
-from .numbers import exact, json_number, multiple_of_keyword
+from .numbers import exact, json_number
 from .tree import conjoin, names_draft, resolve, subschemas
+from .validation import DEFINITION_KEYS, instance_validator
 
 MAX_ENUMERATED = 128  # arrays a uniqueItems rewrite may list
 MAX_CONTAINS_ITEMS = 5  # longest array a contains rewrite spells out position by position
@@ -95,7 +95,7 @@ def _enum_of_valid(node: dict, root: dict, candidates: Any) -> Any:
         return node
     if not kept:
         return False
-    return {k: node[k] for k in node if k in _DEFINITIONS} | {"enum": kept}
+    return {k: node[k] for k in node if k in DEFINITION_KEYS} | {"enum": kept}
 
 
 MAX_CANDIDATES = 20_000  # multiples a bounded number node may test one by one
@@ -163,59 +163,6 @@ def _listed_values(node: dict, root: dict) -> list[Any] | None:
         else:
             return union
     return None
-
-
-_DEFINITIONS = ("definitions", "$defs")
-
-
-def instance_validator(schema: Any, root: dict | None = None) -> Callable[[Any], bool] | None:
-    """is-valid for a self-contained schema (no ``$ref`` in it or its subschemas; a literal
-    ``{"$ref": …}`` inside an ``enum`` or ``const`` is a value, not a reference), else None.
-    With ``root``, references into the root's ``definitions`` / ``$defs`` are allowed: the
-    schema is checked with those containers copied beside it."""
-    import jsonschema
-
-    refs = [sub for _, sub in subschemas(schema) if isinstance(sub, dict)
-            and ("$ref" in sub or "$dynamicRef" in sub or "$recursiveRef" in sub)]
-    if refs:
-        schema = with_root_definitions(schema, root)
-        if schema is None:
-            return None
-    try:
-        validator = _exact_validator(jsonschema.validators.validator_for(schema))(schema)
-    except Exception:
-        return None
-    return validator.is_valid
-
-
-@functools.cache
-def _exact_validator(cls: type) -> type:
-    """``cls`` deciding ``multipleOf`` on exact decimals."""
-    import jsonschema
-
-    return jsonschema.validators.extend(cls, {"multipleOf": multiple_of_keyword})
-
-
-def with_root_definitions(schema: dict, root: dict | None) -> dict | None:
-    """``schema`` with the root's definition containers beside it, when every reference in it
-    and in them is ``#/definitions/…`` or ``#/$defs/…`` and no nested ``$id`` moves the base."""
-    if root is None or not isinstance(schema, dict):
-        return None
-    out = dict(schema)
-    for key in _DEFINITIONS:
-        if isinstance(root.get(key), dict) and key not in schema:
-            out[key] = root[key]
-    for pointer, sub in subschemas(out):
-        if not isinstance(sub, dict):
-            continue
-        if pointer and ("$id" in sub or isinstance(sub.get("id"), str)):
-            return None
-        if "$dynamicRef" in sub or "$recursiveRef" in sub:
-            return None
-        ref = sub.get("$ref")
-        if ref is not None and not (isinstance(ref, str) and ref.startswith(("#/definitions/", "#/$defs/"))):
-            return None
-    return out
 
 
 def _domain(items: Any) -> list[Any] | None:

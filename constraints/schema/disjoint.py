@@ -10,6 +10,7 @@ from typing import Any
 from ..regex.disjoint import patterns_disjoint
 from .keywords import ALL_TYPES, SPEC_KEYWORDS, meaningful, type_list
 from .tree import resolve
+from .validation import instance_validator
 
 def _literal_values(node: dict) -> list[Any] | None:
     if "const" in node:
@@ -246,8 +247,6 @@ def _literals_fail(literals: list[Any] | None, other: dict, root: dict) -> bool:
     assert (``format``) only lets more values through: never a wrong "disjoint"."""
     if literals is None or len(literals) > MAX_LITERALS:
         return False
-    from .coverage import instance_validator
-
     draft = root.get("$schema") if isinstance(root.get("$schema"), str) else None
     schema = {**other, "$schema": draft} if draft and "$schema" not in other else other
     valid = instance_validator(schema, root)

@@ -31,7 +31,7 @@ from ..regex.disjoint import pattern_language
 from .disjoint import possible_types
 from .keywords import ANNOTATIONS, SPEC_KEYWORDS, type_list
 from .negation import complement_regex
-from .coverage import instance_validator
+from .validation import instance_validator
 from .tree import resolve, subschemas
 
 MAX_STEPS = 20_000  # intersection steps for one node; beyond, the node is left alone
