@@ -11,8 +11,9 @@ A decoder layer is nine kernels on CUDA (ten when attention splits long contexts
 residual add + RMSNorm (:mod:`kernels.rmsnorm`), one GEMM for q/k/v, qk-norm + rotary + KV-cache
 write (:mod:`kernels.rotary`), paged attention, the o_proj GEMM, the second add + norm, one GEMM
 for gate/up, SiLU·mul (:mod:`kernels.activation`) and the down GEMM. The projections are
-concatenated at load (:mod:`server.engine.layer_weights`). On the CPU the same pieces run their
-torch references.
+concatenated at load (:mod:`server.engine.layer_weights`). On the CPU the same pieces run as
+one C++ call each (:mod:`kernels.cpu_fused`) where the matmuls compute each row alone, else
+their torch references.
 """
 
 from __future__ import annotations
