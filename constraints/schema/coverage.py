@@ -25,7 +25,7 @@ from ..regex.analysis import finite_strings
 from .named_patterns import name_pattern, names_beside_patterns
 from .numbers import exact, json_number
 from .tree import conjoin, names_draft, resolve, subschemas
-from .validation import DEFINITION_KEYS, instance_validator
+from .validation import DEFINITION_KEYS, instance_validator, same_json
 
 MAX_ENUMERATED = 128  # arrays a uniqueItems rewrite may list
 MAX_CONTAINS_ITEMS = 5  # longest array a contains rewrite spells out position by position
@@ -187,16 +187,6 @@ def _domain(items: Any) -> list[Any] | None:
         if valid(v) and not any(same_json(v, w) for w in out):
             out.append(v)
     return out
-
-
-def same_json(a: Any, b: Any) -> bool:
-    """JSON equality (1 == 1.0, but True != 1)."""
-    import json
-
-    def canon(x: Any) -> str:
-        return json.dumps(x, sort_keys=True) if not isinstance(x, (int, float)) or isinstance(x, bool) else repr(float(x))
-
-    return canon(a) == canon(b)
 
 
 def _unique_items(node: dict) -> Any:

@@ -4,13 +4,12 @@ branches is an ``anyOf``."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from ..regex.disjoint import patterns_disjoint
 from .keywords import ALL_TYPES, SPEC_KEYWORDS, meaningful, type_list
 from .tree import resolve
-from .validation import instance_validator
+from .validation import instance_validator, same_value_key
 
 def _literal_values(node: dict) -> list[Any] | None:
     if "const" in node:
@@ -134,31 +133,11 @@ def _discriminators(node: Any, root: dict, depth: int = 0) -> dict[str, tuple[li
     for part in node.get("allOf") or []:
         for name, (lits, required) in _discriminators(part, root, depth + 1).items():
             if name in out:
-                listed = {_canon(v) for v in lits}
-                out[name] = ([v for v in out[name][0] if _canon(v) in listed], out[name][1] or required)
+                listed = {same_value_key(v) for v in lits}
+                out[name] = ([v for v in out[name][0] if same_value_key(v) in listed], out[name][1] or required)
             else:
                 out[name] = (lits, required or name in req)
     return out
-
-
-def _canon(value: Any) -> str:
-    return same_value_key(value)
-
-
-def same_value_key(value: Any) -> str:
-    """A key two JSON values share exactly when JSON Schema calls them equal (``1`` and
-    ``1.0`` alike, ``1`` and ``true`` apart)."""
-    return json.dumps(_integral(value), sort_keys=True)
-
-
-def _integral(value: Any) -> Any:
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, list):
-        return [_integral(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _integral(v) for k, v in value.items()}
-    return value
 
 
 MAX_DISJOINT_DEPTH = 4  # property values compared inside property values, at most
@@ -176,7 +155,7 @@ def _disjoint(a: Any, b: Any, root: dict, depth: int = 0) -> bool:
         return False
     pa, pb = _parts(ra, root), _parts(rb, root)
     la, lb = _first_literals(pa), _first_literals(pb)
-    if la is not None and lb is not None and not ({_canon(v) for v in la} & {_canon(v) for v in lb}):
+    if la is not None and lb is not None and not ({same_value_key(v) for v in la} & {same_value_key(v) for v in lb}):
         return True
     if ta & tb <= {"string"} and any(_patterns_exclude(x, y) for x in pa for y in pb):
         return True
@@ -186,7 +165,7 @@ def _disjoint(a: Any, b: Any, root: dict, depth: int = 0) -> bool:
         da, db = _discriminators(ra, root), _discriminators(rb, root)
         for name in set(da) & set(db):
             (va, ra_), (vb, rb_) = da[name], db[name]
-            if (ra_ or rb_) and not ({_canon(v) for v in va} & {_canon(v) for v in vb}):
+            if (ra_ or rb_) and not ({same_value_key(v) for v in va} & {same_value_key(v) for v in vb}):
                 return True
         if _closed_exclusion(pa, pb) or _closed_exclusion(pb, pa):
             return True

@@ -33,8 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import EmptyLanguageError, UnsupportedConstraintError
-from .coverage import same_json
-from .validation import instance_validator, with_root_definitions
+from .validation import instance_validator, same_json, with_root_definitions
 from .negation import negate
 from .tree import resolve, subschemas
 

@@ -4,6 +4,7 @@ allows, and a regex for every string except some literals."""
 
 from __future__ import annotations
 
+import json
 from contextvars import ContextVar
 from typing import Any
 
@@ -217,8 +218,6 @@ def _negate_one_of(branches: list[Any], root: dict) -> Any:
 
 
 def _chars(value: Any) -> int:
-    import json
-
     return len(json.dumps(value))
 
 

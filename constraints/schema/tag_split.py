@@ -13,13 +13,13 @@ The two halves share no object, so ``oneOf`` is the ``anyOf`` of both: exact.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from .disjoint import possible_types, same_value_key
+from .disjoint import possible_types
 from .negation import all_of
 from .object_difference import _plain, exclusive_objects
 from .tree import resolve
+from .validation import same_value_key
 
 
 def split_on_tag(branches: list[Any], root: dict, context: dict) -> Any:

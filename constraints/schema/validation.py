@@ -1,11 +1,12 @@
 """Checking a value against a subschema with ``jsonschema``, exactly: ``multipleOf`` decided on
-exact decimals, references into the root's definitions allowed. The rewrites use it to test
-literals and finite domains (:mod:`.coverage`, :mod:`.disjoint`, :mod:`.intersection`,
+exact decimals, references into the root's definitions allowed; and JSON values compared as
+JSON Schema compares them. The rewrites use it to test literals and finite domains (:mod:`.coverage`, :mod:`.disjoint`, :mod:`.intersection`,
 :mod:`.lark`)."""
 
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any, Callable
 
 from .numbers import multiple_of_keyword
@@ -62,3 +63,24 @@ def with_root_definitions(schema: dict, root: dict | None) -> dict | None:
         if ref is not None and not (isinstance(ref, str) and ref.startswith(("#/definitions/", "#/$defs/"))):
             return None
     return out
+
+
+def same_value_key(value: Any) -> str:
+    """A key two JSON values share exactly when JSON Schema calls them equal (``1`` and
+    ``1.0`` alike, ``1`` and ``true`` apart, at any depth)."""
+    return json.dumps(_integral(value), sort_keys=True)
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """JSON Schema's equality of two JSON values (see :func:`same_value_key`)."""
+    return same_value_key(a) == same_value_key(b)
+
+
+def _integral(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    return value

@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .disjoint import same_value_key
 from .keywords import ANNOTATIONS
 from .negation import negate
 from .tree import resolve
+from .validation import same_value_key
 
 
 def _key(way: dict) -> str:

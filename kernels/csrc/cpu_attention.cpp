@@ -75,7 +75,8 @@ struct Head {
   float top, total;
 };
 
-// Scores of every head over the 16 keys at `keys` (null past the last), their running maxima.
+// Scores of every head over the 16 keys at `keys` (those past a head's own keys are not read),
+// their running maxima.
 template <int kChunks>
 void score_block(Head* heads, int64_t count, const float* const* keys, int64_t first, float scale, int64_t chunks_rt) {
   const int64_t chunks = kChunks > 0 ? kChunks : chunks_rt;
@@ -85,7 +86,7 @@ void score_block(Head* heads, int64_t count, const float* const* keys, int64_t f
     __m512 dots[kLanes];
     for (int64_t l = 0; l < kLanes; ++l) {
       const float* k = keys[l];
-      if (k == nullptr || first + l >= head.n) {
+      if (first + l >= head.n) {
         dots[l] = _mm512_setzero_ps();
         continue;
       }
