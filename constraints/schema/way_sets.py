@@ -25,7 +25,7 @@ def minimal_combinations(ways: list[list[dict]], limit: int) -> list[list[dict]]
     several lists) is written once, and a set holding another is dropped (its objects are
     among the other's), so "value too long, or ``state`` outside each list" stays two copies
     instead of 2^9. None past ``limit`` sets."""
-    keyed = [{json.dumps(w, sort_keys=True): w for w in options} for options in ways]
+    keyed = [{_key(w): w for w in options} for options in ways]
     sets: list[frozenset[str]] = [frozenset()]
     for options in keyed:
         grown: set[frozenset[str]] = set()
