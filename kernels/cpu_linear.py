@@ -110,9 +110,11 @@ def packed_linear(x: torch.Tensor, packed: PackedWeight | PackedGrid, bias: torc
 GRID_CHUNK = 1 << 20  # weights checked at a time: a weight off its grid is known from its first rows
 
 
-def _by_rows(weight: torch.Tensor, find) -> list | None:
-    """``find`` over ``weight``'s rows a chunk at a time (float64 copies stay small); None as soon
-    as a chunk is off its grid, else the chunks' results."""
+def _by_rows(weight: torch.Tensor, find) -> tuple | None:
+    """``find`` over ``weight``'s rows a chunk at a time (float64 copies stay small), its results
+    joined; None as soon as a chunk is off its grid, or when K is not whole groups."""
+    if weight.shape[1] % INT4_GROUP:
+        return None
     rows = max(1, GRID_CHUNK // weight.shape[1])
     found = []
     for start in range(0, weight.shape[0], rows):
@@ -120,17 +122,14 @@ def _by_rows(weight: torch.Tensor, find) -> list | None:
         if part is None:
             return None
         found.append(part)
-    return found
+    return tuple(torch.cat(piece) for piece in zip(*found))
 
 
 def q4_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """``weight [N, K]`` as a Q4_1 grid, (q [N, K] 0-15, d [N, K / 32], m [N, K / 32]) with d and
     m float16 values and ``weight == fl(q * d + m)`` (one rounding, the kernel's FMA) for every
     element, or None where any group is off its grid."""
-    if weight.shape[1] % INT4_GROUP:
-        return None
-    parts = _by_rows(weight, _q4_grid_rows)
-    return None if parts is None else tuple(torch.cat(piece) for piece in zip(*parts))
+    return _by_rows(weight, _q4_grid_rows)
 
 
 def _q4_grid_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -169,10 +168,7 @@ def _q4_fits(groups: torch.Tensor, low: torch.Tensor, d: torch.Tensor) -> tuple[
 def q8_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``weight [N, K]`` as a Q8_0 grid, (q [N, K] int8, d [N, K / 32]) with d float16 values and
     ``weight == q * d`` exactly, or None where any group is off its grid."""
-    if weight.shape[1] % INT4_GROUP:
-        return None
-    parts = _by_rows(weight, _q8_grid_rows)
-    return None if parts is None else tuple(torch.cat(piece) for piece in zip(*parts))
+    return _by_rows(weight, _q8_grid_rows)
 
 
 def _q8_grid_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
