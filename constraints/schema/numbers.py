@@ -12,8 +12,10 @@ here is made on those decimals (:class:`fractions.Fraction`), never on binary fl
 * the backends read a bound, an ``enum`` or a ``const`` number through a double (llguidance)
   or a 64-bit integer (xgrammar): beyond ±2^53 - 2 it is rounded, and numbers it should exclude
   get through (``const: 12345678901234567890`` matched ``12345678901234567000``). Such a number
-  is refused by name, except an integer-only node's bound that a double spells exactly
-  (``10**16``) and the 64-bit limits (``maximum: 2**63 - 1``, which llguidance saturates to).
+  is refused by name, except an integer bound that a double spells exactly (``10**16``,
+  ``2**53 - 1``: llguidance then compares integers and decimals against it exactly, xgrammar lets
+  no number past it but refuses some long decimals inside it) and, on an
+  integer-only node, the 64-bit limits (``maximum: 2**63 - 1``, which llguidance saturates to).
 """
 
 from __future__ import annotations
@@ -161,7 +163,7 @@ def _check_bounds(node: dict, where: Callable[[], str], integers: bool = False) 
         value = node.get(key)
         if exact(value) is None or abs(exact(value)) <= SAFE:
             continue
-        if integers and isinstance(value, int) and (backend_exact(value) or value in _INT64_LIMITS):
+        if isinstance(value, int) and (backend_exact(value) or (integers and value in _INT64_LIMITS)):
             continue
         kind = "integer" if integers else "number"
         raise _refusal(key, where, f"{value!r} lies beyond ±2^53, where the backends compare {kind}s"
