@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..backends.outlines import choice_regex
-from ..errors import ConstraintError, InvalidConstraintError, UnsupportedConstraintError
+from ..errors import ConstraintError, EmptyLanguageError, InvalidConstraintError, UnsupportedConstraintError
 from ..regex.analysis import check_regex_nonempty, has_anchors
 from ..regex.dialect import ecma_lark
 from ..regex.frontend import check_lark_terminals, full_regex
@@ -21,6 +21,7 @@ from ..schema.analysis import (before_draft_06, check_refs, check_schema, find_k
                                open_property_count, rewrite_schema, xgrammar_gaps)
 from ..schema.intersection import precompute_intersections
 from ..schema.lark import LarkSchema, needs_lark
+from ..schema.number_sets import numbers_only
 from ..schema.property_order import any_order
 from ..schema.runtime_checks import split_runtime_checks
 from ..spec import ConstraintSpec
@@ -187,9 +188,19 @@ def _only(forced: str | None, attempts: list[Attempt]) -> list[Attempt]:
     return chosen
 
 
+def _numbers_solved(schema: Any) -> Any:
+    """A schema of numbers alone that negates (``not`` over ``multipleOf``, ...) as the plain
+    pieces of its set (:mod:`constraints.schema.number_sets`); any other schema as it is."""
+    solved = numbers_only(schema)
+    if solved is False:
+        raise EmptyLanguageError("no number satisfies the schema")
+    return schema if solved is None else solved
+
+
 def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
     schema = normalise_schema(spec.source)
     check_schema(schema)
+    schema = _numbers_solved(schema)
     check_schema_productive(schema)
     if not spec.strict:  # best effort: whatever compiles, fastest first
         return Plan(_only(forced, [Attempt("xgrammar", schema), Attempt("llguidance", schema)]), schema)

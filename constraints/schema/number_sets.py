@@ -1,0 +1,352 @@
+"""Schemas about numbers alone, solved exactly as sets of numbers and written back plainly.
+
+A schema whose keywords all speak of numbers (``type``, bounds, ``multipleOf``, ``enum`` /
+``const`` of numbers) combined by ``allOf`` / ``anyOf`` / ``oneOf`` / ``not`` / ``if``-``then``-
+``else`` and ``$ref`` describes a set of numbers that is simple whatever the combination: each
+keyword is decided by where a number lies between the bound points and by its residue on the
+lattice the moduli span. So the set is computed here, by evaluating the formula exactly
+(:class:`fractions.Fraction`) at one point of each kind, and written back as an ``anyOf`` of
+plain pieces the backends enforce: ``{"type": "number"}`` or ``{"type": "integer",
+"multipleOf": d}`` between two bounds, and the listed numbers where a stretch holds few of them.
+``not`` over ``multipleOf`` (MaskBench Handwritten allany, allone, num) had no exact form before.
+
+* The lattice is the multiples of ``g``, the greatest common divisor of 1 and every modulus
+  (rationals: ``gcd(1, 2.5) = 0.5``); every keyword is periodic on it with period ``P``, their
+  least common multiple. A number off the lattice is a multiple of no modulus and no integer, so
+  every such number in one stretch between bound points is decided alike.
+* A stretch whose off-lattice numbers are in the set must hold every lattice number too (the set
+  is then "every number" there); a stretch whose off-lattice numbers are out is written as the
+  residue classes ``d·Z`` (``g = 1``) whose union is exactly its set, or listed when it holds at
+  most :data:`MAX_LISTED` lattice numbers. Anything else is left to the other rewrites (None).
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import Any, Callable
+
+from .keywords import SPEC_KEYWORDS, type_list
+from .numbers import exact, json_number
+from .tree import resolve
+
+MAX_LISTED = 1_000  # lattice numbers a finite stretch may list
+MAX_PERIOD = 10_000  # residues of one period examined
+MAX_NODES = 2_000  # subschemas of one formula
+_NUMERIC = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
+_COMBINATORS = frozenset({"allOf", "anyOf", "oneOf", "not", "if", "then", "else", "$ref"})
+# keywords this module does not read: dynamic references and draft 3's number keywords
+_UNREAD = frozenset({"$dynamicRef", "$recursiveRef", "disallow", "extends", "divisibleBy"})
+# what a number never fails: the keywords of strings, objects and arrays, annotations, locations
+_VACUOUS = SPEC_KEYWORDS - _NUMERIC - _COMBINATORS - _UNREAD - {"type", "enum", "const"}
+
+Test = Callable[[Fraction, bool], "bool | None"]  # (x, vague): vague leaves lattice keywords undecided (None)
+
+
+class _Unsolved(Exception):
+    """The schema says something this module does not decide."""
+
+
+def numbers_only(schema: Any) -> Any | None:
+    """``schema`` (normalised, the whole document) rewritten as plain pieces when it admits
+    numbers alone and says only what :mod:`.number_sets` decides; None otherwise (nothing to do,
+    or no plain form)."""
+    if not isinstance(schema, dict) or not set(type_list(schema.get("type")) or ()) <= {"number", "integer"} \
+            or "type" not in schema:
+        return None
+    try:
+        reader = _Reader(schema)
+        test = reader.formula(schema)
+    except (_Unsolved, RecursionError):
+        return None
+    if not reader.negates:
+        return None  # the backends (and the other rewrites) take it as it is
+    pieces = _pieces(test, sorted(reader.points), reader.moduli)
+    if pieces is None:
+        return None
+    return {"anyOf": pieces} if pieces else False
+
+
+class _Reader:
+    """Reads a number formula: a test per subschema, the bound and listed points, the moduli."""
+
+    def __init__(self, root: dict) -> None:
+        self.root = root
+        self.points: set[Fraction] = set()
+        self.moduli: set[Fraction] = set()
+        self.negates = False  # a not / oneOf / if: what the backends cannot take
+        self._nodes = 0
+        self._active: set[int] = set()
+
+    def formula(self, node: Any) -> Test:
+        if isinstance(node, bool):
+            return (lambda x, vague: True) if node else (lambda x, vague: False)
+        if not isinstance(node, dict):
+            raise _Unsolved
+        self._nodes += 1
+        if self._nodes > MAX_NODES or id(node) in self._active:
+            raise _Unsolved  # too large, or a recursion
+        self._active.add(id(node))
+        try:
+            tests = [self._keyword(key, value, node) for key, value in node.items()]
+        finally:
+            self._active.discard(id(node))
+        tests = [t for t in tests if t is not None]
+        return lambda x, vague: _all(t(x, vague) for t in tests)
+
+    def _keyword(self, key: str, value: Any, node: dict) -> Test | None:
+        if key in _VACUOUS or key not in SPEC_KEYWORDS:  # an unknown key asserts nothing
+            return None
+        if key == "type":
+            return self._type(value)
+        if key in _NUMERIC:
+            return self._numeric(key, value)
+        if key in ("enum", "const"):
+            return self._listed(value if key == "enum" else [value], key == "enum")
+        if key in _COMBINATORS:
+            return self._combinator(key, value, node)
+        raise _Unsolved
+
+    def _type(self, value: Any) -> Test:
+        names = type_list(value)
+        if names is None:
+            raise _Unsolved
+        if "number" in names:
+            return lambda x, vague: True
+        if "integer" in names:
+            return lambda x, vague: None if vague else x.denominator == 1
+        return lambda x, vague: False
+
+    def _numeric(self, key: str, value: Any) -> Test:
+        bound = exact(value)
+        if bound is None:
+            raise _Unsolved
+        if key == "multipleOf":
+            if bound <= 0:
+                raise _Unsolved
+            self.moduli.add(bound)
+            return lambda x, vague: None if vague else (x / bound).denominator == 1
+        self.points.add(bound)
+        return {"minimum": lambda x, vague: x >= bound, "maximum": lambda x, vague: x <= bound,
+                "exclusiveMinimum": lambda x, vague: x > bound, "exclusiveMaximum": lambda x, vague: x < bound}[key]
+
+    def _listed(self, values: Any, many: bool) -> Test:
+        if many and not isinstance(values, list):
+            raise _Unsolved
+        numbers = [exact(v) for v in values]
+        if any(n is None for n in numbers):
+            raise _Unsolved  # a listed value that is no number: not a formula of numbers alone
+        self.points.update(numbers)
+        listed = frozenset(numbers)
+        return lambda x, vague: x in listed  # a stretch between the points holds none of them
+
+    def _combinator(self, key: str, value: Any, node: dict) -> Test | None:
+        if key == "$ref":
+            if not isinstance(value, str):
+                raise _Unsolved
+            target = resolve({"$ref": value}, self.root)
+            if isinstance(target, dict) and set(target) == {"$ref"}:
+                raise _Unsolved  # not a local reference that resolves
+            return self.formula(target)
+        if key in ("allOf", "anyOf", "oneOf"):
+            if not isinstance(value, list) or not value:
+                raise _Unsolved
+            parts = [self.formula(v) for v in value]
+            if key == "allOf":
+                return lambda x, vague: _all(p(x, vague) for p in parts)
+            if key == "anyOf":
+                return lambda x, vague: _any(p(x, vague) for p in parts)
+            self.negates = True
+            return lambda x, vague: _one([p(x, vague) for p in parts])
+        if key == "not":
+            self.negates = True
+            inner = self.formula(value)
+            return lambda x, vague: _not(inner(x, vague))
+        if key == "if":
+            self.negates = True
+            condition = self.formula(value)
+            then = self.formula(node["then"]) if "then" in node else (lambda x, vague: True)
+            otherwise = self.formula(node["else"]) if "else" in node else (lambda x, vague: True)
+            return lambda x, vague: _if(condition(x, vague), then(x, vague), otherwise(x, vague))
+        return None  # then / else: read with their if (alone they assert nothing)
+
+
+def _all(values) -> bool | None:
+    unknown = False
+    for v in values:
+        if v is False:
+            return False
+        unknown = unknown or v is None
+    return None if unknown else True
+
+
+def _any(values) -> bool | None:
+    unknown = False
+    for v in values:
+        if v is True:
+            return True
+        unknown = unknown or v is None
+    return None if unknown else False
+
+
+def _one(values: list) -> bool | None:
+    sure, unknown = values.count(True), values.count(None)
+    if sure > 1:
+        return False
+    if unknown:
+        return None
+    return sure == 1
+
+
+def _not(value: bool | None) -> bool | None:
+    return None if value is None else not value
+
+
+def _if(condition: bool | None, then: bool | None, otherwise: bool | None) -> bool | None:
+    if condition is None:
+        return then if then == otherwise else None
+    return then if condition else otherwise
+
+
+def _lattice(moduli: set[Fraction]) -> tuple[Fraction, Fraction]:
+    """(g, P): the gcd and lcm of 1 and the moduli, as rationals."""
+    g, period = Fraction(1), Fraction(1)
+    for m in moduli:
+        g = Fraction(math.gcd(g.numerator * m.denominator, m.numerator * g.denominator), g.denominator * m.denominator)
+        period = Fraction(math.lcm(period.numerator * m.denominator, m.numerator * period.denominator),
+                          period.denominator * m.denominator)
+    return g, period
+
+
+def _pieces(test: Test, points: list[Fraction], moduli: set[Fraction]) -> list[dict] | None:
+    """The set ``test`` admits as plain pieces, stretch by stretch between the points."""
+    g, period = _lattice(moduli)
+    steps = period / g
+    pieces: list[dict] = []
+    bounds = [None, *points, None]
+    for low, high in zip(bounds, bounds[1:]):
+        stretch = _stretch(test, low, high, g, int(steps) if steps <= MAX_PERIOD else None)
+        if stretch is None:
+            return None
+        pieces += stretch
+        if high is not None and test(high, False):
+            number = json_number(high)
+            if number is None:
+                return None
+            pieces.append({"const": number})
+    return _merged(pieces)
+
+
+def _stretch(test: Test, low: Fraction | None, high: Fraction | None, g: Fraction, steps: int | None) -> list[dict] | None:
+    """The pieces of the open stretch (low, high) (an end None: unbounded); ``steps`` the
+    lattice numbers in a period (None: too many to examine)."""
+    if low is not None and high is not None and low >= high:
+        return []
+    inner = _inner_point(low, high)
+    decided = test(inner, True)  # the bounds alone may decide the whole stretch
+    if decided is not None:
+        if not decided:
+            return []
+        piece = _between({"type": "number"}, low, high)
+        return [piece] if piece is not None else None
+    first = None if low is None else math.floor(low / g) + 1  # lattice indices strictly inside
+    last = None if high is None else math.ceil(high / g) - 1
+    count = None if first is None or last is None else max(0, last - first + 1)
+    listable = count is not None and count <= MAX_LISTED
+    if not listable and (steps is None or (count is not None and count < steps)):
+        return None  # too many to list, too few (or too many kinds) to hold every residue
+    lattice = [i * g for i in range(first, last + 1)] if listable else [
+        _representative(r, low, high, g, steps) for r in range(steps)]
+    off = _off_lattice(low, high, g)
+    if off is not None and test(off, False):
+        if not all(test(x, False) for x in lattice):
+            return None
+        piece = _between({"type": "number"}, low, high)
+        return [piece] if piece is not None else None
+    kept = [x for x in lattice if test(x, False)]
+    if not kept:
+        return []
+    if listable:
+        values = [json_number(x) for x in kept]
+        return None if any(v is None for v in values) else [{"enum": values}]
+    if g != 1:
+        return None
+    classes = _classes({int(x) % steps for x in kept}, steps)
+    if classes is None:
+        return None
+    pieces = [_between({"type": "integer"} | ({"multipleOf": d} if d > 1 else {}), low, high) for d in classes]
+    return None if any(p is None for p in pieces) else pieces
+
+
+def _inner_point(low: Fraction | None, high: Fraction | None) -> Fraction:
+    """Some number strictly inside (low, high)."""
+    if low is None and high is None:
+        return Fraction(0)
+    if low is None:
+        return high - 1
+    if high is None:
+        return low + 1
+    return (low + high) / 2
+
+
+def _off_lattice(low: Fraction | None, high: Fraction | None, g: Fraction) -> Fraction | None:
+    """A number strictly inside (low, high) that is no multiple of ``g`` (None: none there)."""
+    if low is None and high is None:
+        base, width = Fraction(0), Fraction(1)
+    elif low is None:
+        base, width = high - 1, Fraction(1)
+    elif high is None:
+        base, width = low, Fraction(1)
+    else:
+        base, width = low, high - low
+    for k in (997, 1009, 1013):
+        x = base + width / k
+        if (x / g).denominator != 1 and (low is None or x > low) and (high is None or x < high):
+            return x
+    return None
+
+
+def _representative(residue: int, low: Fraction | None, high: Fraction | None, g: Fraction, steps: int) -> Fraction:
+    """A lattice number ``i·g`` with ``i ≡ residue (mod steps)`` strictly inside a stretch that
+    holds more than a period of them (or is unbounded)."""
+    if low is not None:
+        start = math.floor(low / g) + 1
+    elif high is not None:
+        start = math.ceil(high / g) - 1 - 2 * steps
+    else:
+        start = 0
+    i = start + (residue - start) % steps
+    return i * g
+
+
+def _classes(residues: set[int], steps: int) -> list[int] | None:
+    """Divisors d of ``steps`` whose multiples (mod steps) together are exactly ``residues``."""
+    divisors = [d for d in range(1, steps + 1) if steps % d == 0 and all(r in residues for r in range(0, steps, d))]
+    chosen = [d for d in divisors if not any(e != d and d % e == 0 for e in divisors)]  # the coarsest ones
+    covered = {r for d in chosen for r in range(0, steps, d)}
+    return chosen if covered == residues else None
+
+
+def _between(piece: dict, low: Fraction | None, high: Fraction | None) -> dict | None:
+    """``piece`` confined to the open stretch (None: a bound no backend reads exactly)."""
+    for key, bound in (("exclusiveMinimum", low), ("exclusiveMaximum", high)):
+        if bound is not None:
+            number = json_number(bound)
+            if number is None:
+                return None
+            piece[key] = number
+    return piece
+
+
+def _merged(pieces: list[dict]) -> list[dict]:
+    """Consecutive listed pieces as one ``enum``."""
+    out: list[dict] = []
+    for piece in pieces:
+        listed = piece.get("enum", [piece["const"]] if "const" in piece else None)
+        if listed is not None and out and "enum" in out[-1]:
+            out[-1]["enum"] += listed
+        elif listed is not None:
+            out.append({"enum": list(listed)})
+        else:
+            out.append(piece)
+    return out
