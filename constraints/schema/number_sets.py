@@ -27,7 +27,7 @@ from fractions import Fraction
 from typing import Any, Callable
 
 from .keywords import SPEC_KEYWORDS, type_list
-from .numbers import exact, json_number
+from .numbers import SAFE, exact, json_number
 from .tree import resolve
 
 MAX_LISTED = 1_000  # lattice numbers a finite stretch may list
@@ -328,10 +328,11 @@ def _classes(residues: set[int], steps: int) -> list[int] | None:
 
 
 def _between(piece: dict, low: Fraction | None, high: Fraction | None) -> dict | None:
-    """``piece`` confined to the open stretch (None: a bound no backend reads exactly)."""
+    """``piece`` confined to the open stretch (None: a bound not every backend compares exactly:
+    only integers within ±2^53 are, as :mod:`.negation` writes the gaps between numbers)."""
     for key, bound in (("exclusiveMinimum", low), ("exclusiveMaximum", high)):
         if bound is not None:
-            number = json_number(bound)
+            number = json_number(bound) if bound.denominator == 1 and abs(bound) <= SAFE else None
             if number is None:
                 return None
             piece[key] = number
