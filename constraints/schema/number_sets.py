@@ -14,10 +14,13 @@ plain pieces the backends enforce: ``{"type": "number"}`` or ``{"type": "integer
   (rationals: ``gcd(1, 2.5) = 0.5``); every keyword is periodic on it with period ``P``, their
   least common multiple. A number off the lattice is a multiple of no modulus and no integer, so
   every such number in one stretch between bound points is decided alike.
-* A stretch whose off-lattice numbers are in the set must hold every lattice number too (the set
-  is then "every number" there); a stretch whose off-lattice numbers are out is written as the
-  residue classes ``d·Z`` (``g = 1``) whose union is exactly its set, or listed when it holds at
-  most :data:`MAX_LISTED` lattice numbers. Anything else is left to the other rewrites (None).
+* A stretch the bounds alone decide (the formula read with its lattice keywords undecided, in
+  three-valued logic) is empty or "every number" there. Otherwise a stretch whose off-lattice
+  numbers are in the set must hold every lattice number too (then "every number" again); one
+  whose off-lattice numbers are out is written as the residue classes ``d·Z`` (``g = 1``) whose
+  union is exactly its set, or listed when it holds at most :data:`MAX_LISTED` lattice numbers.
+  A number piece is bounded only by integers within ±2^53 (the bounds every backend compares
+  exactly). Anything else is left to the other rewrites (None).
 """
 
 from __future__ import annotations
@@ -26,91 +29,85 @@ import math
 from fractions import Fraction
 from typing import Any, Callable
 
-from .keywords import SPEC_KEYWORDS, type_list
+from .formula import Algebra, Reader, Unsolved
+from .keywords import type_list
 from .numbers import SAFE, exact, json_number
-from .tree import resolve
 
 MAX_LISTED = 1_000  # lattice numbers a finite stretch may list
 MAX_PERIOD = 10_000  # residues of one period examined
-MAX_NODES = 2_000  # subschemas of one formula
+MAX_EVALUATIONS = 2_000_000  # residues examined times the formula's subschemas (each a Python call)
 _NUMERIC = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
-_COMBINATORS = frozenset({"allOf", "anyOf", "oneOf", "not", "if", "then", "else", "$ref"})
-# keywords this module does not read: dynamic references and draft 3's number keywords
-_UNREAD = frozenset({"$dynamicRef", "$recursiveRef", "disallow", "extends", "divisibleBy"})
-# what a number never fails: the keywords of strings, objects and arrays, annotations, locations
-_VACUOUS = SPEC_KEYWORDS - _NUMERIC - _COMBINATORS - _UNREAD - {"type", "enum", "const"}
 
 Test = Callable[[Fraction, bool], "bool | None"]  # (x, vague): vague leaves lattice keywords undecided (None)
-
-
-class _Unsolved(Exception):
-    """The schema says something this module does not decide."""
 
 
 def numbers_only(schema: Any) -> Any | None:
     """``schema`` (normalised, the whole document) rewritten as plain pieces when it admits
     numbers alone and says only what :mod:`.number_sets` decides; None otherwise (nothing to do,
     or no plain form)."""
-    if not isinstance(schema, dict) or not set(type_list(schema.get("type")) or ()) <= {"number", "integer"} \
-            or "type" not in schema:
+    if not isinstance(schema, dict) or "type" not in schema \
+            or not set(type_list(schema["type"]) or ["?"]) <= {"number", "integer"}:
         return None
+    algebra = _Numbers()
+    reader = Reader(algebra, schema)
     try:
-        reader = _Reader(schema)
         test = reader.formula(schema)
-    except (_Unsolved, RecursionError):
+    except (Unsolved, RecursionError):
         return None
     if not reader.negates:
         return None  # the backends (and the other rewrites) take it as it is
-    pieces = _pieces(test, sorted(reader.points), reader.moduli)
+    try:
+        pieces = _pieces(_counted(test, MAX_EVALUATIONS // reader.nodes), sorted(algebra.points), algebra.moduli)
+    except Unsolved:
+        return None
     if pieces is None:
         return None
     return {"anyOf": pieces} if pieces else False
 
 
-class _Reader:
-    """Reads a number formula: a test per subschema, the bound and listed points, the moduli."""
+class _Numbers(Algebra[Test]):
+    """Numbers: each element a three-valued test; the bound and listed points and the moduli
+    are collected as the keywords are read."""
 
-    def __init__(self, root: dict) -> None:
-        self.root = root
+    keywords = _NUMERIC | {"enum", "const"}
+
+    def __init__(self) -> None:
         self.points: set[Fraction] = set()
         self.moduli: set[Fraction] = set()
-        self.negates = False  # a not / oneOf / if: what the backends cannot take
-        self._nodes = 0
-        self._active: set[int] = set()
 
-    def formula(self, node: Any) -> Test:
-        if isinstance(node, bool):
-            return (lambda x, vague: True) if node else (lambda x, vague: False)
-        if not isinstance(node, dict):
-            raise _Unsolved
-        self._nodes += 1
-        if self._nodes > MAX_NODES or id(node) in self._active:
-            raise _Unsolved  # too large, or a recursion
-        self._active.add(id(node))
-        try:
-            tests = [self._keyword(key, value, node) for key, value in node.items()]
-        finally:
-            self._active.discard(id(node))
-        tests = [t for t in tests if t is not None]
-        return lambda x, vague: _all(t(x, vague) for t in tests)
+    def everything(self) -> Test:
+        return lambda x, vague: True
 
-    def _keyword(self, key: str, value: Any, node: dict) -> Test | None:
-        if key in _VACUOUS or key not in SPEC_KEYWORDS:  # an unknown key asserts nothing
-            return None
+    def nothing(self) -> Test:
+        return lambda x, vague: False
+
+    def both(self, parts: list[Test]) -> Test:
+        return lambda x, vague: _all(p(x, vague) for p in parts)
+
+    def either(self, parts: list[Test]) -> Test:
+        return lambda x, vague: _any(p(x, vague) for p in parts)
+
+    def exactly_one(self, parts: list[Test]) -> Test:
+        return lambda x, vague: _one([p(x, vague) for p in parts])
+
+    def negated(self, part: Test) -> Test:
+        return lambda x, vague: _not(part(x, vague))
+
+    def choice(self, condition: Test, then: Test, otherwise: Test) -> Test:
+        return lambda x, vague: _if(condition(x, vague), then(x, vague), otherwise(x, vague))
+
+    def atom(self, key: str, value: Any) -> Test:
         if key == "type":
             return self._type(value)
-        if key in _NUMERIC:
-            return self._numeric(key, value)
         if key in ("enum", "const"):
             return self._listed(value if key == "enum" else [value], key == "enum")
-        if key in _COMBINATORS:
-            return self._combinator(key, value, node)
-        raise _Unsolved
+        return self._numeric(key, value)
 
-    def _type(self, value: Any) -> Test:
+    @staticmethod
+    def _type(value: Any) -> Test:
         names = type_list(value)
         if names is None:
-            raise _Unsolved
+            raise Unsolved
         if "number" in names:
             return lambda x, vague: True
         if "integer" in names:
@@ -120,10 +117,10 @@ class _Reader:
     def _numeric(self, key: str, value: Any) -> Test:
         bound = exact(value)
         if bound is None:
-            raise _Unsolved
+            raise Unsolved
         if key == "multipleOf":
             if bound <= 0:
-                raise _Unsolved
+                raise Unsolved
             self.moduli.add(bound)
             return lambda x, vague: None if vague else (x / bound).denominator == 1
         self.points.add(bound)
@@ -132,43 +129,13 @@ class _Reader:
 
     def _listed(self, values: Any, many: bool) -> Test:
         if many and not isinstance(values, list):
-            raise _Unsolved
+            raise Unsolved
         numbers = [exact(v) for v in values]
         if any(n is None for n in numbers):
-            raise _Unsolved  # a listed value that is no number: not a formula of numbers alone
+            raise Unsolved  # a listed value that is no number: not a formula of numbers alone
         self.points.update(numbers)
         listed = frozenset(numbers)
         return lambda x, vague: x in listed  # a stretch between the points holds none of them
-
-    def _combinator(self, key: str, value: Any, node: dict) -> Test | None:
-        if key == "$ref":
-            if not isinstance(value, str):
-                raise _Unsolved
-            target = resolve({"$ref": value}, self.root)
-            if isinstance(target, dict) and set(target) == {"$ref"}:
-                raise _Unsolved  # not a local reference that resolves
-            return self.formula(target)
-        if key in ("allOf", "anyOf", "oneOf"):
-            if not isinstance(value, list) or not value:
-                raise _Unsolved
-            parts = [self.formula(v) for v in value]
-            if key == "allOf":
-                return lambda x, vague: _all(p(x, vague) for p in parts)
-            if key == "anyOf":
-                return lambda x, vague: _any(p(x, vague) for p in parts)
-            self.negates = True
-            return lambda x, vague: _one([p(x, vague) for p in parts])
-        if key == "not":
-            self.negates = True
-            inner = self.formula(value)
-            return lambda x, vague: _not(inner(x, vague))
-        if key == "if":
-            self.negates = True
-            condition = self.formula(value)
-            then = self.formula(node["then"]) if "then" in node else (lambda x, vague: True)
-            otherwise = self.formula(node["else"]) if "else" in node else (lambda x, vague: True)
-            return lambda x, vague: _if(condition(x, vague), then(x, vague), otherwise(x, vague))
-        return None  # then / else: read with their if (alone they assert nothing)
 
 
 def _all(values) -> bool | None:
@@ -216,6 +183,19 @@ def _lattice(moduli: set[Fraction]) -> tuple[Fraction, Fraction]:
         period = Fraction(math.lcm(period.numerator * m.denominator, m.numerator * period.denominator),
                           period.denominator * m.denominator)
     return g, period
+
+
+def _counted(test: Test, budget: int) -> Test:
+    """``test``, raising :class:`Unsolved` once it has been evaluated ``budget`` times."""
+    left = [budget]
+
+    def counted(x: Fraction, vague: bool) -> bool | None:
+        left[0] -= 1
+        if left[0] < 0:
+            raise Unsolved
+        return test(x, vague)
+
+    return counted
 
 
 def _pieces(test: Test, points: list[Fraction], moduli: set[Fraction]) -> list[dict] | None:
