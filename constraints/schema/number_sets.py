@@ -139,6 +139,7 @@ class _Numbers(Algebra[Test]):
 
 
 def _all(values) -> bool | None:
+    """Three-valued "and": False wins, then undecided (None)."""
     unknown = False
     for v in values:
         if v is False:
@@ -148,12 +149,8 @@ def _all(values) -> bool | None:
 
 
 def _any(values) -> bool | None:
-    unknown = False
-    for v in values:
-        if v is True:
-            return True
-        unknown = unknown or v is None
-    return None if unknown else False
+    """Three-valued "or", as "not all not"."""
+    return _not(_all(_not(v) for v in values))
 
 
 def _one(values: list) -> bool | None:
