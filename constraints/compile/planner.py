@@ -19,7 +19,7 @@ from ..regex.dialect import ecma_lark
 from ..regex.frontend import check_lark_terminals, full_regex
 from ..schema.analysis import (before_draft_06, check_refs, check_schema, find_keyword, normalise_schema,
                                open_property_count, rewrite_schema, xgrammar_gaps)
-from ..schema.intersection import precompute_intersections
+from ..schema.intersection import distribute_siblings, precompute_intersections
 from ..schema.lark import LarkSchema, needs_lark
 from ..schema.number_sets import numbers_only
 from ..schema.property_order import any_order
@@ -222,6 +222,9 @@ def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
     attempts = [Attempt("llguidance", ordered)]
     if ordered is not intersected:  # the orders' copies can be too many for llguidance: fewer spellings
         attempts.append(Attempt("llguidance", intersected))
+    distributed = distribute_siblings(intersected)
+    if distributed is not None:  # a recursion re-entering keywords beside allOf / anyOf: intersected here
+        attempts.append(Attempt("llguidance", distributed))
     if needs_lark(rewritten):  # llguidance's JSON compiler refuses contains: as a Lark grammar
         if before_draft_06(rewritten) and not needs_lark(schema):
             attempts = []  # ... or skips it in draft 3 / 4, where the rewrite's contains is no keyword

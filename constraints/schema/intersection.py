@@ -81,6 +81,49 @@ def precompute_intersections(schema: dict) -> dict:
     return schema
 
 
+def distribute_siblings(schema: dict) -> dict | None:
+    """``schema`` with each node that a ``$ref`` leads to and that holds ``allOf`` / ``anyOf``
+    beside other keywords written as the intersection itself (``A and (B1 or B2)`` as ``(A and
+    B1) or (A and B2)``, each pair a definition): the same instances, and no keywords beside the
+    applicators of a node a recursion re-enters, which llguidance refuses ("circular references
+    with sibling keys": a GeoJSON geometry whose collection holds geometries). None when no node
+    changes (or the intersections are not exact here)."""
+    targets = {unquote(ref[1:]) for _, n in subschemas(schema) if isinstance(n, dict)
+               for ref in [n.get("$ref")] if isinstance(ref, str)}
+    if not any(p in targets and _siblings_beside_applicators(n) for p, n in subschemas(schema)) \
+            or not _plain_references(schema):
+        return None
+    schema = json.loads(json.dumps(schema))
+    intersector = _Intersector(schema)
+    changed = False
+    for pointer, node in list(subschemas(schema)):
+        if pointer not in targets or not _siblings_beside_applicators(node):
+            continue
+        kept = {k: v for k, v in node.items() if k in ("$schema", "definitions", "$defs")}
+        rest = {k: v for k, v in node.items() if k not in kept}
+        applied = {k: rest.pop(k) for k in ("allOf", "anyOf") if k in rest}
+        try:
+            both = intersector.both(rest, applied)
+            intersector.commit()
+        except (_GiveUp, _Empty, RecursionError):
+            intersector.rollback()
+            continue
+        node.clear()
+        node.update(kept)
+        node.update(both if isinstance(both, dict) else {"not": {}})
+        changed = True
+    if not changed:
+        return None
+    if intersector.defs:
+        schema.setdefault("$defs", {}).update(intersector.defs)
+    return schema
+
+
+def _siblings_beside_applicators(node: Any) -> bool:
+    return isinstance(node, dict) and any(k in node for k in ("allOf", "anyOf")) and bool(
+        _bare({k: v for k, v in node.items() if k not in ("allOf", "anyOf", "definitions", "$defs")}))
+
+
 def _plain_references(schema: dict) -> bool:
     """Every ``$ref`` is a local JSON pointer and no nested ``$id`` moves the base URI."""
     for pointer, node in subschemas(schema):

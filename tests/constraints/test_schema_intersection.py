@@ -234,3 +234,40 @@ def test_random_schemas_keep_every_verdict():
             value = {name: _random_value(rng, 1) for name in rng.sample(["a", "b", "c", "x", "y"], rng.randrange(4))}
             assert after.is_valid(value) == before.is_valid(value), (schema, rewritten, value)
     assert rewritten_count > 300  # most objects were rewritten, so the check means something
+
+
+# a geometry whose collection holds geometries ("#"), with keywords beside the oneOf: llguidance
+# refused it ("circular references with sibling keys"), the distributed form compiles
+GEOMETRY = {
+    "$schema": DRAFT_04, "type": "object", "required": ["type"], "properties": {"type": {"type": "string"}},
+    "oneOf": [{"$ref": "#/definitions/collection"}, {"$ref": "#/definitions/point"}],
+    "definitions": {
+        "collection": {"required": ["geometries"], "properties": {
+            "type": {"enum": ["GeometryCollection"]}, "geometries": {"type": "array", "items": {"$ref": "#"}}}},
+        "point": {"required": ["coordinates"], "properties": {
+            "type": {"enum": ["Point"]}, "coordinates": {"type": "array", "items": {"type": "number"}}}},
+    },
+}
+
+
+def test_a_recursion_into_keywords_beside_oneof_compiles_and_classifies(compiler, tok):
+    point = {"type": "Point", "coordinates": [1, 2]}
+    valid = [point, {"type": "GeometryCollection", "geometries": [point, {"type": "GeometryCollection", "geometries": []}]}]
+    invalid = [{"type": "Point"}, {"type": "GeometryCollection", "geometries": [{"type": "Point"}]},
+               {"type": 3, "coordinates": []}, {"coordinates": [1]}]
+    assert_classified(compiler, tok, GEOMETRY, valid, invalid)
+
+
+def test_distributed_siblings_keep_every_verdict():
+    from constraints.schema.intersection import distribute_siblings
+
+    schema = {k: v for k, v in GEOMETRY.items() if k != "oneOf"} | {"anyOf": GEOMETRY["oneOf"]}
+    distributed = distribute_siblings(schema)
+    assert distributed is not None and not {"type", "required", "properties"} & set(distributed)
+    rng = random.Random(3)
+    for _ in range(200):
+        kind = rng.choice(["Point", "GeometryCollection", "Other", 3])
+        value = {"type": kind, **({"coordinates": [rng.random()]} if rng.random() < 0.6 else {}),
+                 **({"geometries": [{"type": "Point", "coordinates": []}] * rng.randint(0, 2)} if rng.random() < 0.6 else {})}
+        verdicts = [jsonschema.Draft4Validator(s).is_valid(value) for s in (schema, distributed)]
+        assert verdicts[0] == verdicts[1], value
