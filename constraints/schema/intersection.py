@@ -82,22 +82,22 @@ def precompute_intersections(schema: dict) -> dict:
 
 
 def distribute_siblings(schema: dict) -> dict | None:
-    """``schema`` with each node that a ``$ref`` leads to and that holds ``allOf`` / ``anyOf``
-    beside other keywords written as the intersection itself (``A and (B1 or B2)`` as ``(A and
+    """``schema`` with each node that holds ``allOf`` / ``anyOf`` beside other keywords, and that
+    a ``$ref`` leads to or whose applicators hold one, written as the intersection itself (``A and (B1 or B2)`` as ``(A and
     B1) or (A and B2)``, each pair a definition): the same instances, and no keywords beside the
     applicators of a node a recursion re-enters, which llguidance refuses ("circular references
     with sibling keys": a GeoJSON geometry whose collection holds geometries). None when no node
     changes (or the intersections are not exact here)."""
     targets = {unquote(ref[1:]) for _, n in subschemas(schema) if isinstance(n, dict)
                for ref in [n.get("$ref")] if isinstance(ref, str)}
-    if not any(p in targets and _siblings_beside_applicators(n) for p, n in subschemas(schema)) \
+    if not any(_recursion_entry(p, n, targets) for p, n in subschemas(schema)) \
             or not _plain_references(schema):
         return None
     schema = json.loads(json.dumps(schema))
     intersector = _Intersector(schema)
     changed = False
     for pointer, node in list(subschemas(schema)):
-        if pointer not in targets or not _siblings_beside_applicators(node):
+        if not _recursion_entry(pointer, node, targets):
             continue
         kept = {k: v for k, v in node.items() if k in ("$schema", "definitions", "$defs")}
         rest = {k: v for k, v in node.items() if k not in kept}
@@ -117,6 +117,13 @@ def distribute_siblings(schema: dict) -> dict | None:
     if intersector.defs:
         schema.setdefault("$defs", {}).update(intersector.defs)
     return schema
+
+
+def _recursion_entry(pointer: str, node: Any, targets: set[str]) -> bool:
+    """A node with keywords beside ``allOf`` / ``anyOf`` that a ``$ref`` leads to, or whose
+    applicators hold one."""
+    return _siblings_beside_applicators(node) and (pointer in targets or '"$ref"' in json.dumps(
+        [node.get("allOf"), node.get("anyOf")]))
 
 
 def _siblings_beside_applicators(node: Any) -> bool:
