@@ -24,10 +24,12 @@ if TYPE_CHECKING:
 
 BOUNDED_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,16}"
 # llguidance's own budgets, stated so the server process's work stays bounded: grammar size
-# and lexer fuel bound a matcher's construction, step fuel and items bound each token's mask
+# and lexer fuel bound a matcher's construction (4M of initial fuel: large real schemas need
+# 1-4M, ~2 s at most here, within the worker's compile budget), step fuel and items bound each
+# token's mask
 LIMITS = dict(
     max_items_in_row=10000,
-    initial_lexer_fuel=1_000_000,
+    initial_lexer_fuel=4_000_000,
     step_lexer_fuel=200_000,
     step_max_items=50_000,
     max_lexer_states=250_000,
