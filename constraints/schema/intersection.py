@@ -83,11 +83,12 @@ def precompute_intersections(schema: dict) -> dict:
 
 def distribute_siblings(schema: dict) -> dict | None:
     """``schema`` with each node that holds ``allOf`` / ``anyOf`` beside other keywords, and that
-    a ``$ref`` leads to or whose applicators hold one, written as the intersection itself (``A and (B1 or B2)`` as ``(A and
-    B1) or (A and B2)``, each pair a definition): the same instances, and no keywords beside the
-    applicators of a node a recursion re-enters, which llguidance refuses ("circular references
-    with sibling keys": a GeoJSON geometry whose collection holds geometries). None when no node
-    changes (or the intersections are not exact here)."""
+    a ``$ref`` leads to or whose applicators hold one, written as the intersection itself
+    (``A and (B1 or B2)`` as ``(A and B1) or (A and B2)``, each pair a definition): the same
+    instances, and no keywords beside the applicators of a node a recursion re-enters, which
+    llguidance refuses ("circular references with sibling keys": a GeoJSON geometry whose
+    collection holds geometries). None when no node changes (or the intersections are not exact
+    here)."""
     targets = {unquote(ref[1:]) for _, n in subschemas(schema) if isinstance(n, dict)
                for ref in [n.get("$ref")] if isinstance(ref, str)}
     if not any(_recursion_entry(p, n, targets) for p, n in subschemas(schema)) \
@@ -121,9 +122,13 @@ def distribute_siblings(schema: dict) -> dict | None:
 
 def _recursion_entry(pointer: str, node: Any, targets: set[str]) -> bool:
     """A node with keywords beside ``allOf`` / ``anyOf`` that a ``$ref`` leads to, or whose
-    applicators hold one."""
-    return _siblings_beside_applicators(node) and (pointer in targets or '"$ref"' in json.dumps(
-        [node.get("allOf"), node.get("anyOf")]))
+    applicators hold one (as an item, or an item's ``anyOf`` / ``oneOf`` member)."""
+    if not _siblings_beside_applicators(node):
+        return False
+    items = [i for key in ("allOf", "anyOf") if isinstance(node.get(key), list) for i in node[key]]
+    items += [m for i in items if isinstance(i, dict) for key in ("anyOf", "oneOf")
+              if isinstance(i.get(key), list) for m in i[key]]
+    return pointer in targets or any(isinstance(i, dict) and "$ref" in i for i in items)
 
 
 def _siblings_beside_applicators(node: Any) -> bool:
