@@ -251,6 +251,8 @@ def _stretch(test: Test, low: Fraction | None, high: Fraction | None, g: Fractio
     classes = _classes({int(x) % steps for x in kept}, steps)
     if classes is None:
         return None
+    # for integers, x > 2.5 is x > 2: integral bounds, which every backend compares exactly
+    low, high = (None if low is None else Fraction(math.floor(low))), (None if high is None else Fraction(math.ceil(high)))
     pieces = [_between({"type": "integer"} | ({"multipleOf": d} if d > 1 else {}), low, high) for d in classes]
     return None if any(p is None for p in pieces) else pieces
 

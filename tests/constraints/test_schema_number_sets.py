@@ -40,6 +40,9 @@ def test_the_pieces_are_plain():
     assert numbers_only(FEW) == {"anyOf": [{"enum": [-8, -7, -5, -4, -2, -1, 1, 2, 4, 5, 7, 8]}]}
     assert numbers_only(ABOVE) == {"anyOf": [{"type": "number", "exclusiveMinimum": 5}]}
     assert numbers_only(QUARTERS) == {"anyOf": [{"enum": [0.25, 0.75, 1.25, 1.75]}]}
+    # integers past 2.5 are integers past 2: an integral bound, exact for every backend
+    above = {"type": "number", "exclusiveMinimum": 2.5, "not": {"not": {"multipleOf": 3}}}
+    assert numbers_only(above) == {"anyOf": [{"type": "integer", "multipleOf": 3, "exclusiveMinimum": 2}]}
 
 
 @pytest.mark.parametrize("schema", [
