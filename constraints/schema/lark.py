@@ -32,7 +32,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..errors import EmptyLanguageError, UnsupportedConstraintError
+from ..errors import EmptyLanguageError
+from .lark_objects import OBJECT_KEYS, ObjectLayout, object_body, refuse as _refuse
 from .validation import instance_validator, same_json, with_root_definitions
 from .negation import negate
 from .tree import resolve, subschemas
@@ -83,11 +84,6 @@ def lark_grammar(schema: Any, json_options: dict[str, Any], satisfiable: Callabl
     return "\n".join(lines) + "\n"
 
 
-def _refuse(keyword: str, why: str) -> UnsupportedConstraintError:
-    return UnsupportedConstraintError(f"keyword {keyword!r} is not supported for enforcement: {why}",
-                                      keyword=keyword)
-
-
 def _lark_string(text: str) -> str:
     return json.dumps(text)  # a Lark string literal takes JSON's escapes
 
@@ -116,10 +112,13 @@ class _Emitter:
             pattern = self.options.get("whitespace_pattern") or r"[\x20\x0A\x0D\x09]*"
             self.ws = pattern.replace("/", "\\/")
             self.open, self.sep, self.close = '"[" WS', 'WS "," WS', 'WS "]"'
+            self.object_layout = ObjectLayout('"{" WS', 'WS "}"', self.sep, 'WS ":" WS')
         else:
             self.ws = ""
             sep = self.options.get("item_separator", ",")
             self.open, self.sep, self.close = '"["', _lark_string(sep), '"]"'
+            colon = _lark_string(self.options.get("key_separator", ":"))
+            self.object_layout = ObjectLayout('"{"', '"}"', self.sep, colon)
 
     # -- rules ---------------------------------------------------------------------------------
 
@@ -228,12 +227,18 @@ class _Emitter:
         listed = self._listed(parts)
         if listed is not None:
             return listed
-        array_free = [{k: v for k, v in p.items() if k not in _ARRAY_KEYS} for p in parts]
-        others = [*filter(None, array_free), {"type": ALL_BUT_ARRAY}]
+        # objects are written as rules where a contains lies below a property (else embedded)
+        in_objects = self._special({"allOf": [{k: v for k, v in p.items() if k in OBJECT_KEYS} for p in parts]})
+        kept = [{k: v for k, v in p.items() if k not in _ARRAY_KEYS and not (in_objects and k in OBJECT_KEYS)}
+                for p in parts]
+        types = [t for t in ALL_BUT_ARRAY if not (in_objects and t == "object")]
+        others = [*filter(None, kept), {"type": types}]
         if self._special({"allOf": others}):
             raise _refuse("contains", "a contains is enforced only in arrays reached from the root through"
-                                      " $ref, allOf, anyOf and items (not inside object properties)")
-        names = [self._embed({"allOf": others}), self._array(parts) if _allows_arrays(parts) else None]
+                                      " $ref, allOf, anyOf, items and object properties")
+        names = [self._embed({"allOf": others}),
+                 self._object(parts) if in_objects and _allows(parts, "object") else None,
+                 self._array(parts) if _allows(parts, "array") else None]
         return self._alternation([n for n in names if n is not None])
 
     def _listed(self, parts: list[dict]) -> str | None:
@@ -268,6 +273,23 @@ class _Emitter:
         name = f"b{len(self.rules)}"
         self.rules[name] = body
         return name
+
+    def _terminal(self, body: str) -> str:
+        """The name of a terminal (an uppercase rule: one lexeme) with this body."""
+        for name, existing in self.rules.items():
+            if existing == body and name.isupper():
+                return name
+        name = f"T{len(self.rules)}"
+        self.rules[name] = body
+        return name
+
+    # -- objects -------------------------------------------------------------------------------
+
+    def _object(self, parts: list[dict]) -> str | None:
+        """The rule for the objects satisfying every part (one property holds a contains)."""
+        body = object_body(parts, self.object_layout, lambda schemas: self.rule(_all_of(schemas)),
+                           self._name_of_body, self._terminal)
+        return self._name_of_body(body)
 
     # -- arrays --------------------------------------------------------------------------------
 
@@ -376,12 +398,13 @@ def _all_of(parts: list[Any]) -> Any:
     return {} if not parts else parts[0] if len(parts) == 1 else {"allOf": parts}
 
 
-def _allows_arrays(parts: list[dict]) -> bool:
+def _allows(parts: list[dict], kind: str) -> bool:
+    """Whether every part's ``type`` (if any) allows ``kind`` ("array" or "object")."""
     for p in parts:
         types = p.get("type")
         if isinstance(types, str):
             types = [types]
-        if isinstance(types, list) and "array" not in types:
+        if isinstance(types, list) and kind not in types:
             return False
     return True
 
