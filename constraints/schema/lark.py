@@ -34,9 +34,9 @@ from typing import Any, Callable
 
 from ..errors import EmptyLanguageError
 from .lark_objects import OBJECT_KEYS, ObjectLayout, object_body, refuse as _refuse
-from .validation import instance_validator, same_json, with_root_definitions
+from .validation import DEFINITION_KEYS, instance_validator, same_json, with_root_definitions
 from .negation import negate
-from .tree import resolve, subschemas
+from .tree import pointer_parts, resolve, subschemas
 
 MAX_STATES = 512  # counting states of one array rule (elements x matches per clause)
 MAX_CLAUSES = 4  # contains clauses on one array (element classes: 2 ** clauses)
@@ -148,7 +148,7 @@ class _Emitter:
             with_defs = with_root_definitions(out, self.root)
             if with_defs is None:
                 raise _refuse("$ref", "a reference beside a contains must point into definitions / $defs")
-            out = with_defs
+            out = _reached_definitions(with_defs)
         if "$schema" in self.root and "$schema" not in out:
             out["$schema"] = self.root["$schema"]
         out["x-guidance"] = self.options
@@ -209,9 +209,9 @@ class _Emitter:
                 continue
             part = conj[at]
             rest = {k: v for k, v in part.items() if k != "anyOf"}
-            base = conj[:at] + ([rest] if rest else []) + conj[at + 1:]
-            for branch in part["anyOf"]:
-                todo.append(base + self._parts(branch, 0))
+            before, after = conj[:at] + ([rest] if rest else []), conj[at + 1:]
+            for branch in part["anyOf"]:  # in place: the parts' properties keep their declared order
+                todo.append(before + self._parts(branch, 0) + after)
             if len(todo) + len(done) > MAX_ALTERNATIVES:
                 raise _refuse("anyOf", f"distributing it over a contains gives more than {MAX_ALTERNATIVES} branches")
         return done
@@ -407,6 +407,23 @@ def _allows(parts: list[dict], kind: str) -> bool:
         if isinstance(types, list) and kind not in types:
             return False
     return True
+
+
+def _reached_definitions(schema: dict) -> dict:
+    """``schema`` with only the definitions its references reach (each embed carries its own
+    copy: all of them would multiply the grammar's size by the number of embeds)."""
+    containers = {k: schema[k] for k in DEFINITION_KEYS if isinstance(schema.get(k), dict)}
+    out = {k: v for k, v in schema.items() if k not in containers}
+    kept: dict[str, dict] = {k: {} for k in containers}
+    stack = [out]
+    while stack:
+        for _, sub in subschemas(stack.pop()):
+            ref = sub.get("$ref") if isinstance(sub, dict) else None
+            parts = pointer_parts(ref[1:]) if isinstance(ref, str) and ref.startswith("#/") else []
+            if len(parts) >= 2 and parts[1] in containers.get(parts[0], {}) and parts[1] not in kept[parts[0]]:
+                kept[parts[0]][parts[1]] = containers[parts[0]][parts[1]]
+                stack.append(kept[parts[0]][parts[1]])
+    return {**out, **{k: v for k, v in kept.items() if v}}
 
 
 def _has_ref(schema: Any) -> bool:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import UnsupportedConstraintError
+from .keywords import meaningful
 
 # keywords that constrain objects (the ones handled here and the refused ones)
 OBJECT_KEYS = frozenset({"properties", "required", "additionalProperties", "patternProperties", "propertyNames",
@@ -62,6 +63,7 @@ def object_body(parts: list[dict], layout: ObjectLayout, value_rule: Callable[[l
     does), ``add_rule`` / ``add_terminal`` name a rule / terminal body.
 
     Raises UnsupportedConstraintError naming a keyword that has no exact form here."""
+    parts = [_without_trivial_patterns(p) for p in parts]
     _check(parts)
     fields = _fields(parts)
     if len(fields) > MAX_PROPERTIES:
@@ -86,6 +88,21 @@ def object_body(parts: list[dict], layout: ObjectLayout, value_rule: Callable[[l
         none = add_rule(" | ".join(none_options))
         some = add_rule(" | ".join(some_options)) if index else some
     return f"{layout.open} {none}"
+
+
+def _without_trivial_patterns(part: dict) -> dict:
+    """``part`` without its patternProperties where they change nothing: every pattern's
+    schema allows any value and so do the part's additionalProperties."""
+    patterns = part.get("patternProperties")
+    if not isinstance(patterns, dict) or not all(_trivial(s) for s in patterns.values()):
+        return part
+    if not _trivial(part.get("additionalProperties", True)):
+        return part
+    return {k: v for k, v in part.items() if k != "patternProperties"}
+
+
+def _trivial(schema: Any) -> bool:
+    return schema is True or isinstance(schema, dict) and not meaningful(schema)
 
 
 def _check(parts: list[dict]) -> None:
