@@ -34,9 +34,9 @@ from typing import Any, Callable
 
 from ..errors import EmptyLanguageError
 from .lark_objects import OBJECT_KEYS, ObjectLayout, object_body, refuse as _refuse
-from .validation import DEFINITION_KEYS, instance_validator, same_json, with_root_definitions
+from .validation import instance_validator, same_json
 from .negation import negate
-from .tree import pointer_parts, resolve, subschemas
+from .tree import at_pointer, resolve, subschemas
 
 MAX_STATES = 512  # counting states of one array rule (elements x matches per clause)
 MAX_CLAUSES = 4  # contains clauses on one array (element classes: 2 ** clauses)
@@ -145,10 +145,10 @@ class _Emitter:
             return None
         out = dict(schema) if isinstance(schema, dict) else {}
         if _has_ref(out):
-            with_defs = with_root_definitions(out, self.root)
-            if with_defs is None:
-                raise _refuse("$ref", "a reference beside a contains must point into definitions / $defs")
-            out = _reached_definitions(with_defs)
+            document = _Hoisted(self.root).document(out)
+            if document is None:
+                raise _refuse("$ref", "a reference beside a contains must be local (and no nested $id may move the base)")
+            out = document
         if "$schema" in self.root and "$schema" not in out:
             out["$schema"] = self.root["$schema"]
         out["x-guidance"] = self.options
@@ -409,21 +409,53 @@ def _allows(parts: list[dict], kind: str) -> bool:
     return True
 
 
-def _reached_definitions(schema: dict) -> dict:
-    """``schema`` with only the definitions its references reach (each embed carries its own
-    copy: all of them would multiply the grammar's size by the number of embeds)."""
-    containers = {k: schema[k] for k in DEFINITION_KEYS if isinstance(schema.get(k), dict)}
-    out = {k: v for k, v in schema.items() if k not in containers}
-    kept: dict[str, dict] = {k: {} for k in containers}
-    stack = [out]
-    while stack:
-        for _, sub in subschemas(stack.pop()):
-            ref = sub.get("$ref") if isinstance(sub, dict) else None
-            parts = pointer_parts(ref[1:]) if isinstance(ref, str) and ref.startswith("#/") else []
-            if len(parts) >= 2 and parts[1] in containers.get(parts[0], {}) and parts[1] not in kept[parts[0]]:
-                kept[parts[0]][parts[1]] = containers[parts[0]][parts[1]]
-                stack.append(kept[parts[0]][parts[1]])
-    return {**out, **{k: v for k, v in kept.items() if v}}
+class _Hoisted:
+    """A schema made a document of its own: each local reference it reaches (transitively)
+    points to a copy of its target under ``$defs`` (only what is reached, wherever it lies in
+    the root: each embed carries its own copies)."""
+
+    def __init__(self, root: dict) -> None:
+        self.root = root
+        self.names: dict[str, str] = {}  # reference -> name of its copy
+        self.copies: dict[str, Any] = {}
+
+    def document(self, schema: dict) -> dict | None:
+        out = self.rewritten(schema, top=True)
+        if out is None:
+            return None
+        return {**out, "$defs": {**(out.get("$defs") or {}), **self.copies}} if self.copies else out
+
+    def rewritten(self, schema: Any, top: bool = False) -> Any:
+        """A copy of ``schema`` whose references point to hoisted copies (None: one cannot)."""
+        out = json.loads(json.dumps(schema))
+        for pointer, sub in subschemas(out):
+            if not isinstance(sub, dict):
+                continue
+            if "$dynamicRef" in sub or "$recursiveRef" in sub or (pointer or not top) and (
+                    "$id" in sub or isinstance(sub.get("id"), str)):
+                return None
+            if "$ref" in sub:
+                name = self._hoist(sub["$ref"])
+                if name is None:
+                    return None
+                sub["$ref"] = f"#/$defs/{name}"
+        return out
+
+    def _hoist(self, ref: Any) -> str | None:
+        if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
+            return None
+        if ref in self.names:
+            return self.names[ref]
+        target = at_pointer(self.root, ref[1:])
+        if target is None:
+            return None
+        name = self.names[ref] = f"trellis-ref-{len(self.names)}"
+        self.copies[name] = True  # reserved: a reference cycle reaches the name first
+        copy = self.rewritten(target)
+        if copy is None:
+            return None
+        self.copies[name] = copy
+        return name
 
 
 def _has_ref(schema: Any) -> bool:
