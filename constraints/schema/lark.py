@@ -14,12 +14,16 @@ and, per ``contains`` clause, the elements matching it, so the language is exact
 
 Each element class is a rule of its own: an ``%json { … }`` embed of the JSON schema when it
 needs no grammar (llguidance's own JSON compiler enforces it, with the request's layout passed
-as ``x-guidance``), or a rule built the same way when it holds a ``contains`` itself. llguidance
-cannot embed a Lark rule inside a JSON schema, so the whole schema is emitted as Lark once any
-node needs it; the nodes above a ``contains`` may be ``$ref`` / ``allOf`` / ``anyOf`` (and
-``type`` alternatives beside the array). Anything else above one (an object property holding a
-``contains``, a ``not`` or ``oneOf`` over one, ``prefixItems``, ``uniqueItems``) is refused by
-name. The layout is the request's: ``", "`` (``json.dumps``), ``","`` (compact) or the flexible
+as ``x-guidance`` and the local references it reaches copied beside it), or a rule built the
+same way when it holds a ``contains`` itself. llguidance cannot embed a Lark rule inside a JSON
+schema, so the whole schema is emitted as Lark once any node needs it; the nodes above a
+``contains`` may be ``$ref`` / ``allOf`` / ``anyOf`` (and ``type`` alternatives beside the
+array), ``items`` and object properties: an object one of whose properties (or
+``additionalProperties``) holds a ``contains`` is written as rules too
+(:mod:`constraints.schema.lark_objects`: ``properties``, ``required``, ``additionalProperties``,
+keys in the declared order). Anything else above one (``patternProperties``, a ``not`` or
+``oneOf`` over one, ``prefixItems``, ``uniqueItems``) is refused by name. The layout is the
+request's: ``", "`` / ``": "`` (``json.dumps``), ``","`` / ``":"`` (compact) or the flexible
 whitespace pattern between the tokens written here.
 
 Lark syntax: llguidance's docs/syntax.md ("Inline JSON Schemas").
