@@ -72,6 +72,48 @@ CASES = [
 ]
 
 
+OBJECT_CASES = [
+    (  # listed, required and additional properties: the additional ones typed, after the listed
+        "additional-schema",
+        {"type": "object", "properties": {"a": {"type": "array", "contains": {"const": 1}}, "b": {"type": "integer"}},
+         "required": ["b"], "additionalProperties": {"type": "string"}},
+        [{"b": 1}, {"a": [0, 1], "b": 2}, {"b": 3, "c": "x", "d": ""}, {"a": [1], "b": 0, "é": "y"}],
+        [{}, {"a": [1]}, {"a": [2], "b": 1}, {"b": 1, "c": 2}, {"b": "x"}, [1], "s"],
+    ),
+    (  # additionalProperties false; no type: other values pass as they are
+        "closed",
+        {"properties": {"xs": {"type": "array", "items": {"type": "string"}, "contains": {"const": "k"}},
+                        "n": {"type": "null"}}, "additionalProperties": False},
+        [{}, {"xs": ["k"]}, {"xs": ["a", "k"], "n": None}, [0], 7, "t", None],
+        [{"xs": []}, {"xs": ["a"]}, {"n": 0}, {"m": 1}, {"xs": ["k"], "z": None}],
+    ),
+    (  # open object below an array item and an anyOf; the parts' properties merged
+        "nested-parts",
+        {"type": "array", "items": {"type": "object", "allOf": [
+            {"properties": {"tags": {"type": "array", "contains": {"type": "string"}}}},
+            {"anyOf": [{"required": ["id"]}, {"properties": {"tags": {"maxItems": 2}}}]}]}},
+        [[], [{"id": 1}], [{"tags": ["a"], "id": 0}, {"tags": [1, "b"]}], [{"other": [1]}]],
+        [[1], [{"tags": [1]}], [{"tags": ["a", "b", "c"]}], [{"id": 1, "tags": []}]],
+    ),
+    (  # a required property no part lists takes additionalProperties' schema
+        "required-unlisted",
+        {"type": "object", "properties": {"a": {"contains": {"const": 2}}},
+         "required": ["z"], "additionalProperties": {"type": "boolean"}},
+        [{"z": True}, {"a": [2], "z": False}, {"a": "text", "z": True}],
+        [{}, {"z": 1}, {"a": [1], "z": True}, {"a": [2]}],
+    ),
+    (  # references to a property and to a definition, copied beside the embeds that reach them
+        "references",
+        {"type": "object", "properties": {"kind": {"enum": ["x", "y"]},
+                                          "xs": {"type": "array", "contains": {"$ref": "#/properties/kind"}},
+                                          "d": {"$ref": "#/definitions/d"}},
+         "definitions": {"d": {"type": "array", "items": {"$ref": "#/definitions/d"}}}},
+        [{"kind": "x", "xs": ["y"]}, {"xs": [1, "x"], "d": [[], [[]]]}, {"d": []}],
+        [{"xs": ["z"]}, {"kind": "z"}, {"d": [1]}, {"xs": []}],
+    ),
+]
+
+
 def _texts(value, layout: str | None) -> list[str]:
     if layout == "compact":
         return [json.dumps(value, separators=(",", ":"))]
@@ -80,7 +122,8 @@ def _texts(value, layout: str | None) -> list[str]:
     return [json.dumps(value)]
 
 
-@pytest.mark.parametrize(("name", "schema", "valid", "invalid"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("name", "schema", "valid", "invalid"), CASES + OBJECT_CASES,
+                         ids=[c[0] for c in CASES + OBJECT_CASES])
 def test_contains_enforced_exactly(compiler, tok, name, schema, valid, invalid):
     compiled = compiler.compile(ConstraintSpec("json_schema", schema))
     assert compiled.backend == "llguidance"
@@ -125,51 +168,6 @@ def test_contains_grammar_follows_the_layout(compiler, tok, layout):
 def test_unsupported_forms_are_refused_by_name(compiler, schema, keyword):
     with pytest.raises(UnsupportedConstraintError, match=repr(keyword)):
         compiler.compile(ConstraintSpec("json_schema", schema))
-
-
-OBJECT_CASES = [
-    (  # listed, required and additional properties: the additional ones typed, after the listed
-        "additional-schema",
-        {"type": "object", "properties": {"a": {"type": "array", "contains": {"const": 1}}, "b": {"type": "integer"}},
-         "required": ["b"], "additionalProperties": {"type": "string"}},
-        [{"b": 1}, {"a": [0, 1], "b": 2}, {"b": 3, "c": "x", "d": ""}, {"a": [1], "b": 0, "é": "y"}],
-        [{}, {"a": [1]}, {"a": [2], "b": 1}, {"b": 1, "c": 2}, {"b": "x"}, [1], "s"],
-    ),
-    (  # additionalProperties false; no type: other values pass as they are
-        "closed",
-        {"properties": {"xs": {"type": "array", "items": {"type": "string"}, "contains": {"const": "k"}},
-                        "n": {"type": "null"}}, "additionalProperties": False},
-        [{}, {"xs": ["k"]}, {"xs": ["a", "k"], "n": None}, [0], 7, "t", None],
-        [{"xs": []}, {"xs": ["a"]}, {"n": 0}, {"m": 1}, {"xs": ["k"], "z": None}],
-    ),
-    (  # open object below an array item and an anyOf; the parts' properties merged
-        "nested-parts",
-        {"type": "array", "items": {"type": "object", "allOf": [
-            {"properties": {"tags": {"type": "array", "contains": {"type": "string"}}}},
-            {"anyOf": [{"required": ["id"]}, {"properties": {"tags": {"maxItems": 2}}}]}]}},
-        [[], [{"id": 1}], [{"tags": ["a"], "id": 0}, {"tags": [1, "b"]}], [{"other": [1]}]],
-        [[1], [{"tags": [1]}], [{"tags": ["a", "b", "c"]}], [{"id": 1, "tags": []}]],
-    ),
-    (  # a required property no part lists takes additionalProperties' schema
-        "required-unlisted",
-        {"type": "object", "properties": {"a": {"contains": {"const": 2}}},
-         "required": ["z"], "additionalProperties": {"type": "boolean"}},
-        [{"z": True}, {"a": [2], "z": False}, {"a": "text", "z": True}],
-        [{}, {"z": 1}, {"a": [1], "z": True}, {"a": [2]}],
-    ),
-]
-
-
-@pytest.mark.parametrize(("name", "schema", "valid", "invalid"), OBJECT_CASES, ids=[c[0] for c in OBJECT_CASES])
-def test_objects_holding_a_contains_are_enforced_exactly(compiler, tok, name, schema, valid, invalid):
-    compiled = compiler.compile(ConstraintSpec("json_schema", schema))
-    validator = jsonschema.validators.validator_for(schema)(schema)
-    for value in valid:
-        assert validator.is_valid(value), value
-        assert walk_text(compiled, tok, json.dumps(value)), value
-    for value in invalid:
-        assert not validator.is_valid(value), value
-        assert not walk_text(compiled, tok, json.dumps(value)), value
 
 
 def test_unlisted_keys_exclude_every_spelling_of_the_listed_ones(compiler, tok):
