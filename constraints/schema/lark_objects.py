@@ -107,7 +107,7 @@ def _trivial(schema: Any) -> bool:
 
 def _check(parts: list[dict]) -> None:
     for part in parts:
-        for key in [*(OBJECT_KEYS - _HANDLED), *_REFUSED_BESIDE]:
+        for key in [*sorted(OBJECT_KEYS - _HANDLED), *_REFUSED_BESIDE]:
             if key in part:
                 raise refuse(key, "it is not enforced on an object written as a grammar (one holding a contains)")
         required = part.get("required", [])
