@@ -37,8 +37,8 @@ LIMIT_REASONS = {
                      " listed (additionalProperties: false) and all required, or few enough to enumerate",
     "maxProperties": ": property counts are enforced only over objects whose properties are all"
                      " listed (additionalProperties: false) and all required, or few enough to enumerate",
-    "contains": ": contains is enforced on arrays reached from the root through $ref, allOf, anyOf"
-                " and items (as a grammar), with maxContains when its schema has an exact complement,"
+    "contains": ": contains is enforced on arrays reached from the root through $ref, allOf, anyOf,"
+                " items and object properties (as a grammar), with maxContains when its schema has an exact complement,"
                 " and elsewhere on arrays of at most 5 items whose contains schema has one",
     "maxContains": ": on arrays longer than 5 items, the items that do not match contains must be told"
                    " apart, which needs an exact complement of the contains schema",

@@ -14,12 +14,16 @@ and, per ``contains`` clause, the elements matching it, so the language is exact
 
 Each element class is a rule of its own: an ``%json { … }`` embed of the JSON schema when it
 needs no grammar (llguidance's own JSON compiler enforces it, with the request's layout passed
-as ``x-guidance``), or a rule built the same way when it holds a ``contains`` itself. llguidance
-cannot embed a Lark rule inside a JSON schema, so the whole schema is emitted as Lark once any
-node needs it; the nodes above a ``contains`` may be ``$ref`` / ``allOf`` / ``anyOf`` (and
-``type`` alternatives beside the array). Anything else above one (an object property holding a
-``contains``, a ``not`` or ``oneOf`` over one, ``prefixItems``, ``uniqueItems``) is refused by
-name. The layout is the request's: ``", "`` (``json.dumps``), ``","`` (compact) or the flexible
+as ``x-guidance`` and the local references it reaches copied beside it), or a rule built the
+same way when it holds a ``contains`` itself. llguidance cannot embed a Lark rule inside a JSON
+schema, so the whole schema is emitted as Lark once any node needs it; the nodes above a
+``contains`` may be ``$ref`` / ``allOf`` / ``anyOf`` (and ``type`` alternatives beside the
+array), ``items`` and object properties: an object one of whose properties (or
+``additionalProperties``) holds a ``contains`` is written as rules too
+(:mod:`constraints.schema.lark_objects`: ``properties``, ``required``, ``additionalProperties``,
+keys in the declared order). Anything else above one (``patternProperties``, a ``not`` or
+``oneOf`` over one, ``prefixItems``, ``uniqueItems``) is refused by name. The layout is the
+request's: ``", "`` / ``": "`` (``json.dumps``), ``","`` / ``":"`` (compact) or the flexible
 whitespace pattern between the tokens written here.
 
 Lark syntax: llguidance's docs/syntax.md ("Inline JSON Schemas").
@@ -32,10 +36,11 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..errors import EmptyLanguageError, UnsupportedConstraintError
-from .validation import instance_validator, same_json, with_root_definitions
+from ..errors import EmptyLanguageError
+from .lark_objects import OBJECT_KEYS, ObjectLayout, object_body, refuse as _refuse
+from .validation import instance_validator, same_json
 from .negation import negate
-from .tree import resolve, subschemas
+from .tree import at_pointer, resolve, subschemas
 
 MAX_STATES = 512  # counting states of one array rule (elements x matches per clause)
 MAX_CLAUSES = 4  # contains clauses on one array (element classes: 2 ** clauses)
@@ -83,11 +88,6 @@ def lark_grammar(schema: Any, json_options: dict[str, Any], satisfiable: Callabl
     return "\n".join(lines) + "\n"
 
 
-def _refuse(keyword: str, why: str) -> UnsupportedConstraintError:
-    return UnsupportedConstraintError(f"keyword {keyword!r} is not supported for enforcement: {why}",
-                                      keyword=keyword)
-
-
 def _lark_string(text: str) -> str:
     return json.dumps(text)  # a Lark string literal takes JSON's escapes
 
@@ -116,10 +116,13 @@ class _Emitter:
             pattern = self.options.get("whitespace_pattern") or r"[\x20\x0A\x0D\x09]*"
             self.ws = pattern.replace("/", "\\/")
             self.open, self.sep, self.close = '"[" WS', 'WS "," WS', 'WS "]"'
+            self.object_layout = ObjectLayout('"{" WS', 'WS "}"', self.sep, 'WS ":" WS')
         else:
             self.ws = ""
             sep = self.options.get("item_separator", ",")
             self.open, self.sep, self.close = '"["', _lark_string(sep), '"]"'
+            colon = _lark_string(self.options.get("key_separator", ":"))
+            self.object_layout = ObjectLayout('"{"', '"}"', self.sep, colon)
 
     # -- rules ---------------------------------------------------------------------------------
 
@@ -146,10 +149,10 @@ class _Emitter:
             return None
         out = dict(schema) if isinstance(schema, dict) else {}
         if _has_ref(out):
-            with_defs = with_root_definitions(out, self.root)
-            if with_defs is None:
-                raise _refuse("$ref", "a reference beside a contains must point into definitions / $defs")
-            out = with_defs
+            document = _Hoisted(self.root).document(out)
+            if document is None:
+                raise _refuse("$ref", "a reference beside a contains must be local (and no nested $id may move the base)")
+            out = document
         if "$schema" in self.root and "$schema" not in out:
             out["$schema"] = self.root["$schema"]
         out["x-guidance"] = self.options
@@ -210,9 +213,9 @@ class _Emitter:
                 continue
             part = conj[at]
             rest = {k: v for k, v in part.items() if k != "anyOf"}
-            base = conj[:at] + ([rest] if rest else []) + conj[at + 1:]
-            for branch in part["anyOf"]:
-                todo.append(base + self._parts(branch, 0))
+            before, after = conj[:at] + ([rest] if rest else []), conj[at + 1:]
+            for branch in part["anyOf"]:  # in place: the parts' properties keep their declared order
+                todo.append(before + self._parts(branch, 0) + after)
             if len(todo) + len(done) > MAX_ALTERNATIVES:
                 raise _refuse("anyOf", f"distributing it over a contains gives more than {MAX_ALTERNATIVES} branches")
         return done
@@ -228,12 +231,18 @@ class _Emitter:
         listed = self._listed(parts)
         if listed is not None:
             return listed
-        array_free = [{k: v for k, v in p.items() if k not in _ARRAY_KEYS} for p in parts]
-        others = [*filter(None, array_free), {"type": ALL_BUT_ARRAY}]
+        # objects are written as rules where a contains lies below a property (else embedded)
+        in_objects = self._special({"allOf": [{k: v for k, v in p.items() if k in OBJECT_KEYS} for p in parts]})
+        kept = [{k: v for k, v in p.items() if k not in _ARRAY_KEYS and not (in_objects and k in OBJECT_KEYS)}
+                for p in parts]
+        types = [t for t in ALL_BUT_ARRAY if not (in_objects and t == "object")]
+        others = [*filter(None, kept), {"type": types}]
         if self._special({"allOf": others}):
             raise _refuse("contains", "a contains is enforced only in arrays reached from the root through"
-                                      " $ref, allOf, anyOf and items (not inside object properties)")
-        names = [self._embed({"allOf": others}), self._array(parts) if _allows_arrays(parts) else None]
+                                      " $ref, allOf, anyOf, items and object properties")
+        names = [self._embed({"allOf": others}),
+                 self._object(parts) if in_objects and _allows(parts, "object") else None,
+                 self._array(parts) if _allows(parts, "array") else None]
         return self._alternation([n for n in names if n is not None])
 
     def _listed(self, parts: list[dict]) -> str | None:
@@ -268,6 +277,23 @@ class _Emitter:
         name = f"b{len(self.rules)}"
         self.rules[name] = body
         return name
+
+    def _terminal(self, body: str) -> str:
+        """The name of a terminal (an uppercase rule: one lexeme) with this body."""
+        for name, existing in self.rules.items():
+            if existing == body and name.isupper():
+                return name
+        name = f"T{len(self.rules)}"
+        self.rules[name] = body
+        return name
+
+    # -- objects -------------------------------------------------------------------------------
+
+    def _object(self, parts: list[dict]) -> str | None:
+        """The rule for the objects satisfying every part (one property holds a contains)."""
+        body = object_body(parts, self.object_layout, lambda schemas: self.rule(_all_of(schemas)),
+                           self._name_of_body, self._terminal)
+        return self._name_of_body(body)
 
     # -- arrays --------------------------------------------------------------------------------
 
@@ -376,14 +402,64 @@ def _all_of(parts: list[Any]) -> Any:
     return {} if not parts else parts[0] if len(parts) == 1 else {"allOf": parts}
 
 
-def _allows_arrays(parts: list[dict]) -> bool:
+def _allows(parts: list[dict], kind: str) -> bool:
+    """Whether every part's ``type`` (if any) allows ``kind`` ("array" or "object")."""
     for p in parts:
         types = p.get("type")
         if isinstance(types, str):
             types = [types]
-        if isinstance(types, list) and "array" not in types:
+        if isinstance(types, list) and kind not in types:
             return False
     return True
+
+
+class _Hoisted:
+    """A schema made a document of its own: each local reference it reaches (transitively)
+    points to a copy of its target under ``$defs`` (only what is reached, wherever it lies in
+    the root: each embed carries its own copies)."""
+
+    def __init__(self, root: dict) -> None:
+        self.root = root
+        self.names: dict[str, str] = {}  # reference -> name of its copy
+        self.copies: dict[str, Any] = {}
+
+    def document(self, schema: dict) -> dict | None:
+        out = self.rewritten(schema, top=True)
+        if out is None:
+            return None
+        return {**out, "$defs": {**(out.get("$defs") or {}), **self.copies}} if self.copies else out
+
+    def rewritten(self, schema: Any, top: bool = False) -> Any:
+        """A copy of ``schema`` whose references point to hoisted copies (None: one cannot)."""
+        out = json.loads(json.dumps(schema))
+        for pointer, sub in subschemas(out):
+            if not isinstance(sub, dict):
+                continue
+            if "$dynamicRef" in sub or "$recursiveRef" in sub or (pointer or not top) and (
+                    "$id" in sub or isinstance(sub.get("id"), str)):
+                return None
+            if "$ref" in sub:
+                name = self._hoist(sub["$ref"])
+                if name is None:
+                    return None
+                sub["$ref"] = f"#/$defs/{name}"
+        return out
+
+    def _hoist(self, ref: Any) -> str | None:
+        if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
+            return None
+        if ref in self.names:
+            return self.names[ref]
+        target = at_pointer(self.root, ref[1:])
+        if target is None:
+            return None
+        name = self.names[ref] = f"trellis-ref-{len(self.names)}"
+        self.copies[name] = True  # reserved: a reference cycle reaches the name first
+        copy = self.rewritten(target)
+        if copy is None:
+            return None
+        self.copies[name] = copy
+        return name
 
 
 def _has_ref(schema: Any) -> bool:

@@ -87,13 +87,27 @@ CASES += [
         [0, 1.5, 3, -1, 2.5, "b", True, [], {}],
         [1, 2, 2.0, 1.0, "a", None],
     ),
+    (  # not items = contains the negation, in an object property: the object written as a grammar
+        # (tests/constraints/test_schema_lark.py); non-arrays satisfy items, so they fail here
+        {"type": "object", "properties": {"a": {"not": {"items": {"type": "string"}}}}},
+        [{}, {"a": [1]}, {"a": ["x", 2]}, {"a": [{}]}],
+        [{"a": 1}, {"a": []}, {"a": ["x"]}, {"a": "s", "b": []}],
+    ),
+    (  # the same in draft 4, where "contains" is no keyword: the grammar counts it, not llguidance's
+        # JSON compiler (which would skip it)
+        {"$schema": "http://json-schema.org/draft-04/schema#", "type": "object",
+         "properties": {"a": {"not": {"type": "array", "items": {"type": "string"}}}}},
+        [{}, {"a": 1}, {"a": [1]}, {"a": ["x", None]}, {"a": "s", "b": []}],
+        [{"a": []}, {"a": ["x"]}, {"a": ["x", "y"]}],
+    ),
 ]
 
 
 @pytest.mark.parametrize(("schema", "valid", "invalid"), CASES,
                          ids=["name-const", "name-false", "pattern-false", "pattern-value", "contains",
                               "unlisted-ref", "bounded-multiples", "oneof-listed", "unknown-keyword",
-                              "not-pattern", "oneof-patterns", "not-integers", "not-numbers-draft4"])
+                              "not-pattern", "oneof-patterns", "not-integers", "not-numbers-draft4",
+                              "not-items-in-property", "not-items-in-property-draft4"])
 def test_negated_keyword_is_enforced_exactly(compiler, tok, schema, valid, invalid):
     compiled = compiler.compile(ConstraintSpec("json_schema", schema))
     for value in valid:
@@ -108,12 +122,6 @@ def test_negated_keyword_is_enforced_exactly(compiler, tok, schema, valid, inval
     {"type": "object", "not": {"propertyNames": {"not": {"pattern": "a"}}}},  # unbounded names
     {"type": "object", "not": {"patternProperties": {"a": {"type": "string"}}}},
     {"type": "number", "not": {"const": 0.5}},  # a fractional value: no exact bound for every backend
-    # not items = contains the negation: enforced as a grammar from the root (tests/constraints/
-    # test_schema_lark.py), not inside an object property
-    {"type": "object", "properties": {"a": {"not": {"items": {"type": "string"}}}}},
-    # the same in draft 4, where "contains" is no keyword: llguidance's JSON compiler would skip it
-    {"$schema": "http://json-schema.org/draft-04/schema#", "type": "object",
-     "properties": {"a": {"not": {"type": "array", "items": {"type": "string"}}}}},
 ])
 def test_negations_without_an_exact_form_are_refused(compiler, schema):
     with pytest.raises(UnsupportedConstraintError, match="'not'|'contains'"):

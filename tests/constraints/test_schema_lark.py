@@ -72,6 +72,48 @@ CASES = [
 ]
 
 
+OBJECT_CASES = [
+    (  # listed, required and additional properties: the additional ones typed, after the listed
+        "additional-schema",
+        {"type": "object", "properties": {"a": {"type": "array", "contains": {"const": 1}}, "b": {"type": "integer"}},
+         "required": ["b"], "additionalProperties": {"type": "string"}},
+        [{"b": 1}, {"a": [0, 1], "b": 2}, {"b": 3, "c": "x", "d": ""}, {"a": [1], "b": 0, "é": "y"}],
+        [{}, {"a": [1]}, {"a": [2], "b": 1}, {"b": 1, "c": 2}, {"b": "x"}, [1], "s"],
+    ),
+    (  # additionalProperties false; no type: other values pass as they are
+        "closed",
+        {"properties": {"xs": {"type": "array", "items": {"type": "string"}, "contains": {"const": "k"}},
+                        "n": {"type": "null"}}, "additionalProperties": False},
+        [{}, {"xs": ["k"]}, {"xs": ["a", "k"], "n": None}, [0], 7, "t", None],
+        [{"xs": []}, {"xs": ["a"]}, {"n": 0}, {"m": 1}, {"xs": ["k"], "z": None}],
+    ),
+    (  # open object below an array item and an anyOf; the parts' properties merged
+        "nested-parts",
+        {"type": "array", "items": {"type": "object", "allOf": [
+            {"properties": {"tags": {"type": "array", "contains": {"type": "string"}}}},
+            {"anyOf": [{"required": ["id"]}, {"properties": {"tags": {"maxItems": 2}}}]}]}},
+        [[], [{"id": 1}], [{"tags": ["a"], "id": 0}, {"tags": [1, "b"]}], [{"other": [1]}]],
+        [[1], [{"tags": [1]}], [{"tags": ["a", "b", "c"]}], [{"id": 1, "tags": []}]],
+    ),
+    (  # a required property no part lists takes additionalProperties' schema
+        "required-unlisted",
+        {"type": "object", "properties": {"a": {"contains": {"const": 2}}},
+         "required": ["z"], "additionalProperties": {"type": "boolean"}},
+        [{"z": True}, {"a": [2], "z": False}, {"a": "text", "z": True}],
+        [{}, {"z": 1}, {"a": [1], "z": True}, {"a": [2]}],
+    ),
+    (  # references to a property and to a definition, copied beside the embeds that reach them
+        "references",
+        {"type": "object", "properties": {"kind": {"enum": ["x", "y"]},
+                                          "xs": {"type": "array", "contains": {"$ref": "#/properties/kind"}},
+                                          "d": {"$ref": "#/definitions/d"}},
+         "definitions": {"d": {"type": "array", "items": {"$ref": "#/definitions/d"}}}},
+        [{"kind": "x", "xs": ["y"]}, {"xs": [1, "x"], "d": [[], [[]]]}, {"d": []}],
+        [{"xs": ["z"]}, {"kind": "z"}, {"d": [1]}, {"xs": []}],
+    ),
+]
+
+
 def _texts(value, layout: str | None) -> list[str]:
     if layout == "compact":
         return [json.dumps(value, separators=(",", ":"))]
@@ -80,7 +122,8 @@ def _texts(value, layout: str | None) -> list[str]:
     return [json.dumps(value)]
 
 
-@pytest.mark.parametrize(("name", "schema", "valid", "invalid"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("name", "schema", "valid", "invalid"), CASES + OBJECT_CASES,
+                         ids=[c[0] for c in CASES + OBJECT_CASES])
 def test_contains_enforced_exactly(compiler, tok, name, schema, valid, invalid):
     compiled = compiler.compile(ConstraintSpec("json_schema", schema))
     assert compiled.backend == "llguidance"
@@ -113,12 +156,43 @@ def test_contains_grammar_follows_the_layout(compiler, tok, layout):
     ({"type": "array", "contains": {"const": 1}, "prefixItems": [{"type": "integer"}]}, "prefixItems"),
     # oneOf over contains (MaskBench Handwritten oneofanyofitc1): "not multipleOf" has no exact form
     ({"type": "array", "oneOf": [{"contains": {"multipleOf": 3}}, {"contains": {"multipleOf": 5}}]}, "oneOf"),
-    # inside an object property: the object would have to be written as Lark too
-    ({"type": "object", "properties": {"a": {"type": "array", "contains": {"const": 1}}}}, "contains"),
+    # an object written as a grammar (a property holds a contains): no unevaluatedProperties,
+    # patterns that constrain values or names
+    ({"type": "object", "properties": {"a": {"type": "array", "contains": {"const": 1}}},
+      "unevaluatedProperties": False}, "unevaluatedProperties"),
+    ({"type": "object", "properties": {"a": {"type": "array", "contains": {"const": 1}}},
+      "patternProperties": {"^x": {"type": "integer"}}}, "patternProperties"),
+    ({"type": "object", "properties": {"a": {"type": "array", "contains": {"const": 1}}},
+      "propertyNames": {"maxLength": 3}}, "propertyNames"),
 ])
 def test_unsupported_forms_are_refused_by_name(compiler, schema, keyword):
     with pytest.raises(UnsupportedConstraintError, match=repr(keyword)):
         compiler.compile(ConstraintSpec("json_schema", schema))
+
+
+def test_unlisted_keys_exclude_every_spelling_of_the_listed_ones(compiler, tok):
+    """``"\\u0061"`` is the key ``a``: as an unlisted key it would escape ``a``'s schema."""
+    schema = {"type": "object", "properties": {"a": {"type": "array", "contains": {"const": 1}}},
+              "additionalProperties": {"type": "array"}}
+    compiled = compiler.compile(ConstraintSpec("json_schema", schema))
+    assert walk_text(compiled, tok, '{"\\u0061": [1]}')  # a listed key in any spelling
+    assert walk_text(compiled, tok, '{"a": [1], "b": []}')
+    for text in ('{"\\u0061": [2]}', '{"a": [1], "\\u0061": []}', '{"a": [1], "\\u0041": 1}'):
+        assert not walk_text(compiled, tok, text), text
+
+
+@pytest.mark.parametrize("layout", ["compact", "flexible", "dumps"])
+def test_object_grammar_follows_the_layout(compiler, tok, layout):
+    schema = {"type": "object", "properties": {"a": {"type": "array", "contains": {"const": 1}}, "b": {}},
+              "required": ["a"]}
+    compiled = compiler.compile(ConstraintSpec("json_schema", schema, {"json_layout": layout}))
+    value = {"a": [0, 1], "b": {"k": [1, 2]}, "c": None}
+    for text in _texts(value, layout):
+        assert walk_text(compiled, tok, text), text
+    assert not walk_text(compiled, tok, json.dumps({"a": [0], "b": 1}))
+    if layout != "flexible":
+        other = json.dumps(value) if layout == "compact" else json.dumps(value, separators=(",", ":"))
+        assert not walk_text(compiled, tok, other)
 
 
 def test_only_schemas_with_contains_take_the_grammar_path():
@@ -163,3 +237,30 @@ def test_random_arrays_agree_with_jsonschema_and_mask(compiler, tok, name, schem
         assert not _disagreements(compiled.new_matcher(), ids, rng), value
         seen[validator.is_valid(value)] += 1
     assert seen[False] > 0
+
+
+@pytest.mark.parametrize("name", ["additional-schema", "required-unlisted"])
+def test_random_objects_agree_with_jsonschema_and_mask(compiler, tok, name):
+    """Random objects (listed and unlisted keys, random values): accepted iff jsonschema says
+    valid, and the mask agrees with accept_token at every step."""
+    import random
+
+    from .test_mask_accept import _disagreements
+
+    _, schema, valid, _ = next(c for c in OBJECT_CASES if c[0] == name)
+    rng = random.Random(name)
+    # the grammar's key order: listed, then required but unlisted, then the others
+    order = list(dict.fromkeys([*schema["properties"], *schema.get("required", []), "a", "b", "c", "z", "é"]))
+    compiled = compiler.compile(ConstraintSpec("json_schema", schema))
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    seen = {True: 0, False: 0}
+    for _ in range(40):
+        value = dict(rng.choice(valid))  # a valid object, one key set to a random value half the time
+        if rng.random() < 0.5:
+            value[rng.choice(order)] = rng.choice([[1], [2], [0, 2], 1, "x", True, None])
+        value = {k: value[k] for k in order if k in value}  # listed keys first, as the grammar writes them
+        text = json.dumps(value)
+        assert walk_text(compiled, tok, text) == validator.is_valid(value), value
+        assert not _disagreements(compiled.new_matcher(), tok.encode(text, add_special_tokens=False), rng), value
+        seen[validator.is_valid(value)] += 1
+    assert seen[False] > 0 and seen[True] > 0
