@@ -183,8 +183,8 @@ def _duration() -> str:
 
 _LD, _LDH = "[A-Za-z0-9]", "[A-Za-z0-9-]"
 # 1-3, 4, and 5-63 characters; never a hyphen first or last, nor "--" 3rd and 4th (RFC 5890 R-LDH)
-HOSTNAME_LABEL = _any([f"{_LD}(?:{_LDH}?{_LD})?", f"{_LD}{_LDH}{{2}}{_LD}",
-                       f"{_LD}{_LDH}(?:{_LD}{_LDH}|-{_LD}){_LDH}{{0,58}}{_LD}"])
+LONG_HOSTNAME_LABEL = _any([f"{_LD}{_LDH}{{2}}{_LD}", f"{_LD}{_LDH}(?:{_LD}{_LDH}|-{_LD}){_LDH}{{0,58}}{_LD}"])
+HOSTNAME_LABEL = _any([f"{_LD}(?:{_LDH}?{_LD})?", LONG_HOSTNAME_LABEL])
 HOSTNAME = rf"{HOSTNAME_LABEL}(?:\.{HOSTNAME_LABEL})*"
 
 
