@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ..regex.dialect import class_items
+from ..regex.dialect import class_items, point_ranges
 
 MAX_GROUP_DEPTH = 3  # groups inside groups inside groups
 _PRINTABLE = (0x20, 0x7E)
@@ -37,13 +37,7 @@ _SHORTHANDS = "dDwWsSnrtfv"
 
 def _class_of(chars: str) -> str:
     """A class of exactly ``chars``."""
-    ranges: list[tuple[int, int]] = []
-    for cp in sorted(set(map(ord, chars))):
-        if ranges and ranges[-1][1] == cp - 1:
-            ranges[-1] = (ranges[-1][0], cp)
-        else:
-            ranges.append((cp, cp))
-    return f"[{class_items(ranges)}]"
+    return f"[{class_items(point_ranges(sorted(set(map(ord, chars)))))}]"
 
 
 def _printable_except(excluded: str) -> str:
@@ -56,7 +50,7 @@ def _escape(extra: str = "") -> str:
     return "\\\\" + _class_of(_SHORTHANDS + _SYNTAX + "/" + extra)
 
 
-def _ranges() -> str:
+def _ordered_ranges() -> str:
     """``x-y`` for every ``x <= y`` both digits, both lower case or both upper case letters."""
     out = []
     for alphabet in ("0123456789", "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ"):
@@ -66,7 +60,7 @@ def _ranges() -> str:
 
 def character_class() -> str:
     """The regex of the classes in the language (``[a-z_]``, ``[^'"]``, ``[\\d.]``)."""
-    item = f"(?:{_printable_except(chr(92) + '][^-&~|')}|{_ranges()}|{_escape('-')})"
+    item = f"(?:{_printable_except(chr(92) + '][^-&~|')}|{_ordered_ranges()}|{_escape('-')})"
     return f"\\[\\^?{item}+\\]"
 
 
