@@ -11,8 +11,8 @@ compiles too (jsonschema's format checker), and the common shapes are all there:
 * assertions ``^``, ``$``, ``\\b``, ``\\B`` (never quantified);
 * classes ``[...]`` / ``[^...]``, not empty, of literals (printable ASCII but ``\\ ] [ ^ - & ~
   |``, which either engine reads as syntax or warns about doubled), the escapes above (and
-  ``\\-``), and ranges within ``0-9``, ``a-z`` or ``A-Z`` written in order (``a-f``, not
-  ``f-a``);
+  ``\\-``), a hyphen first, last or after a range, and ranges between letters and digits
+  written in order (``a-f``, ``A-z``, not ``f-a``);
 * quantifiers ``* + ?``, ``{m}``, ``{m,}`` (``m`` up to 999) and ``{m,n}`` with ``m <= n``,
   ``m`` of at most two digits and ``n`` of at most three, each optionally lazy (``?``);
 * alternation ``|`` anywhere (empty alternatives included), groups ``(...)`` and ``(?:...)``
@@ -51,17 +51,18 @@ def _escape(extra: str = "") -> str:
 
 
 def _ordered_ranges() -> str:
-    """``x-y`` for every ``x <= y`` both digits, both lower case or both upper case letters."""
-    out = []
-    for alphabet in ("0123456789", "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ"):
-        out += [f"{c}-[{c}-{alphabet[-1]}]" for c in alphabet]
-    return "(?:" + "|".join(out) + ")"
+    """``x-y`` for every letter or digit ``x`` and ``y`` with ``x <= y`` (``a-z``, ``A-z``)."""
+    alnum = sorted("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    return "(?:" + "|".join(f"{c}-{_class_of(''.join(alnum[i:]))}" for i, c in enumerate(alnum)) + ")"
 
 
 def character_class() -> str:
-    """The regex of the classes in the language (``[a-z_]``, ``[^'"]``, ``[\\d.]``)."""
-    item = f"(?:{_printable_except(chr(92) + '][^-&~|')}|{_ordered_ranges()}|{_escape('-')})"
-    return f"\\[\\^?{item}+\\]"
+    """The regex of the classes in the language (``[a-z_-]``, ``[^'"]``, ``[\\d.]``): a bare
+    hyphen is a range's, or first, last or right after a range (``[a-z-_]``), never two in a
+    row: both engines read it as itself there."""
+    single = f"(?:{_printable_except(chr(92) + '][^-&~|')}|{_escape('-')})"
+    ranged = _ordered_ranges()
+    return f"\\[\\^?(?:-|-?(?:{single}|{ranged}-?)*(?:{single}|{ranged})-?)\\]"
 
 
 def _from(first: str) -> str:
