@@ -23,7 +23,7 @@ translation (:func:`constraints.regex.dialect.ecma_regex`) like any client ``pat
   ``uri-template`` (RFC 6570), ``json-pointer`` (RFC 6901), ``relative-json-pointer``.
 
 * ``regex`` (ECMA-262): a narrowing, exact from inside (:mod:`.regex_format`): regexes with
-  groups nested at most 3 deep, every one of which ECMA-262 and Python's ``re`` compile.
+  groups nested at most 4 deep, every one of which ECMA-262 and Python's ``re`` compile.
 
 Refused (:data:`REFUSED_FORMATS`): ``idn-hostname`` and ``idn-email`` (IDNA 2008's
 per-code-point and contextual rules).

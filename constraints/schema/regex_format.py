@@ -29,7 +29,7 @@ from functools import lru_cache
 
 from ..regex.dialect import class_items, point_ranges
 
-MAX_GROUP_DEPTH = 3  # groups inside groups inside groups
+MAX_GROUP_DEPTH = 4  # groups inside groups, four deep
 _PRINTABLE = (0x20, 0x7E)
 _SYNTAX = "^$\\.*+?()[]{}|"
 _SHORTHANDS = "dDwWsSnrtfv"
