@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .dialect import class_items, ecma_regex
+from .dialect import class_items, ecma_regex, point_ranges
 from .disjoint import live_states, pattern_language, top_level_alternation
 
 MAX_STATES = 64  # complement DFAs larger than this are not written out (elimination stops past MAX_PATTERN_CHARS)
@@ -149,22 +149,12 @@ def _label(alphabet: Any, transitions: list[int]) -> str:
     if anything_else in chars:
         others = sorted(ord(c) for c in alphabet.keys() if c is not anything_else and ord(c) not in points)
         if others:
-            return f"[^{class_items(_ranges(others))}]"
+            return f"[^{class_items(point_ranges(others))}]"
         # every character: a named one or any other (not [\s\S], which interegular would
         # spell out character by character when checking the result)
-        named = class_items(_ranges(sorted(points)) or [(0, 0)])
+        named = class_items(point_ranges(sorted(points)) or [(0, 0)])
         return f"(?:[{named}]|[^{named}])"
-    return f"[{class_items(_ranges(sorted(points)))}]"
-
-
-def _ranges(points: list[int]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for cp in points:
-        if out and out[-1][1] == cp - 1:
-            out[-1] = (out[-1][0], cp)
-        else:
-            out.append((cp, cp))
-    return out
+    return f"[{class_items(point_ranges(sorted(points)))}]"
 
 
 def _union(a: str, b: str) -> str:

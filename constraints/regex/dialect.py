@@ -50,6 +50,17 @@ def _char(cp: int) -> str:
     return f"\\u{cp:04x}" if cp <= 0xFFFF else f"\\U{cp:08x}"
 
 
+def point_ranges(points: list[int]) -> Ranges:
+    """The sorted code points ``points`` as ranges of consecutive ones."""
+    out: Ranges = []
+    for cp in points:
+        if out and out[-1][1] == cp - 1:
+            out[-1] = (out[-1][0], cp)
+        else:
+            out.append((cp, cp))
+    return out
+
+
 def class_items(ranges: Ranges) -> str:
     """The body of a character class (no brackets) holding exactly ``ranges``."""
     return "".join(_char(lo) if lo == hi else f"{_char(lo)}-{_char(hi)}" for lo, hi in ranges)

@@ -22,9 +22,11 @@ translation (:func:`constraints.regex.dialect.ecma_regex`) like any client ``pat
   ``uri`` / ``uri-reference`` (RFC 3986), ``iri`` / ``iri-reference`` (RFC 3987),
   ``uri-template`` (RFC 6570), ``json-pointer`` (RFC 6901), ``relative-json-pointer``.
 
-Refused (:data:`REFUSED_FORMATS`): ``regex`` (ECMA-262 regex syntax nests parentheses to any
-depth: no regular language), ``idn-hostname`` and ``idn-email`` (IDNA 2008's per-code-point
-and contextual rules).
+* ``regex`` (ECMA-262): a narrowing, exact from inside (:mod:`.regex_format`): regexes with
+  groups nested at most 4 deep, every one of which ECMA-262 and Python's ``re`` compile.
+
+Refused (:data:`REFUSED_FORMATS`): ``idn-hostname`` and ``idn-email`` (IDNA 2008's
+per-code-point and contextual rules).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ..regex.dialect import class_items, ecma_regex
+from .regex_format import regex_format_pattern
 
 _UCSCHAR = [(0xA0, 0xD7FF), (0xF900, 0xFDCF), (0xFDF0, 0xFFEF)] + [
     (plane, plane + 0xFFFD) for plane in range(0x10000, 0xE0000, 0x10000)] + [(0xE1000, 0xEFFFD)]
@@ -180,8 +183,8 @@ def _duration() -> str:
 
 _LD, _LDH = "[A-Za-z0-9]", "[A-Za-z0-9-]"
 # 1-3, 4, and 5-63 characters; never a hyphen first or last, nor "--" 3rd and 4th (RFC 5890 R-LDH)
-HOSTNAME_LABEL = _any([f"{_LD}(?:{_LDH}?{_LD})?", f"{_LD}{_LDH}{{2}}{_LD}",
-                       f"{_LD}{_LDH}(?:{_LD}{_LDH}|-{_LD}){_LDH}{{0,58}}{_LD}"])
+LONG_HOSTNAME_LABEL = _any([f"{_LD}{_LDH}{{2}}{_LD}", f"{_LD}{_LDH}(?:{_LD}{_LDH}|-{_LD}){_LDH}{{0,58}}{_LD}"])
+HOSTNAME_LABEL = _any([f"{_LD}(?:{_LDH}?{_LD})?", LONG_HOSTNAME_LABEL])
 HOSTNAME = rf"{HOSTNAME_LABEL}(?:\.{HOSTNAME_LABEL})*"
 
 
@@ -227,11 +230,10 @@ FORMAT_PATTERNS = {name: f"^{body}$" for name, body in _FORMATS.items()} | {
     "iri": _uri_pattern(iri=True, reference=False),
     "iri-reference": _uri_pattern(iri=True, reference=True),
     "uri-template": _uri_template_pattern(),
+    "regex": regex_format_pattern(),
 }
 FORMAT_LENGTHS = {"hostname": HOSTNAME_MAX_LENGTH}  # a maxLength beside the pattern
 REFUSED_FORMATS = {
-    "regex": "ECMA-262 regular expressions nest parentheses to any depth, which no regular"
-             " language (and no backend) can check",
     "idn-hostname": "IDNA 2008 labels depend on per-code-point and contextual Unicode rules that no"
                     " exact pattern captures (a hostname in A-label form fits format 'hostname')",
     "idn-email": "its domain is an IDNA 2008 hostname, whose per-code-point and contextual Unicode"

@@ -23,8 +23,9 @@ SPEC_FORMATS = frozenset(FORMAT_PATTERNS) | frozenset(REFUSED_FORMATS) | frozens
 
 FORMAT_ALIASES = {"ip-address": "ipv4", "host-name": "hostname"}  # draft-03 names
 # formats draft-03 alone defines: in a schema that names a later draft they are unknown names,
-# which assert nothing (draft-04 and later: an unknown format succeeds)
-DRAFT3_ONLY_FORMATS = frozenset({"color", "style", "phone"})
+# which assert nothing (draft-04 and later: an unknown format succeeds); draft-03's names of
+# ipv4 and hostname among them (read as those where the schema names no draft)
+DRAFT3_ONLY_FORMATS = frozenset({"color", "style", "phone"}) | frozenset(FORMAT_ALIASES)
 LATER_DRAFTS = ("draft-04", "draft-06", "draft-07", "2019-09", "2020-12")
 ANNOTATIONS = frozenset(
     {"title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly",

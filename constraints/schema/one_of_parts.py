@@ -6,7 +6,8 @@
   group: an instance matching a branch of one group matches no branch of the others. So
   "exactly one branch" is the ``anyOf`` over the groups of "exactly one branch of this group";
   a group of one branch is that branch, a larger group needs an exact form of its own
-  (``exactly_one`` or ``exclusive_objects``), else the whole stays refused.
+  (``exclusive_host_formats``, ``exactly_one`` or ``exclusive_objects``), else the whole stays
+  refused.
 * **Untyped object branches.** Two branches that say only object keywords, with no ``type``,
   both accept every non-object, so a ``oneOf`` holding them rejects every non-object: it is
   ``type: object`` beside the ``oneOf``, and the branches need be exclusive among objects only.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from .address_formats import exclusive_host_formats
 from .disjoint import OBJECT_KEYWORDS, _disjoint, possible_types
 from .keywords import SPEC_KEYWORDS, meaningful
 from .negation import all_of, exactly_one
@@ -93,7 +95,9 @@ def _by_groups(branches: list[Any], root: dict, context: dict, whole_tried: bool
 def _group_form(members: list[Any], root: dict, context: dict, tried: bool) -> Any:
     """"Exactly one of ``members``" (beside ``context``), or None. ``tried``: the negations
     and object differences are known to fail on them."""
-    form = None if tried else exactly_one(members, root)
+    form = exclusive_host_formats(members, root)
+    if form is None and not tried:
+        form = exactly_one(members, root)
     if form is None and not tried:
         form = exclusive_objects(members, root, context)
     if form is None:
