@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 from ..backends.base import CompiledConstraint
 from ..backends.json_checks import CheckedPayload, with_checks
+from ..backends.canonical_keys import canonical_keys
 from ..backends.number_bound import bound_numbers
 from ..backends.messages import backend_message
 from ..backends.registry import make_backend
@@ -250,7 +251,7 @@ class ConstraintCompiler:
             compiled = self._load_from_disk(spec)
             if compiled is None:
                 compiled = self._compile_to_disk(spec)
-            compiled = bound_numbers(spec, compiled, self._ctx)
+            compiled = canonical_keys(spec, bound_numbers(spec, compiled, self._ctx), self._ctx)
         except ConstraintError as exc:
             self._finish(key, _bare(exc), _FAILURE_BYTES, FAILURE_TTL_S)
             raise
