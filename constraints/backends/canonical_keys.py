@@ -37,6 +37,8 @@ _SHORT_FORMS = frozenset(b"89acd")  # \u0008 \u0009 \u000a \u000c \u000d: writte
 _HEX = frozenset(b"0123456789abcdef")
 _ANY_HEX = frozenset(b"0123456789abcdefABCDEF")
 _STATES_KEPT = 256  # scanner states whose refused tokens a matcher keeps
+_MOVES_KEPT = 65_536  # (scan, token) moves a tokenizer's table keeps
+_UNSEEN = object()
 
 
 class Scan(NamedTuple):
@@ -134,6 +136,8 @@ class EscapeTable:
         self.data = [b"" if i in neutral or i >= len(raw) or i >= ctx.tokenizer_vocab else raw[i]
                      for i in range(ctx.vocab_size)]
         self.escaping = np.array([i for i, d in enumerate(self.data) if b"\\" in d], dtype=np.int64)
+        # (scan, token) -> the scan after it, per ``wide``: shared by the matchers of this tokenizer
+        self.moves: dict[bool, dict[tuple, Scan | None]] = {False: {}, True: {}}
 
     @classmethod
     def of(cls, ctx: TokenizerContext) -> "EscapeTable":
@@ -151,8 +155,15 @@ class CanonicalKeys(NarrowingMatcher):
         self._free_at = -1  # a depth where the rule let the backend's choice through
 
     def _after(self, scan: Scan, token_id: int) -> Scan | None:
-        data = self.table.data[token_id] if 0 <= token_id < len(self.table.data) else b""
-        return scan_bytes(scan, data, self.wide)
+        moves = self.table.moves[self.wide]
+        key = (scan, token_id)
+        found = moves.get(key, _UNSEEN)
+        if found is _UNSEEN:
+            if len(moves) >= _MOVES_KEPT:
+                moves.clear()
+            data = self.table.data[token_id] if 0 <= token_id < len(self.table.data) else b""
+            found = moves[key] = scan_bytes(scan, data, self.wide)
+        return found
 
     def _refused_from(self, scan: Scan) -> np.ndarray:
         found = self._refused.get(scan)
