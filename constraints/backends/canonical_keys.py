@@ -11,8 +11,9 @@ non-ASCII character may still be escaped (``json.dumps`` writes ``"\\u00e9"``) u
 name of the schema holds one or a pattern decides which keys take which schema (a pattern is
 matched as written): then it is written raw. String values keep every escape.
 
-The matcher follows the text a byte at a time (containers, keys, strings) and only looks at the
-few tokens that hold a backslash; the tokens it refuses are kept per scanner state. Where its
+The matcher follows the text a byte at a time (containers, keys, strings). Outside an escape
+only the few tokens that hold a backslash can write one (their refusals are kept per scanner
+state); inside one, every token the backend allows is looked at. Where its
 rule would leave the backend nothing (a grammar that forces an escaped spelling), it lets the
 backend's choice through.
 """
@@ -91,11 +92,9 @@ def _hex_step(scan: Scan, byte: int, wide: bool) -> Scan | None:
 
 def _control_prefix(digits: bytes) -> bool:
     """Whether ``digits`` begin a control character's canonical escape (``001f``, ``000b``)."""
-    if len(digits) <= 2:
-        return digits == b"00"[: len(digits)]
-    if len(digits) == 3:
-        return digits[2] in b"01"
-    return not (digits[2] == 0x30 and digits[3] in _SHORT_FORMS)
+    if digits[:2] != b"00"[: min(len(digits), 2)] or (len(digits) >= 3 and digits[2] not in b"01"):
+        return False
+    return len(digits) < 4 or not (digits[2] == 0x30 and digits[3] in _SHORT_FORMS)
 
 
 def _wide_prefix(digits: bytes) -> bool:
@@ -175,10 +174,15 @@ class CanonicalKeys(NarrowingMatcher):
         return found
 
     def narrow(self, bitmask: "torch.Tensor", row: int) -> None:
-        refused = self._refused_from(self._states[-1])
+        words = bitmask.numpy()[row].view(np.uint32)
+        scan = self._states[-1]
+        if scan.mode in (_KEY_ESCAPE, _KEY_HEX):  # inside an escape any token may go on with it
+            allowed = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
+            refused = np.array([t for t in allowed.tolist() if self._after(scan, t) is None], dtype=np.int64)
+        else:
+            refused = self._refused_from(scan)
         if not len(refused):
             return
-        words = bitmask.numpy()[row].view(np.uint32)
         bits = (words[refused >> 5] >> (refused & 31).astype(np.uint32)) & 1
         hit = refused[bits == 1]
         if not len(hit):

@@ -62,3 +62,21 @@ def test_every_key_json_dumps_writes_is_its_one_spelling():
                  for _ in range(rng.randint(1, 3))}
         text = json.dumps(value, ensure_ascii=False).encode()
         assert scan_bytes(Scan(), text) is not None, text
+
+
+def test_a_token_that_goes_on_with_an_escape_is_refused_in_the_mask_too(compiler, tok):
+    """After ``"\\u`` in a key, a token without a backslash (``0061``) may finish a spelling
+    the rule refuses: the mask must refuse it as accept does (a sampled token is always taken)."""
+    from .conftest import allowed_ids, new_mask
+
+    compiled = compiler.compile(ConstraintSpec("json_schema", STRING_EXTRAS))
+    matcher = compiled.new_matcher()
+    for t in tok.encode('{"a\\u00', add_special_tokens=False):
+        assert matcher.accept_token(t)
+    mask = new_mask()
+    matcher.fill_bitmask(mask, 0)
+    for t in sorted(allowed_ids(mask))[:400]:
+        probe = compiled.new_matcher()
+        for u in tok.encode('{"a\\u00', add_special_tokens=False):
+            probe.accept_token(u)
+        assert probe.accept_token(t), tok.decode([t])
