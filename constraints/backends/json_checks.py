@@ -251,6 +251,9 @@ class Scanner:
             if top.check is not None:
                 if key in seen:
                     raise _Refused  # a repeated key
+                presence = top.check.presence
+                if presence is not None and not presence.admits(seen, key):
+                    raise _Refused  # no key set the object may hold has it beside those written
                 if state.escaped and top.check.free_keys is not None and key in top.check.free_keys:
                     raise _Refused  # a listed key spelled with escapes: the backend reads another key
                 seen = seen | {key}
@@ -326,13 +329,29 @@ def _unmet(frame: Frame) -> bool:
     missing)."""
     check, seen = frame.check, frame.seen
     return len(seen) < check.min_properties or any(k not in seen for k in check.required) or any(
-        name in seen and any(k not in seen for k in needed) for name, needed in check.dependent_required)
+        name in seen and any(k not in seen for k in needed) for name, needed in check.dependent_required) or (
+        check.presence is not None and not check.presence.complete(seen))
 
 
 def _no_key_left(frame: Frame) -> bool:
-    """Whether the checked object ``frame`` takes only its listed keys and holds all of them."""
-    check = frame.check
-    return check.closed and not check.key_patterns and len(frame.seen) >= len(check.free_keys)
+    """Whether the checked object ``frame`` takes only its listed keys and holds all of them
+    (or all it may still hold)."""
+    check, seen = frame.check, frame.seen
+    if not check.closed or check.key_patterns:
+        return False
+    if check.presence is None:
+        return len(seen) >= len(check.free_keys)
+    return all(k in seen or not check.presence.admits(seen, k) for k in check.free_keys)
+
+
+def _refused_keys(frame: Frame) -> Iterator[bytes]:
+    """The UTF-8 text of the keys a checked object refuses next: those it holds, and those no
+    key set it may hold has beside them."""
+    yield from _string_items(frame)
+    presence = frame.check.presence if frame.check is not None else None
+    if presence is not None:
+        for key in presence.refused(frame.seen):
+            yield key.encode("utf-8", "surrogatepass")
 
 
 def _progress(pattern: str, text: bytes) -> str:
@@ -371,7 +390,9 @@ def _dead_end(state: ScanState) -> bool:
         if not top.is_object or top.check is None or not top.check.closed:
             return False
         text = state.text
-        return not any(b.startswith(text) and k not in top.seen for b, k in _encoded_keys(top.check)) and all(
+        presence = top.check.presence
+        return not any(b.startswith(text) and k not in top.seen and (presence is None or presence.admits(top.seen, k))
+                       for b, k in _encoded_keys(top.check)) and all(
             _progress(p, text) == "dead" for p in top.check.key_patterns)
     if top.is_object or top.check is None or top.check.item_values is None:
         return False
@@ -541,7 +562,7 @@ class JsonChecks(NarrowingMatcher):
             ids = _allowed(words, table.candidates(kinds))
             if kinds.repeat:  # closing into a repeat: the index by the text before the quote
                 text = state.text
-                for value in _string_items(top):
+                for value in (_refused_keys(top) if top.is_object else _string_items(top)):
                     if value.startswith(text):
                         refused.extend(table.closing.get(value[len(text):], ()))
         if state.mode == _STRING and state.capture < 0 and (top.is_object or top.check is None):

@@ -36,6 +36,8 @@ from typing import Any, Callable, Iterator, NamedTuple
 from ..regex.analysis import finite_strings
 from ..regex.disjoint import patterns_disjoint, unbounded_completions
 from ..regex.frontend import schema_pattern
+from .key_presence import (NON_OBJECT_TYPES, Formula, KeyPresence, binds_keys, dependency_formula, named_keys,
+                           other_types, presence_formula)
 from .keywords import ANNOTATIONS, type_list
 from .tree import at_pointer, escape_part, pointer_parts, subschemas
 
@@ -96,6 +98,7 @@ class JsonCheck:
     closed: bool = False  # the object takes no key but ``free_keys`` and those ``key_patterns`` match
     key_patterns: tuple[str, ...] = ()
     dependent_required: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (key, the keys it needs)
+    presence: KeyPresence | None = None  # the key sets an order-free object may hold
 
     def merged(self, other: "JsonCheck") -> "JsonCheck":
         highs = [h for h in (self.max_properties, other.max_properties) if h is not None]
@@ -106,7 +109,8 @@ class JsonCheck:
                          self.object_items or other.object_items, self.any_values or other.any_values,
                          free, tuple(sorted({*self.required, *other.required})), self.closed or other.closed,
                          self.key_patterns or other.key_patterns,
-                         tuple(sorted({*self.dependent_required, *other.dependent_required})))
+                         tuple(sorted({*self.dependent_required, *other.dependent_required})),
+                         self.presence or other.presence)
 
     @property
     def on_object(self) -> bool:
@@ -218,11 +222,14 @@ def _many_properties(node: dict) -> bool:
 
 class _Freeing(NamedTuple):
     """How an object is made order-free: its checks, its keys grouped by value schema (one
-    pattern each) and the ids of the ``allOf`` members stating dependencies the checks take."""
+    pattern each), the ids of the ``allOf`` members stating dependencies or key presence the
+    checks take, the node's own combinators they take, and the types it keeps (None: as it is)."""
 
     checks: list[JsonCheck]
     groups: list[tuple[str, ...]]
     dependency_members: set[int]
+    presence_keywords: tuple[str, ...] = ()
+    types: list[str] | None = None
 
 
 def _free_order(root: dict, node: dict, paths: set[Path]) -> _Freeing | None:
@@ -245,6 +252,8 @@ def _free_order(root: dict, node: dict, paths: set[Path]) -> _Freeing | None:
     if not all(set(needed) | {name} <= set(props) for _, _, name, needed in dependencies):
         return None
     known = {id(n) for member, held, _, _ in dependencies for n in (member, *held)}
+    parts = _presence_parts(node, known)
+    known |= {i for _, part, _ in parts for i in _node_ids(part)}
     for path in paths:
         if any(other is not node and id(other) not in known and _OBJECT_KEYWORDS.intersection(other)
                for other in _applying(root, path)):
@@ -263,9 +272,65 @@ def _free_order(root: dict, node: dict, paths: set[Path]) -> _Freeing | None:
             return None  # used keys could leave a key in progress no way on
     needs = tuple(sorted((name, needed) for _, _, name, needed in dependencies))
     takes = tuple(k for k, v in props.items() if v is not False)  # a key whose value is false is never written
+    presence, types = None, None
+    if parts:  # the dependencies join the formulas: one check answers for all of them
+        formulas = [f for _, _, f in parts] + [dependency_formula(name, needed) for name, needed in needs]
+        kinds = other_types([f for _, _, f in parts])
+        keys = set(props) | set(named)
+        if kinds is None or not set().union(*(named_keys(f) for f in formulas)) <= keys:
+            return None
+        presence = KeyPresence.of(formulas + [("has", k) for k in required], set(takes) | set(named))
+        if presence is None:
+            return None
+        needs, types = (), _narrowed_types(node.get("type"), kinds)
     checks = [JsonCheck(path, free_keys=takes + tuple(named), required=tuple(sorted(set(required))), closed=closed,
-                        key_patterns=tuple(open_patterns), dependent_required=needs) for path in paths]
-    return _Freeing(checks, groups, {id(member) for member, _, _, _ in dependencies})
+                        key_patterns=tuple(open_patterns), dependent_required=needs, presence=presence)
+              for path in paths]
+    members = {id(member) for member, _, _, _ in dependencies} | {id(part) for keyword, part, _ in parts
+                                                                 if keyword == "allOf"}
+    return _Freeing(checks, groups, members, tuple(k for k, _, _ in parts if k != "allOf"), types)
+
+
+def _presence_parts(node: dict, skipped: set[int]) -> list[tuple[str, Any, Formula]]:
+    """The subschemas of ``node`` that bind its keys by presence alone (:mod:`.key_presence`):
+    (``allOf`` and the member, or the node's own ``anyOf`` / ``oneOf`` / ``not`` and its value,
+    and the formula); members in ``skipped`` (dependencies) left out."""
+    found = []
+    for member in node.get("allOf") or []:
+        if isinstance(member, dict) and id(member) not in skipped:
+            formula = presence_formula(member)
+            if formula is not None and binds_keys(formula):
+                found.append(("allOf", member, formula))
+    for keyword in ("anyOf", "oneOf", "not"):
+        if keyword in node:
+            formula = presence_formula({keyword: node[keyword]})
+            if formula is not None and binds_keys(formula):
+                found.append((keyword, node[keyword], formula))
+    return found
+
+
+def _node_ids(part: Any) -> set[int]:
+    """The ids of ``part`` and the subschemas within it (lists of them included)."""
+    if isinstance(part, list):
+        return set().union(*(_node_ids(p) for p in part)) if part else set()
+    if not isinstance(part, dict):
+        return set()
+    found = {id(part)}
+    for keyword in ("allOf", "anyOf", "oneOf", "not"):
+        if keyword in part:
+            found |= _node_ids(part[keyword])
+    return found
+
+
+def _narrowed_types(current: Any, kinds: tuple[str, ...]) -> list[str] | None:
+    """The node's types once the presence subschemas, which admit objects and ``kinds``, leave
+    it (None: no change)."""
+    if len(kinds) == len(NON_OBJECT_TYPES):
+        return None
+    listed = type_list(current) if current is not None else ["object", *NON_OBJECT_TYPES]
+    allowed = {"object", *kinds}
+    return [t for t in listed or () if t in allowed] + (
+        ["integer"] if "number" in (listed or ()) and "number" not in allowed and "integer" in allowed else [])
 
 
 def _dependency_members(node: dict) -> list[tuple[dict, list[dict], str, tuple[str, ...]]]:
@@ -305,6 +370,10 @@ def _plain_key(key: str) -> bool:
 
 def _free_the_order(node: dict, freeing: _Freeing) -> None:
     """``node`` (changed in place) with its properties as exact-name patterns, any order."""
+    for keyword in freeing.presence_keywords:
+        node.pop(keyword, None)
+    if freeing.types is not None:
+        node["type"] = freeing.types
     if freeing.dependency_members:
         node["allOf"] = [m for m in node["allOf"] if id(m) not in freeing.dependency_members]
         if not node["allOf"]:
