@@ -36,9 +36,11 @@ _COMBINATORS = ("allOf", "anyOf", "oneOf")
 NON_OBJECT_TYPES = ("null", "boolean", "array", "string", "number", "integer")
 
 
-def presence_formula(part: Any) -> Formula | None:
+def presence_formula(part: Any, listed: dict | None = None) -> Formula | None:
     """``part`` (a subschema) as a formula over an object's keys' presence, or None when it says
-    anything else: only ``required``, ``properties`` whose every value is ``false``, ``type``,
+    anything else: only ``required``, ``properties`` whose values are ``false`` (the key is
+    absent) or say no more than the object's own ``listed`` properties do (``{"properties":
+    {"path": {"type": "string"}}}`` beside a ``path`` listed as a string), ``type``,
     annotations, and ``allOf`` / ``anyOf`` / ``oneOf`` / ``not`` over such subschemas."""
     if part is True:
         return TRUE
@@ -50,28 +52,67 @@ def presence_formula(part: Any) -> Formula | None:
     for key, value in part.items():
         if key in ANNOTATIONS:
             continue
-        clause = _keyword_formula(key, value)
+        clause = _keyword_formula(key, value, listed or {})
         if clause is None:
             return None
         clauses.append(clause)
     return clauses[0] if len(clauses) == 1 else ("allOf", tuple(clauses))
 
 
-def _keyword_formula(key: str, value: Any) -> Formula | None:
+def _keyword_formula(key: str, value: Any, listed: dict) -> Formula | None:
     if key == "type":
         types = type_list(value)
         return None if types is None else ("type", frozenset(types))
     if key == "required" and isinstance(value, list) and all(isinstance(k, str) for k in value):
         return ("allOf", tuple(("has", k) for k in value))
-    if key == "properties" and isinstance(value, dict) and all(v is False for v in value.values()):
-        return ("allOf", tuple(("lacks", k) for k in value))
+    if key == "properties" and isinstance(value, dict):
+        absent = []
+        for name, sub in value.items():
+            if sub is False or _excluded(sub, listed.get(name)):
+                absent.append(name)  # met only when the key is not there
+            elif not _implied(sub, listed.get(name)):
+                return None
+        return ("allOf", tuple(("lacks", k) for k in absent))
     if key in _COMBINATORS and isinstance(value, list) and value:
-        members = [presence_formula(v) for v in value]
+        members = [presence_formula(v, listed) for v in value]
         return None if any(m is None for m in members) else (key, tuple(members))
     if key == "not":
-        inner = presence_formula(value)
+        inner = presence_formula(value, listed)
         return None if inner is None else ("not", inner)
     return None
+
+
+def _excluded(value: Any, own: Any) -> bool:
+    """Whether no value the object's own property schema ``own`` takes meets ``value``: their
+    types do not meet (``{"type": ["null", "number"]}`` beside a string property)."""
+    said, holds_own = _types_only(value), _own_types(own)
+    if said is None or holds_own is None:
+        return False
+    widened = said | ({"integer"} if "number" in said else set())
+    return not (holds_own & widened) and not ("number" in holds_own and "integer" in said)
+
+
+def _types_only(value: Any) -> set[str] | None:
+    if not isinstance(value, dict) or set(value) - ANNOTATIONS != {"type"}:
+        return None
+    types = type_list(value["type"])
+    return set(types) if types is not None else None
+
+
+def _own_types(own: Any) -> set[str] | None:
+    types = type_list(own.get("type")) if isinstance(own, dict) and "type" in own else None
+    return set(types) if types is not None else None
+
+
+def _implied(value: Any, own: Any) -> bool:
+    """Whether every value the object's own property schema ``own`` takes meets ``value``."""
+    if value is True or value == {} or (own is not None and value == own):
+        return True
+    if not isinstance(value, dict) or not isinstance(own, dict) or set(value) - ANNOTATIONS != {"type"}:
+        return False
+    said, holds_own = type_list(value["type"]), type_list(own.get("type"))
+    return said is not None and holds_own is not None and set(holds_own) <= set(said) | (
+        {"integer"} if "number" in said else set())
 
 
 def holds(formula: Formula, present: frozenset) -> bool:

@@ -236,7 +236,8 @@ def _free_order(root: dict, node: dict, paths: set[Path]) -> _Freeing | None:
     """How ``node``'s listed properties may come in any order at ``paths``, or None where that
     would not be exact: the node says more than its properties, another subschema at one of its
     places binds the keys, or it does not apply to every object there."""
-    if not _many_properties(node) or _NOT_FREED_BESIDE.intersection(node) or not _admits(node, "object"):
+    if not (_many_properties(node) or _presence_bound(node)) or _NOT_FREED_BESIDE.intersection(node) or not _admits(
+            node, "object"):
         return None
     props, required = node["properties"], node.get("required", [])
     if not all(_plain_key(k) for k in props) or not isinstance(required, list) or not set(required) <= set(props):
@@ -276,10 +277,11 @@ def _free_order(root: dict, node: dict, paths: set[Path]) -> _Freeing | None:
     if parts:  # the dependencies join the formulas: one check answers for all of them
         formulas = [f for _, _, f in parts] + [dependency_formula(name, needed) for name, needed in needs]
         kinds = other_types([f for _, _, f in parts])
-        keys = set(props) | set(named)
-        if kinds is None or not set().union(*(named_keys(f) for f in formulas)) <= keys:
+        named_by = set().union(*(named_keys(f) for f in formulas))
+        if kinds is None or not named_by <= set(props) | set(named):
             return None
-        presence = KeyPresence.of(formulas + [("has", k) for k in required], set(takes) | set(named))
+        # the required keys the formulas also name join them (the others are checked apart)
+        presence = KeyPresence.of(formulas + [("has", k) for k in required if k in named_by], set(takes) | set(named))
         if presence is None:
             return None
         needs, types = (), _narrowed_types(node.get("type"), kinds)
@@ -291,19 +293,27 @@ def _free_order(root: dict, node: dict, paths: set[Path]) -> _Freeing | None:
     return _Freeing(checks, groups, members, tuple(k for k, _, _ in parts if k != "allOf"), types)
 
 
+def _presence_bound(node: dict) -> bool:
+    """Whether ``node`` lists properties and binds its keys by presence: freed however few they
+    are (no spelled-out order takes such a subschema beside it)."""
+    props = node.get("properties")
+    return isinstance(props, dict) and bool(props) and bool(_presence_parts(node, set()))
+
+
 def _presence_parts(node: dict, skipped: set[int]) -> list[tuple[str, Any, Formula]]:
     """The subschemas of ``node`` that bind its keys by presence alone (:mod:`.key_presence`):
     (``allOf`` and the member, or the node's own ``anyOf`` / ``oneOf`` / ``not`` and its value,
     and the formula); members in ``skipped`` (dependencies) left out."""
     found = []
+    listed = node.get("properties") if isinstance(node.get("properties"), dict) else {}
     for member in node.get("allOf") or []:
         if isinstance(member, dict) and id(member) not in skipped:
-            formula = presence_formula(member)
+            formula = presence_formula(member, listed)
             if formula is not None and binds_keys(formula):
                 found.append(("allOf", member, formula))
     for keyword in ("anyOf", "oneOf", "not"):
         if keyword in node:
-            formula = presence_formula({keyword: node[keyword]})
+            formula = presence_formula({keyword: node[keyword]}, listed)
             if formula is not None and binds_keys(formula):
                 found.append((keyword, node[keyword], formula))
     return found
@@ -769,7 +779,8 @@ class _Walk:
             self._mark_below(node)  # a recursion: paths without end
             return
         stack = stack | {id(node)}
-        if node.get("uniqueItems") is True or "minProperties" in node or "maxProperties" in node or _many_properties(node):
+        if node.get("uniqueItems") is True or "minProperties" in node or "maxProperties" in node or _many_properties(
+                node) or _presence_bound(node):
             self.nodes[id(node)] = node
             self.paths.setdefault(id(node), set()).add(path)
         if "$ref" in node:

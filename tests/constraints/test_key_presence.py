@@ -34,6 +34,11 @@ def test_formulas_read_presence_alone():
     absent = presence_formula({"type": "object", "properties": {"a": False, "b": False}})
     assert holds(absent, frozenset({"c"})) and not holds(absent, frozenset({"b"}))
     assert not holds(presence_formula({"not": {"required": ["a", "b"]}}), frozenset({"a", "b"}))
+    restating = {"properties": {"a": {"type": ["string", "null"]}, "b": True}, "required": ["a"]}
+    assert holds(presence_formula(restating, {"a": {"type": "string", "maxLength": 3}}), frozenset({"a"}))
+    contradicting = presence_formula(restating, {"a": {"type": "integer"}})  # a must be absent, and present
+    assert not holds(contradicting, frozenset({"a"})) and not holds(contradicting, frozenset())
+    assert presence_formula({"properties": {"a": {"type": "string", "maxLength": 3}}}, {"a": {"type": "string"}}) is None
     for saying_more in ({"required": ["a"], "minProperties": 2}, {"properties": {"a": {"type": "string"}}},
                         {"anyOf": [{"required": ["a"]}, {"$ref": "#/x"}]}, {"required": "a"}):
         assert presence_formula(saying_more) is None
@@ -74,6 +79,14 @@ CASES = [
          "properties": {k: {"type": "integer"} for k in "abcde"}, "not": {"required": ["a", "b"]}},
         [{"c": 1, "a": 2}, {"b": 1, "d": 2, "c": 3}, {}, {"e": 1, "c": 0, "a": 5}],
         [{"b": 1, "a": 2}, {"a": 1, "c": 2, "b": 3}, {"e": 1}, {"e": 1, "b": 2}, {"f": 1}],
+    ),
+    (  # a few keys, with branches restating a key's own type (MaskBench JsonSchemaStore rust-toolchain)
+        {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+         "properties": {"path": {"type": "string"}, "channel": {"type": "string"}, "profile": {"type": "string"}},
+         "oneOf": [{"not": {"properties": {"path": {"type": "string"}}, "required": ["path"]}}, {"required": ["path"]}],
+         "dependencies": {"path": {"not": {"properties": {"channel": {"type": "string"}}, "required": ["channel"]}}}},
+        [{"profile": "p", "channel": "c"}, {"path": "p"}, {"profile": "x", "path": "p", "other": 1}, {}],
+        [{"path": "p", "channel": "c"}, {"channel": "c", "path": "p"}, {"path": 1}],
     ),
     (  # open, anyOf of absences and a required set, under array items
         {"type": "array", "items": {
