@@ -207,7 +207,7 @@ def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
     order = spec.options.get("json_property_order", "auto")
     free_order = order == "any"  # larger objects too, by run-time checks
     base = rewrite_schema(schema)
-    rewritten, checks = split_runtime_checks(base, free_order=free_order)
+    rewritten, checks = split_runtime_checks(base, free_order=free_order, free_small=order == "auto")
     if (pointer := open_property_count(rewritten)) is not None:
         raise UnsupportedConstraintError(
             f"keyword 'minProperties' at {pointer} is not supported for enforcement{LIMIT_REASONS['minProperties']}",

@@ -118,10 +118,14 @@ class JsonCheck:
         return bool(self.min_properties) or self.max_properties is not None or self.free_keys is not None
 
 
-def split_runtime_checks(schema: Any, free_order: bool = True) -> tuple[Any, tuple[JsonCheck, ...]]:
+def split_runtime_checks(schema: Any, free_order: bool = True,
+                         free_small: bool = False) -> tuple[Any, tuple[JsonCheck, ...]]:
     """``schema`` without the keywords that are checked at run time instead, and those checks
     (``schema`` itself and no checks when none applies; the input is not modified). With
-    ``free_order``, objects of many listed properties take them in any order where that is exact."""
+    ``free_order``, objects of many listed properties take them in any order where that is exact;
+    with ``free_small`` alone, only objects of fewer than :data:`FREE_ORDER_MIN` listed properties
+    whose keys a subschema binds by presence (the orders the default spells out for small
+    objects, which no spelled-out order reaches beside such a subschema)."""
     if not isinstance(schema, dict) or any(isinstance(n, dict) and _UNFOLLOWED.intersection(n)
                                            for _, n in subschemas(schema)):
         return schema, ()
@@ -139,9 +143,9 @@ def split_runtime_checks(schema: Any, free_order: bool = True) -> tuple[Any, tup
     found = [(node, keys, node_checks) for node, keys, node_checks in found
              if not any((c.object_items or c.any_values) and any(_below(p, c.path) for p in whole_paths)
                         for c in node_checks)]
-    pinned = _properties_referenced(root) if free_order else set()
-    free = [(node, f) for node, paths in placed if free_order and id(node) not in pinned
-            and (f := _free_order(root, node, paths)) is not None]
+    pinned = _properties_referenced(root) if free_order or free_small else set()
+    free = [(node, f) for node, paths in placed if (free_order or (free_small and _small_bound(node)))
+            and id(node) not in pinned and (f := _free_order(root, node, paths)) is not None]
     checks: dict[Path, JsonCheck] = {}
     for check in [c for _, _, node_checks in found for c in node_checks] + [c for _, f in free for c in f.checks]:
         checks[check.path] = checks[check.path].merged(check) if check.path in checks else check
@@ -291,6 +295,10 @@ def _free_order(root: dict, node: dict, paths: set[Path]) -> _Freeing | None:
     members = {id(member) for member, _, _, _ in dependencies} | {id(part) for keyword, part, _ in parts
                                                                  if keyword == "allOf"}
     return _Freeing(checks, groups, members, tuple(k for k, _, _ in parts if k != "allOf"), types)
+
+
+def _small_bound(node: dict) -> bool:
+    return len(node.get("properties") or ()) < FREE_ORDER_MIN and _presence_bound(node)
 
 
 def _presence_bound(node: dict) -> bool:

@@ -3,12 +3,14 @@ valid instances are accepted token by token, invalid ones rejected, checked agai
 
 from __future__ import annotations
 
+import random
+
 import jsonschema
 import pytest
 
 from constraints import ConstraintSpec, UnsupportedConstraintError
 
-from .conftest import allowed, assert_classified, new_mask, walk_json
+from .conftest import allowed, assert_classified, closing_tokens, new_mask, random_walk, walk_json
 
 CASES = [
     (
@@ -217,7 +219,14 @@ def test_pattern_named_keys_with_a_minimum_never_reach_a_dead_end(compiler, tok)
     for value in ({"a": 1, "b": 2, "d": 3}, {"b": 1, "d": 2}, {"b": 1, "c": 2, "e": 3}):
         assert not check(value) and not walk_json(compiled, tok, value), value
     assert _prefix_allowed(compiled, tok, '{"b": "x", "c"')
-    assert not _prefix_allowed(compiled, tok, '{"b": "x", "d"')  # no third key could follow d
+    # the four named keys are few, and bound by presence: any order (key_presence.py), so c
+    # can follow d; b excludes a, and two keys are too few
+    assert _prefix_allowed(compiled, tok, '{"b": "x", "d": 1, "c"')
+    assert not _prefix_allowed(compiled, tok, '{"b": "x", "a"')
+    assert not _prefix_allowed(compiled, tok, '{"b": "x", "d": 1}')
+    rng = random.Random(3)
+    for _ in range(6):
+        random_walk(compiled.new_matcher(), tok, rng, 60, closing_tokens(tok, '"},'), 0.7, check)
 
 
 # The rewrites must speak the schema's draft: llguidance reads `$schema` and ignores keywords the

@@ -127,7 +127,15 @@ def test_the_removed_subschemas_still_refuse_non_objects(compiler, tok):
     assert walk_json(compiled, tok, {"radius": 1, "shape": "circle"})
 
 
-def test_the_default_order_is_unchanged(compiler, tok):
+def test_the_default_order_frees_small_objects_only(compiler, tok):
+    """By default an object of at most four properties takes any order (spelled out where no
+    subschema binds its keys, by these checks where one binds them by presence); a larger one
+    keeps its declared order."""
+    small = {"type": "object", "required": ["shape"], "oneOf": [{"required": ["rectangle"]}, {"required": ["circle"]}],
+             "properties": {"shape": {"enum": ["rectangle", "circle"]}, "circle": N, "rectangle": N}}
+    assert_classified(compiler, tok, small, options={},
+                      valid=[{"rectangle": 1, "shape": "rectangle"}, {"shape": "circle", "circle": 2}],
+                      invalid=[{"shape": "circle"}, {"circle": 1, "rectangle": 2, "shape": "circle"}])
     compiled = compiler.compile(ConstraintSpec("json_schema", SHAPES))
     assert walk_json(compiled, tok, {"shape": "circle", "radius": 1})
     assert not walk_json(compiled, tok, {"radius": 1, "shape": "circle"})  # declared: shape first
