@@ -24,6 +24,7 @@ from ..schema.lark import LarkSchema, needs_lark
 from ..schema.number_sets import numbers_only
 from ..schema.property_order import any_order
 from ..schema.runtime_checks import split_runtime_checks
+from ..schema.string_sets import strings_only
 from ..spec import ConstraintSpec
 from .grammar_analysis import check_ebnf_productive, check_lark_productive, check_schema_productive
 
@@ -197,10 +198,19 @@ def _numbers_solved(schema: Any) -> Any:
     return schema if solved is None else solved
 
 
+def _strings_solved(schema: Any) -> Any:
+    """A schema of strings alone that negates or intersects patterns as one pattern
+    (:mod:`constraints.schema.string_sets`); any other schema as it is."""
+    solved = strings_only(schema)
+    if solved is False:
+        raise EmptyLanguageError("no string satisfies the schema")
+    return schema if solved is None else solved
+
+
 def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
     schema = normalise_schema(spec.source)
     check_schema(schema)
-    schema = _numbers_solved(schema)
+    schema = _strings_solved(_numbers_solved(schema))
     check_schema_productive(schema)
     if not spec.strict:  # best effort: whatever compiles, fastest first
         return Plan(_only(forced, [Attempt("xgrammar", schema), Attempt("llguidance", schema)]), schema)
