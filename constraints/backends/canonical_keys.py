@@ -26,7 +26,7 @@ import numpy as np
 
 from .base import CompiledConstraint, Matcher
 from .narrowing import NarrowingConstraint, NarrowingMatcher
-from .vocabulary import TokenizerContext, special_ids, token_bytes
+from .vocabulary import TokenizerContext, token_texts
 
 if TYPE_CHECKING:
     import torch
@@ -130,10 +130,7 @@ class EscapeTable:
     that can write an escape)."""
 
     def __init__(self, ctx: TokenizerContext) -> None:
-        raw = token_bytes(ctx)
-        neutral = set(ctx.stop_token_ids) | special_ids(ctx.tokenizer)
-        self.data = [b"" if i in neutral or i >= len(raw) or i >= ctx.tokenizer_vocab else raw[i]
-                     for i in range(ctx.vocab_size)]
+        self.data = token_texts(ctx)
         self.escaping = np.array([i for i, d in enumerate(self.data) if b"\\" in d], dtype=np.int64)
         # (scan, token) -> the scan after it, per ``wide``: shared by the matchers of this tokenizer
         self.moves: dict[bool, dict[tuple, Scan | None]] = {False: {}, True: {}}
