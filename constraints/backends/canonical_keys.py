@@ -132,8 +132,10 @@ class EscapeTable:
     def __init__(self, ctx: TokenizerContext) -> None:
         self.data = token_texts(ctx)
         self.escaping = np.array([i for i, d in enumerate(self.data) if b"\\" in d], dtype=np.int64)
-        # (scan, token) -> the scan after it, per ``wide``: shared by the matchers of this tokenizer
+        # (scan, token) -> the scan after it, and scan -> the escaping tokens it refuses, per
+        # ``wide``: shared by the matchers of this tokenizer
         self.moves: dict[bool, dict[tuple, Scan | None]] = {False: {}, True: {}}
+        self.refused: dict[bool, dict[Scan, np.ndarray]] = {False: {}, True: {}}
 
     @classmethod
     def of(cls, ctx: TokenizerContext) -> "EscapeTable":
@@ -147,7 +149,6 @@ class CanonicalKeys(NarrowingMatcher):
         super().__init__(inner, Scan())
         self.table = table
         self.wide = wide
-        self._refused: dict[Scan, np.ndarray] = {}
         self._free_at = -1  # a depth where the rule let the backend's choice through
 
     def _after(self, scan: Scan, token_id: int) -> Scan | None:
@@ -162,11 +163,12 @@ class CanonicalKeys(NarrowingMatcher):
         return found
 
     def _refused_from(self, scan: Scan) -> np.ndarray:
-        found = self._refused.get(scan)
+        refused = self.table.refused[self.wide]
+        found = refused.get(scan)
         if found is None:
-            if len(self._refused) >= _STATES_KEPT:
-                self._refused.clear()
-            found = self._refused[scan] = np.array(
+            if len(refused) >= _STATES_KEPT:
+                refused.clear()
+            found = refused[scan] = np.array(
                 [t for t in self.table.escaping.tolist() if self._after(scan, t) is None], dtype=np.int64)
         return found
 
