@@ -37,7 +37,7 @@ _SHORT = frozenset(b'"\\bfnrt')  # the escapes a key may hold besides \u00XX
 _SHORT_FORMS = frozenset(b"89acd")  # \u0008 \u0009 \u000a \u000c \u000d: written \b \t \n \f \r
 _HEX = frozenset(b"0123456789abcdef")
 _ANY_HEX = frozenset(b"0123456789abcdefABCDEF")
-_STATES_KEPT = 256  # scanner states whose refused tokens a matcher keeps
+_STATES_KEPT = 256  # scanner states whose refused tokens a tokenizer's table keeps
 _MOVES_KEPT = 16_384  # (scan, token) moves a tokenizer's table keeps (a few MB)
 _UNSEEN = object()
 
