@@ -302,6 +302,44 @@ def _ecma_pattern(validator: Any, pattern: Any, instance: Any, schema: Any) -> A
         yield ValidationError(f"{instance!r} does not match {pattern!r}")
 
 
+def _ecma_search(pattern: str, text: str) -> bool:
+    import re
+
+    from constraints.regex.dialect import ecma_regex
+
+    try:
+        return re.search(ecma_regex(pattern), text) is not None
+    except re.error:
+        return re.search(pattern, text) is not None
+
+
+def _ecma_pattern_properties(validator: Any, patterns: Any, instance: Any, schema: Any) -> Any:
+    """``patternProperties`` with its patterns read as ECMA-262 (``.`` matches no ``\r``)."""
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        for key, value in instance.items():
+            if _ecma_search(pattern, key):
+                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+def _ecma_additional_properties(validator: Any, extra: Any, instance: Any, schema: Any) -> Any:
+    """``additionalProperties`` over the keys neither ``properties`` lists nor an ECMA-262 reading
+    of a ``patternProperties`` pattern matches."""
+    from jsonschema.exceptions import ValidationError
+
+    if not validator.is_type(instance, "object"):
+        return
+    listed = schema.get("properties", {})
+    patterns = schema.get("patternProperties", {})
+    extras = [k for k in instance if k not in listed and not any(_ecma_search(p, k) for p in patterns)]
+    if validator.is_type(extra, "object"):
+        for key in extras:
+            yield from validator.descend(instance[key], extra, path=key)
+    elif extra is False and extras:
+        yield ValidationError(f"additional properties are not allowed ({', '.join(map(repr, extras))})")
+
+
 def _invalid_reason(schema: Any, text: str) -> str | None:
     """Why ``text`` is not an instance of ``schema`` (None when it is, or when the schema cannot be
     checked here, e.g. a remote ``$ref``)."""
@@ -313,7 +351,9 @@ def _invalid_reason(schema: Any, text: str) -> str | None:
         return f"not one JSON value ({exc})"
     try:
         cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-        cls = jsonschema.validators.extend(cls, {"multipleOf": _exact_multiple_of, "pattern": _ecma_pattern})
+        cls = jsonschema.validators.extend(cls, {
+            "multipleOf": _exact_multiple_of, "pattern": _ecma_pattern,
+            "patternProperties": _ecma_pattern_properties, "additionalProperties": _ecma_additional_properties})
         error = jsonschema.exceptions.best_match(
             cls(schema, format_checker=cls.FORMAT_CHECKER).iter_errors(value))
     except Exception:  # unresolvable $ref, a pattern Python's re cannot compile, ...

@@ -26,7 +26,7 @@ import numpy as np
 
 from .base import CompiledConstraint, Matcher
 from .narrowing import NarrowingConstraint, NarrowingMatcher
-from .vocabulary import TokenizerContext, special_ids, token_bytes
+from .vocabulary import TokenizerContext, token_texts
 
 if TYPE_CHECKING:
     import torch
@@ -37,7 +37,7 @@ _SHORT = frozenset(b'"\\bfnrt')  # the escapes a key may hold besides \u00XX
 _SHORT_FORMS = frozenset(b"89acd")  # \u0008 \u0009 \u000a \u000c \u000d: written \b \t \n \f \r
 _HEX = frozenset(b"0123456789abcdef")
 _ANY_HEX = frozenset(b"0123456789abcdefABCDEF")
-_STATES_KEPT = 256  # scanner states whose refused tokens a matcher keeps
+_STATES_KEPT = 256  # scanner states whose refused tokens a tokenizer's table keeps
 _MOVES_KEPT = 16_384  # (scan, token) moves a tokenizer's table keeps (a few MB)
 _UNSEEN = object()
 
@@ -130,13 +130,12 @@ class EscapeTable:
     that can write an escape)."""
 
     def __init__(self, ctx: TokenizerContext) -> None:
-        raw = token_bytes(ctx)
-        neutral = set(ctx.stop_token_ids) | special_ids(ctx.tokenizer)
-        self.data = [b"" if i in neutral or i >= len(raw) or i >= ctx.tokenizer_vocab else raw[i]
-                     for i in range(ctx.vocab_size)]
+        self.data = token_texts(ctx)
         self.escaping = np.array([i for i, d in enumerate(self.data) if b"\\" in d], dtype=np.int64)
-        # (scan, token) -> the scan after it, per ``wide``: shared by the matchers of this tokenizer
+        # (scan, token) -> the scan after it, and scan -> the escaping tokens it refuses, per
+        # ``wide``: shared by the matchers of this tokenizer
         self.moves: dict[bool, dict[tuple, Scan | None]] = {False: {}, True: {}}
+        self.refused: dict[bool, dict[Scan, np.ndarray]] = {False: {}, True: {}}
 
     @classmethod
     def of(cls, ctx: TokenizerContext) -> "EscapeTable":
@@ -150,7 +149,6 @@ class CanonicalKeys(NarrowingMatcher):
         super().__init__(inner, Scan())
         self.table = table
         self.wide = wide
-        self._refused: dict[Scan, np.ndarray] = {}
         self._free_at = -1  # a depth where the rule let the backend's choice through
 
     def _after(self, scan: Scan, token_id: int) -> Scan | None:
@@ -165,11 +163,12 @@ class CanonicalKeys(NarrowingMatcher):
         return found
 
     def _refused_from(self, scan: Scan) -> np.ndarray:
-        found = self._refused.get(scan)
+        refused = self.table.refused[self.wide]
+        found = refused.get(scan)
         if found is None:
-            if len(self._refused) >= _STATES_KEPT:
-                self._refused.clear()
-            found = self._refused[scan] = np.array(
+            if len(refused) >= _STATES_KEPT:
+                refused.clear()
+            found = refused[scan] = np.array(
                 [t for t in self.table.escaping.tolist() if self._after(scan, t) is None], dtype=np.int64)
         return found
 

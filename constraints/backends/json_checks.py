@@ -29,7 +29,7 @@ from ..regex.disjoint import match_progress
 from ..schema.runtime_checks import JsonCheck, OtherKey, PatternKey
 from .base import CompiledConstraint, Matcher
 from .narrowing import NarrowingConstraint, NarrowingMatcher
-from .vocabulary import TokenizerContext, special_ids, token_bytes
+from .vocabulary import TokenizerContext, token_texts
 
 if TYPE_CHECKING:
     import torch
@@ -429,10 +429,7 @@ class TokenTable:
     """Per tokenizer: each token's bytes and the token lists the checks look at."""
 
     def __init__(self, ctx: TokenizerContext) -> None:
-        raw = token_bytes(ctx)
-        neutral = set(ctx.stop_token_ids) | special_ids(ctx.tokenizer)
-        self.data = [b"" if i in neutral or i >= len(raw) or i >= ctx.tokenizer_vocab else raw[i]
-                     for i in range(ctx.vocab_size)]
+        self.data = token_texts(ctx)
         quotes = np.array([d.count(b'"') for d in self.data])
         has = {c: np.array([c in d for d in self.data]) for c in (b"\\", b"}", b",", b"{", b"[", b"]")}
         ids = np.arange(ctx.vocab_size)

@@ -69,6 +69,19 @@ def token_bytes(ctx: TokenizerContext) -> list[bytes]:
     return ctx.cached("token_bytes", lambda: [bytes(b) for b in tokenizer_info(ctx).decoded_vocab])
 
 
+def token_texts(ctx: TokenizerContext) -> list[bytes]:
+    """The bytes each id writes into the answer, for every id below ``ctx.vocab_size``: empty for
+    stop and special tokens (they write no text) and for ids beyond the tokenizer (shared per
+    tokenizer; the JSON scanners of the narrowing matchers read these)."""
+    def build() -> list[bytes]:
+        raw = token_bytes(ctx)
+        neutral = set(ctx.stop_token_ids) | special_ids(ctx.tokenizer)
+        return [b"" if i in neutral or i >= len(raw) or i >= ctx.tokenizer_vocab else raw[i]
+                for i in range(ctx.vocab_size)]
+
+    return ctx.cached("token_texts", build)
+
+
 def special_ids(tokenizer: Any) -> set[int]:
     ids = set(getattr(tokenizer, "all_special_ids", []) or [])
     decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}

@@ -235,16 +235,16 @@ def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
     distributed = distribute_siblings(intersected)
     if distributed is not None:  # a recursion re-entering keywords beside allOf / anyOf: intersected here
         attempts.append(Attempt("llguidance", distributed))
-    if needs_lark(rewritten):  # llguidance's JSON compiler refuses contains: as a Lark grammar
-        if before_draft_06(rewritten) and not needs_lark(schema):
-            attempts = []  # ... or skips it in draft 3 / 4, where the rewrite's contains is no keyword
-        attempts.insert(0, Attempt("llguidance", LarkSchema(rewritten)))
     if checks:
         attempts = [dataclasses.replace(a, checks=checks) for a in attempts]
-    # xgrammar takes no patternProperties: it keeps the declared order
+    # xgrammar and the Lark form take no patternProperties: they keep the declared order
     declared, declared_checks = rewritten, checks
     if any(c.free_keys is not None for c in checks):
         declared, declared_checks = split_runtime_checks(base, free_order=False)
+    if needs_lark(rewritten):  # llguidance's JSON compiler refuses contains: as a Lark grammar
+        if before_draft_06(rewritten) and not needs_lark(schema):
+            attempts = []  # ... or skips it in draft 3 / 4, where the rewrite's contains is no keyword
+        attempts.insert(0, Attempt("llguidance", LarkSchema(declared), checks=declared_checks))
     gaps = xgrammar_gaps(declared)
     if not gaps:
         attempts.append(Attempt("xgrammar", declared, checks=declared_checks))

@@ -72,6 +72,12 @@ def test_backends_without_an_error_state_are_walked_too(engine):
     ({"multipleOf": 0.01}, "8.03", None),  # decimal, not binary-float, division
     ({"multipleOf": 0.01}, "8.031", "is not a multiple of 0.01"),
     ({"multipleOf": 3}, "7", "is not a multiple of 3"),
+    # patterns read as ECMA-262: "." matches no line terminator (MaskBench Github_medium o4841)
+    ({"patternProperties": {"^.*$": {"type": "array"}}}, '{"\\rkey": 1}', None),
+    ({"patternProperties": {"^.*$": {"type": "array"}}}, '{"key": 1}', "is not of type 'array'"),
+    ({"patternProperties": {"^.*$": {}}, "additionalProperties": False}, '{"\\rkey": 1}',
+     "additional properties are not allowed"),
+    ({"properties": {"a": {}}, "additionalProperties": {"type": "string"}}, '{"a": 1, "b": 2}', "is not of type"),
 ])
 def test_invalid_reason(schema, text, wrong):
     reason = maskbench._invalid_reason(schema, text)

@@ -250,3 +250,14 @@ def test_a_small_open_object_with_required_keys_keeps_the_spelled_out_orders():
     # that can never close the object
     schema = {"type": "object", "properties": {"a": S, "b": S}, "required": ["a"]}
     assert split_runtime_checks(schema) == (schema, ())
+
+
+def test_a_schema_written_as_lark_keeps_the_declared_order_under_any(compiler, tok):
+    """The Lark form (a ``contains`` below an object's property) writes no patternProperties: it
+    takes the declared-order schema, where freeing the order refused it (MaskBench
+    JsonSchemaStore block, codux.config.schema)."""
+    schema = {"type": "object", "properties": {**{n: S for n in NAMES},
+                                               "tags": {"type": "array", "contains": {"const": "x"}}}}
+    compiled = compiler.compile(ConstraintSpec("json_schema", schema, ANY))
+    assert walk_json(compiled, tok, {"name": "n", "tags": ["a", "x"]})
+    assert not walk_json(compiled, tok, {"name": "n", "tags": ["a"]})
