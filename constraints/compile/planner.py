@@ -22,6 +22,7 @@ from ..schema.analysis import (before_draft_06, check_refs, check_schema, find_k
 from ..schema.intersection import distribute_siblings, precompute_intersections
 from ..schema.lark import LarkSchema, needs_lark
 from ..schema.number_sets import numbers_only
+from ..schema.numbers import decimal_spellings
 from ..schema.property_order import any_order
 from ..schema.runtime_checks import split_runtime_checks
 from ..schema.string_sets import strings_only
@@ -227,7 +228,7 @@ def _json_plan(spec: ConstraintSpec, forced: str | None) -> Plan:
     # llguidance takes small objects' properties in any order (unless "declared" is asked for);
     # xgrammar keeps the declared order (an anyOf of objects costs it seconds to compile);
     # refusals name the keyword where the client wrote it (pointers of ``rewritten``)
-    intersected = precompute_intersections(rewritten)
+    intersected = decimal_spellings(precompute_intersections(rewritten))
     ordered = any_order(intersected) if order != "declared" else intersected
     attempts = [Attempt("llguidance", ordered)]
     if ordered is not intersected:  # the orders' copies can be too many for llguidance: fewer spellings

@@ -20,6 +20,7 @@ here is made on those decimals (:class:`fractions.Fraction`), never on binary fl
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from decimal import Decimal
@@ -103,6 +104,61 @@ def rewrite_numbers(node: dict, where: Callable[[], str]) -> dict:
     node = _integer_multiple(_integer_bounds(node))
     _check_bounds(node, where, integers=True)
     return node
+
+
+def decimal_spellings(schema: Any) -> Any:
+    """``schema`` (not modified) with each fractional ``multipleOf`` of two or more decimal
+    places (0.25) also written at each coarser scale it spans (0.5): llguidance takes a multiple
+    of 0.25 only with two decimals (``2.50``, not ``2.5`` or ``2.0``), so an ``anyOf`` of the
+    steps lets every shorter spelling through. The same numbers, more ways to write them."""
+    from .tree import subschemas
+
+    found = [node for _, node in subschemas(schema) if isinstance(node, dict) and _coarser_steps(node)]
+    if not found:
+        return schema
+    copied = json.loads(json.dumps(schema))
+    for node in [n for _, n in subschemas(copied) if isinstance(n, dict)]:  # before any is changed
+        if steps := _coarser_steps(node):
+            alternatives = {"anyOf": [{"multipleOf": node.pop("multipleOf")}, *({"multipleOf": s} for s in steps)]}
+            if "anyOf" in node:
+                node["allOf"] = [*node.get("allOf", []), alternatives]
+            else:
+                node.update(alternatives)
+    return copied
+
+
+def _coarser_steps(node: dict) -> list[int | float]:
+    """The multiples of ``node``'s decimal ``multipleOf`` written with fewer decimals (the least
+    common multiple of the step and 10^-j for each shorter scale j), as JSON numbers."""
+    step = exact(node.get("multipleOf"))
+    if step is None or step <= 0 or step.denominator == 1 or integer_only(node):
+        return []
+    places = _decimal_places(step.denominator)
+    if places is None or places < 2 or step.numerator == 1 and step.denominator == 10**places:
+        return []  # 0.01: every decimal of up to two places, however many it writes
+    steps = []
+    for j in range(places - 1, -1, -1):
+        coarser = _lcm(step, Fraction(1, 10**j))
+        if coarser != step and coarser.denominator != 1 and (written := json_number(coarser)) is not None \
+                and written not in steps:
+            steps.append(written)
+    return steps
+
+
+def _decimal_places(denominator: int) -> int | None:
+    """The decimals a fraction of this denominator takes (None: it does not terminate)."""
+    twos = fives = 0
+    while denominator % 2 == 0:
+        denominator //= 2
+        twos += 1
+    while denominator % 5 == 0:
+        denominator //= 5
+        fives += 1
+    return max(twos, fives) if denominator == 1 else None
+
+
+def _lcm(a: Fraction, b: Fraction) -> Fraction:
+    return Fraction(math.lcm(a.numerator, b.numerator), math.gcd(a.denominator, b.denominator))
 
 
 def _integer_bounds(node: dict) -> dict:

@@ -131,3 +131,19 @@ def test_xgrammar_is_not_given_untyped_string_or_number_keywords(compiler):
     for schema in ({"pattern": "^a$"}, {"minimum": 5}, {"properties": {"a": {"maxLength": 2}}}):
         with pytest.raises(UnsupportedConstraintError, match="xgrammar"):
             compiler.compile(ConstraintSpec("json_schema", schema, {"backend": "xgrammar"}))
+
+
+@pytest.mark.parametrize("step", [0.25, 0.125, 0.05])
+def test_a_decimal_step_takes_every_spelling_of_its_multiples(compiler, tok, step):
+    """llguidance writes a multiple of 0.25 with exactly two decimals; the steps at coarser
+    scales (numbers.decimal_spellings) let ``2.5`` and ``2.0`` through, and nothing else (zeros
+    past the step's own decimals, ``2.500``, are still not taken)."""
+    compiled = compiler.compile(ConstraintSpec("json_schema", {"type": "number", "multipleOf": step}))
+    exact_step = Fraction(str(step))
+    for hundredths in range(0, 300, 5):
+        value = Fraction(hundredths, 100)
+        for places in range(1, len(str(step).split(".")[1]) + 1):
+            text = f"{float(value):.{places}f}"
+            if Fraction(text) != value:
+                continue
+            assert walk_text(compiled, tok, text) == ((value / exact_step).denominator == 1), text
