@@ -75,6 +75,24 @@ def closing_tokens(tok, chars: str) -> set[int]:
     return {i for i, text in enumerate(tok.convert_ids_to_tokens(list(range(len(tok))))) if any(c in text for c in chars)}
 
 
+def walk_schemas_randomly(compiler, tok, schemas, options: dict, seed: int, walks: int) -> None:
+    """:func:`random_walk` ``walks`` times through each schema (compiled with ``options``), often
+    towards a quote or a brace, each finished answer checked by jsonschema."""
+    import random
+
+    import jsonschema
+
+    from constraints import ConstraintSpec
+
+    closers = closing_tokens(tok, '"},')
+    rng = random.Random(seed)
+    for schema in schemas:
+        compiled = compiler.compile(ConstraintSpec("json_schema", schema, options))
+        check = jsonschema.Draft202012Validator(schema).is_valid
+        for _ in range(walks):
+            random_walk(compiled.new_matcher(), tok, rng, 120, closers, 0.7, check)
+
+
 def random_walk(matcher, tok, rng, steps: int, closers: set[int], closing_share: float, check=None, on_mask=None) -> None:
     """Walk ``matcher`` through its own mask for up to ``steps`` tokens, ``closing_share`` of the
     time towards a token of ``closers``: every state offers a token, every allowed token is

@@ -10,14 +10,13 @@ from __future__ import annotations
 import itertools
 import random
 
-import jsonschema
 import pytest
 
 from constraints import ConstraintSpec, spec_from_request
 from constraints.schema.analysis import rewrite_schema
 from constraints.schema.runtime_checks import JsonCheck, PatternKey, split_runtime_checks
 
-from .conftest import allowed_ids, assert_classified, closing_tokens, new_mask, random_walk, walk_json, walk_text
+from .conftest import allowed_ids, assert_classified, new_mask, walk_json, walk_schemas_randomly, walk_text
 
 S = {"type": "string", "maxLength": 8}
 NAMES = ["name", "email", "product", "order_id", "issue", "priority"]
@@ -205,13 +204,7 @@ def test_the_default_and_declared_order(compiler, tok):
 def test_random_walks_end_valid_and_never_stuck(compiler, tok):
     """Walks through the mask, often towards a quote or a brace: every state offers a token,
     every allowed token is accepted, every finished answer is valid."""
-    closers = closing_tokens(tok, '"},')
-    rng = random.Random(11)
-    for schema, _, _ in CASES:
-        compiled = compiler.compile(ConstraintSpec("json_schema", schema, ANY))
-        check = jsonschema.Draft202012Validator(schema).is_valid
-        for _ in range(4):
-            random_walk(compiled.new_matcher(), tok, rng, 120, closers, 0.7, check)
+    walk_schemas_randomly(compiler, tok, [schema for schema, _, _ in CASES], ANY, seed=11, walks=4)
 
 
 def _offered_after(compiler, tok, schema: dict, text: str) -> list[str]:

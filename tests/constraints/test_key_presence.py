@@ -7,9 +7,6 @@ stuck, and the rewrite keeps what the removed subschemas said of non-objects."""
 
 from __future__ import annotations
 
-import random
-
-import jsonschema
 import pytest
 
 from constraints import ConstraintSpec
@@ -17,7 +14,7 @@ from constraints.schema.analysis import rewrite_schema
 from constraints.schema.key_presence import KeyPresence, dependency_formula, holds, other_types, presence_formula
 from constraints.schema.runtime_checks import split_runtime_checks
 
-from .conftest import allowed_ids, assert_classified, closing_tokens, new_mask, random_walk, walk_json
+from .conftest import allowed_ids, assert_classified, new_mask, walk_json, walk_schemas_randomly
 
 ANY = {"json_property_order": "any"}
 N = {"type": "number"}
@@ -142,10 +139,4 @@ def test_the_default_order_frees_small_objects_only(compiler, tok):
 
 
 def test_random_walks_end_valid_and_never_stuck(compiler, tok):
-    closers = closing_tokens(tok, '"},')
-    rng = random.Random(5)
-    for schema, _, _ in CASES:
-        compiled = compiler.compile(ConstraintSpec("json_schema", schema, ANY))
-        check = jsonschema.Draft202012Validator(schema).is_valid
-        for _ in range(5):
-            random_walk(compiled.new_matcher(), tok, rng, 120, closers, 0.7, check)
+    walk_schemas_randomly(compiler, tok, [schema for schema, _, _ in CASES], ANY, seed=5, walks=5)
