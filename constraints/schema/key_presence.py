@@ -20,6 +20,7 @@ the answer never gets stuck.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -198,11 +199,16 @@ class KeyPresence:
 
     def admits(self, seen: frozenset, key: str) -> bool:
         """Whether ``key`` may be written after ``seen``: some allowed set holds both."""
-        if key not in self.keys:
-            return True
-        held = (seen & self.keys) | {key}
-        return any(held <= present for present in self.allowed)
+        return key not in self.keys or key in _reachable(self, seen & self.keys)
 
     def refused(self, seen: frozenset) -> list[str]:
         """The keys that may not be written after ``seen``."""
-        return sorted(k for k in self.keys if k not in seen and not self.admits(seen, k))
+        reachable = _reachable(self, seen & self.keys)
+        return sorted(k for k in self.keys if k not in seen and k not in reachable)
+
+
+@functools.lru_cache(maxsize=4096)
+def _reachable(presence: KeyPresence, held: frozenset) -> frozenset:
+    """The keys of the allowed sets that hold ``held`` (a key is admitted exactly when it is
+    among them): computed once per state, as the matcher asks at every mask."""
+    return frozenset().union(*(present for present in presence.allowed if held <= present))
