@@ -277,6 +277,8 @@ def _free_order(root: dict, node: dict, paths: set[Path]) -> _Freeing | None:
             return None  # used keys could leave a key in progress no way on
     needs = tuple(sorted((name, needed) for _, _, name, needed in dependencies))
     takes = tuple(k for k, v in props.items() if v is not False)  # a key whose value is false is never written
+    if not set(required) <= set(takes):
+        return None  # a required key no value can follow: the object never closes (left to the backend to tell)
     presence, types = None, None
     if parts:  # the dependencies join the formulas: one check answers for all of them
         formulas = [f for _, _, f in parts] + [dependency_formula(name, needed) for name, needed in needs]
