@@ -286,19 +286,11 @@ def _ecma_pattern(validator: Any, pattern: Any, instance: Any, schema: Any) -> A
     ``\\d``, ``\\w`` and ``.`` other character sets (``\\s`` takes U+001C-U+001F and leaves out
     U+FEFF), so the shorthands are spelled out first (``constraints.regex.dialect``, checked
     against JavaScript in the tests)."""
-    import re
-
     from jsonschema.exceptions import ValidationError
-
-    from constraints.regex.dialect import ecma_regex
 
     if not validator.is_type(instance, "string") or not isinstance(pattern, str):
         return
-    try:
-        matched = re.search(ecma_regex(pattern), instance)
-    except re.error:
-        matched = re.search(pattern, instance)
-    if matched is None:
+    if not _ecma_search(pattern, instance):
         yield ValidationError(f"{instance!r} does not match {pattern!r}")
 
 

@@ -341,7 +341,8 @@ def _no_key_left(frame: Frame) -> bool:
         return False
     if check.presence is None:
         return len(seen) >= len(check.free_keys)
-    return all(k in seen or not check.presence.admits(seen, k) for k in check.free_keys)
+    refused = set(check.presence.refused(seen))
+    return all(k in seen or k in refused for k in check.free_keys)
 
 
 def _refused_keys(frame: Frame) -> Iterator[bytes]:
@@ -391,7 +392,8 @@ def _dead_end(state: ScanState) -> bool:
             return False
         text = state.text
         presence = top.check.presence
-        return not any(b.startswith(text) and k not in top.seen and (presence is None or presence.admits(top.seen, k))
+        refused = set(presence.refused(top.seen)) if presence is not None else ()
+        return not any(b.startswith(text) and k not in top.seen and k not in refused
                        for b, k in _encoded_keys(top.check)) and all(
             _progress(p, text) == "dead" for p in top.check.key_patterns)
     if top.is_object or top.check is None or top.check.item_values is None:

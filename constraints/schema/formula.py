@@ -60,6 +60,16 @@ class Algebra(Generic[E]):
         raise NotImplementedError
 
 
+def read(algebra: Algebra[E], schema: dict) -> tuple[E, "Reader[E]"] | None:
+    """The element ``schema`` (a whole document) stands for in ``algebra``, and the reader that
+    read it (whether it negated, how many subschemas); None where the solver stops."""
+    reader = Reader(algebra, schema)
+    try:
+        return reader.formula(schema), reader
+    except (Unsolved, RecursionError):
+        return None
+
+
 class Reader(Generic[E]):
     """Reads a schema document's formula in one algebra; ``negates`` tells whether it used
     ``not`` / ``oneOf`` / ``if`` (what the backends cannot take as written)."""

@@ -187,11 +187,11 @@ class KeyPresence:
         keys = named_keys(formula)
         if len(keys) > MAX_PRESENCE_KEYS:
             return None
-        order, choices = sorted(keys), sorted(keys & writable)
+        choices = sorted(keys & writable)
         allowed = frozenset(
             present for n in range(len(choices) + 1) for chosen in itertools.combinations(choices, n)
             if holds(formula, present := frozenset(chosen)))
-        return cls(frozenset(order), allowed) if allowed else None
+        return cls(frozenset(keys), allowed) if allowed else None
 
     def complete(self, seen: frozenset) -> bool:
         """Whether an object holding ``seen`` (any keys) may close."""

@@ -29,7 +29,7 @@ import math
 from fractions import Fraction
 from typing import Any, Callable
 
-from .formula import Algebra, Reader, Unsolved
+from .formula import Algebra, Unsolved, read
 from .keywords import type_list
 from .numbers import SAFE, exact, json_number
 
@@ -49,11 +49,10 @@ def numbers_only(schema: Any) -> Any | None:
             or not set(type_list(schema["type"]) or ["?"]) <= {"number", "integer"}:
         return None
     algebra = _Numbers()
-    reader = Reader(algebra, schema)
-    try:
-        test = reader.formula(schema)
-    except (Unsolved, RecursionError):
+    found = read(algebra, schema)
+    if found is None:
         return None
+    test, reader = found
     if not reader.negates:
         return None  # the backends (and the other rewrites) take it as it is
     try:

@@ -20,6 +20,7 @@ here is made on those decimals (:class:`fractions.Fraction`), never on binary fl
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from typing import Any
 from ..errors import UnsupportedConstraintError
 
 SAFE = 2**53 - 2  # the largest magnitude every backend reads exactly (a double's integers, one step in)
+MAX_SPELLED_PLACES = 6  # decimal steps longer than this (0.3333333333333333) keep their one spelling
 MAX_MODULUS = 100_000  # states of an integer multipleOf grammar (llguidance: ~0.4 s there, 6 s at 10^6)
 _INT64_LIMITS = (2**63 - 1, -(2**63))
 _LOWER, _UPPER = ("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")
@@ -113,8 +115,7 @@ def decimal_spellings(schema: Any) -> Any:
     steps lets every shorter spelling through. The same numbers, more ways to write them."""
     from .tree import subschemas
 
-    found = [node for _, node in subschemas(schema) if isinstance(node, dict) and _coarser_steps(node)]
-    if not found:
+    if not any(isinstance(node, dict) and _coarser_steps(node) for _, node in subschemas(schema)):
         return schema
     copied = json.loads(json.dumps(schema))
     for node in [n for _, n in subschemas(copied) if isinstance(n, dict)]:  # before any is changed
@@ -133,28 +134,18 @@ def _coarser_steps(node: dict) -> list[int | float]:
     step = exact(node.get("multipleOf"))
     if step is None or step <= 0 or step.denominator == 1 or integer_only(node):
         return []
-    places = _decimal_places(step.denominator)
-    if places is None or places < 2 or step.numerator == 1 and step.denominator == 10**places:
+    if _coprime_part(step.denominator) != 1:
+        return []  # no terminating decimal
+    places = next(k for k in itertools.count() if 10**k % step.denominator == 0)
+    if places < 2 or places > MAX_SPELLED_PLACES or step == Fraction(1, 10**places):
         return []  # 0.01: every decimal of up to two places, however many it writes
     steps = []
-    for j in range(places - 1, -1, -1):
+    for j in range(places - 1, 0, -1):  # (j = 0 would be an integer step: integers are spelled without decimals)
         coarser = _lcm(step, Fraction(1, 10**j))
         if coarser != step and coarser.denominator != 1 and (written := json_number(coarser)) is not None \
                 and written not in steps:
             steps.append(written)
     return steps
-
-
-def _decimal_places(denominator: int) -> int | None:
-    """The decimals a fraction of this denominator takes (None: it does not terminate)."""
-    twos = fives = 0
-    while denominator % 2 == 0:
-        denominator //= 2
-        twos += 1
-    while denominator % 5 == 0:
-        denominator //= 5
-        fives += 1
-    return max(twos, fives) if denominator == 1 else None
 
 
 def _lcm(a: Fraction, b: Fraction) -> Fraction:

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..regex.complement import trimmed, written_pattern
 from ..regex.disjoint import pattern_language
-from .formula import Algebra, Reader, Unsolved
+from .formula import Algebra, Unsolved, read
 from .keywords import type_list
 
 MAX_STATES = 400  # states of an intermediate DFA (minimised)
@@ -45,11 +45,10 @@ def strings_only(schema: Any) -> Any | None:
 
 def _solved(schema: dict, lengths: dict) -> Any | None:
     algebra = _Strings()
-    reader = Reader(algebra, schema)
-    try:
-        language = reader.formula(schema)
-    except (Unsolved, RecursionError):
+    found = read(algebra, schema)
+    if found is None:
         return None
+    language, reader = found
     if not reader.negates and algebra.patterns < 2:
         return None  # the backends take it as it is
     try:
