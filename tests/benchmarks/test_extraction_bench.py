@@ -13,6 +13,7 @@ def test_one_document_same_answer_with_and_without_drafts(default_dir, tmp_path)
     assert row["identical"] and row["valid"]
     assert row["tok_s_off"] > 0 and row["tok_s_auto"] > 0 and row["tpot_ms_off"] > 0
     assert row["steps_auto"] <= row["steps_off"]
+    assert row["prefill_s"] > 0 and row["ceiling"] > 0 and 0 < row["prefill_share_off"]
     assert (tmp_path / "x.json").exists()
 
 
