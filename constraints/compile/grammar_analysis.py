@@ -17,6 +17,7 @@ import re
 from typing import Any, Iterator
 
 from ..errors import EmptyLanguageError
+from ..schema.tree import at_pointer
 
 # expressions: ("t",) terminal | ("ref", name) | ("seq", [e]) | ("alt", [e]) | ("opt", e) | ("plus", e)
 Expr = tuple
@@ -151,21 +152,40 @@ def check_ebnf_productive(text: str) -> None:
     check_productive(ebnf_rules(printed), "root", "grammar")
 
 
+_NO_CONTENT = frozenset({"$ref", "$defs", "definitions", "$schema", "$id", "$comment", "title", "description",
+                         "examples", "default"})  # a subschema of these keys is its reference alone
+EMPTY_RECURSION = ("the schema admits no finite JSON value: it recurses (through $ref or required "
+                   "properties) with no way to stop")
+
+
 def check_schema_productive(schema: Any) -> None:
     """EmptyLanguageError when no finite JSON value fits ``schema`` for lack of a base case
     (a pure $ref cycle, an object requiring a property of its own type, ...)."""
     import xgrammar as xgr
 
+    if _bare_reference_cycle(schema):  # found here: xgrammar 0.2.9 refuses it as circular before printing rules
+        raise EmptyLanguageError(EMPTY_RECURSION)
     try:
         printed = str(xgr.Grammar.from_json_schema(json.dumps(schema), strict_mode=False))
     except Exception:  # what xgrammar cannot convert, the backends judge
         return
     rules = ebnf_rules(printed)
     if rules is not None and "root" in rules and "root" not in productive(rules):
-        raise EmptyLanguageError(
-            "the schema admits no finite JSON value: it recurses (through $ref or required "
-            "properties) with no way to stop"
-        )
+        raise EmptyLanguageError(EMPTY_RECURSION)
+
+
+def _bare_reference_cycle(schema: Any) -> bool:
+    """Whether the root is a chain of local ``$ref`` s, each subschema nothing but its
+    reference, that comes back to a subschema already on it."""
+    node, seen = schema, set()
+    while isinstance(node, dict) and isinstance(node.get("$ref"), str) and node["$ref"].startswith("#") \
+            and set(node) <= _NO_CONTENT:
+        pointer = node["$ref"][1:]
+        if pointer in seen:
+            return True
+        seen.add(pointer)
+        node = at_pointer(schema, pointer)
+    return False
 
 
 # -- Lark ---------------------------------------------------------------------------------------
