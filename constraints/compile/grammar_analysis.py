@@ -17,6 +17,7 @@ import re
 from typing import Any, Iterator
 
 from ..errors import EmptyLanguageError
+from ..schema.keywords import ANNOTATIONS
 from ..schema.tree import at_pointer
 
 # expressions: ("t",) terminal | ("ref", name) | ("seq", [e]) | ("alt", [e]) | ("opt", e) | ("plus", e)
@@ -152,8 +153,7 @@ def check_ebnf_productive(text: str) -> None:
     check_productive(ebnf_rules(printed), "root", "grammar")
 
 
-_NO_CONTENT = frozenset({"$ref", "$defs", "definitions", "$schema", "$id", "$comment", "title", "description",
-                         "examples", "default"})  # a subschema of these keys is its reference alone
+_NO_CONTENT = ANNOTATIONS | {"$ref", "$defs", "definitions"}  # a subschema of these keys is its reference alone
 EMPTY_RECURSION = ("the schema admits no finite JSON value: it recurses (through $ref or required "
                    "properties) with no way to stop")
 

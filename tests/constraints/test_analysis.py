@@ -87,6 +87,8 @@ def test_unknown_lark_syntax_is_left_to_the_backend():
 
 @pytest.mark.parametrize("schema, empty", [
     ({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}, True),
+    ({"$ref": "#/$defs/a", "$defs": {"a": {"title": "A", "$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}, True),
+    ({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"type": "string"}}}, False),
     ({"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"]}, True),
     ({"type": "object", "properties": {"x": {"$ref": "#"}}}, False),
     ({"anyOf": [{"type": "null"}, {"type": "array", "items": {"$ref": "#"}, "minItems": 1}]}, False),
